@@ -1,0 +1,1 @@
+"""Pydantic models for every contract in DESIGN §4."""

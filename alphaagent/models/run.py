@@ -1,0 +1,98 @@
+"""The run contract (DESIGN §4.4): what ``run_in_env`` takes and returns.
+
+A failure of user code is data (``status`` and ``error``), never an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RunStatus = Literal["ok", "error", "timeout", "killed"]
+IsolationLevel = Literal["namespaces", "process"]
+
+# Bounds of the per-run limits. The timeout's upper bound is Lambda's 900 s maximum function
+# timeout (the env function runs one run per invocation); the memory bound is Lambda's 10,240 MB.
+MAX_TIMEOUT_S = 900
+MAX_MEMORY_MB = 10_240
+
+
+class RunLimits(BaseModel):
+    """Resource limits of one run. Units are in the field names; defaults are the product's defaults.
+
+    ``memory_mb`` caps the child's address space (``RLIMIT_AS``); the preloaded scientific stack
+    already maps about 400 MiB of it. ``processes`` is ``RLIMIT_NPROC`` (or a pids cgroup when the
+    supervisor runs as root, where ``RLIMIT_NPROC`` does not apply). ``cpu_s`` defaults to the timeout.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
+    memory_mb: int = Field(2048, ge=256, le=MAX_MEMORY_MB)
+    cpu_s: int | None = Field(None, ge=1, le=MAX_TIMEOUT_S * 4)
+    file_size_mb: int = Field(1024, ge=1, le=10 * 1024)
+    open_files: int = Field(1024, ge=16, le=65_536)
+    processes: int = Field(256, ge=1, le=4096)
+
+    def effective_cpu_s(self) -> int:
+        """CPU seconds allowed: ``cpu_s``, or the wall-clock timeout rounded up."""
+        return self.cpu_s if self.cpu_s is not None else max(1, int(self.timeout_s + 0.999))
+
+
+class RunError(BaseModel):
+    """Why user code did not finish normally, in the shape of E2B's execution error."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+class SkippedPath(BaseModel):
+    """A path the run created or changed that is not reported as content (a symlink, a FIFO...)."""
+
+    path: str
+    reason: str
+
+
+class FileChangeReport(BaseModel):
+    """Regular files the run created, modified or deleted, relative to the working directory."""
+
+    created: list[str] = []
+    modified: list[str] = []
+    deleted: list[str] = []
+    skipped: list[SkippedPath] = []
+    truncated: bool = False
+
+
+class RunResult(BaseModel):
+    """The result of one run (DESIGN §4.4), plus diagnostics a user of a sandbox expects.
+
+    Output fields hold cleaned text (carriage-return redraws collapsed, ANSI escapes stripped,
+    invalid UTF-8 replaced by U+FFFD) within the returned-output cap; ``*_bytes`` are the true byte
+    totals the code wrote. The full raw output is in ``stdout_path``/``stderr_path`` (spill files in
+    the workspace, up to the spill cap).
+    """
+
+    run_id: str
+    status: RunStatus
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    error: RunError | None
+    reason: str | None = None
+    duration_ms: int
+    files_changed: list[str]
+    files: FileChangeReport
+    limits: dict[str, float | int | str]
+    isolation: IsolationLevel
+    network: Literal["on", "off"]
+    non_utf8_output: bool = False
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    cpu_ms: int | None = None
+    peak_rss_mb: float | None = None

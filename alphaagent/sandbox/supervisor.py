@@ -1,0 +1,719 @@
+"""The supervisor: runs untrusted Python through a warm zygote, enforces limits, captures output and
+builds the run result (DESIGN §4.4, §5).
+
+One ``Sandbox`` serves one execution environment (one interpreter and its preloaded modules). It is
+used unchanged by the local backend and by the env Lambda (``exclusive=True`` there: one run at a
+time, and after each run every other process of the uid is killed and the shared ``/tmp`` wiped).
+
+Example::
+
+    with Sandbox(SandboxConfig()) as sandbox:
+        result = sandbox.run("print(1)", cwd=Path("conversations/c1"))
+        assert result.status == "ok" and result.stdout == "1\\n"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alphaagent.errors import InvalidRequestError, SandboxError
+from alphaagent.ids import new_ulid
+from alphaagent.models.run import FileChangeReport, RunError, RunLimits, RunResult, SkippedPath
+from alphaagent.sandbox.capture import StreamCapture
+from alphaagent.sandbox.cgroup import PidsCgroup, pids_limit_reached
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
+from alphaagent.sandbox.pathsafe import ThresholdSpill
+from alphaagent.sandbox.snapshot import HashCache, diff_snapshots, take_snapshot
+
+ZYGOTE_PATH = Path(__file__).with_name("zygote.py")
+MAX_CODE_BYTES = 4 * 2**20
+_READ_CHUNK = 1 << 16
+_PR_SET_DUMPABLE = 4
+_GRACE_AFTER_INTERRUPT_S = 0.5
+_DRAIN_AFTER_KILL_S = 2.0
+_SPILL_DIR = "work/runs"
+
+
+def _set_not_dumpable() -> None:
+    """PR_SET_DUMPABLE=0: a child of the same uid cannot read our /proc/<pid>/environ or memory."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+@dataclass
+class _RunChannel:
+    """What the zygote reader thread hands to the run that is waiting for it."""
+
+    events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+
+
+class Sandbox:
+    """A warm zygote plus the supervision of each run; thread-safe, runs may be concurrent.
+
+    Raises ``SandboxError`` when the zygote cannot start or dies, ``InvalidRequestError`` for code or
+    a working directory that breaks the rules of ``run``.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._channels: dict[str, _RunChannel] = {}
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._reader: threading.Thread | None = None
+        self._ready: dict[str, Any] = {}
+        self._scratch_root: Path | None = None
+        self._hash_cache = HashCache()
+        self._cgroup = PidsCgroup.detect() if self.config.use_cgroup else None
+        self._exclusive_lock = threading.Lock()
+        self._secrets = secrets_to_redact(self.config.redact_env)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def isolation(self) -> str:
+        """``namespaces`` or ``process``: the isolation level the zygote could establish."""
+        self.start()
+        return str(self._ready.get("isolation", "process"))
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The zygote's ready message: pid, python version, isolation, preloaded modules and errors."""
+        self.start()
+        return dict(self._ready)
+
+    def start(self) -> None:
+        """Start the zygote if it is not running; blocks until it has preloaded its modules."""
+        with self._lock:
+            if self._zygote is not None and self._zygote.poll() is None:
+                return
+            _set_not_dumpable()
+            self._scratch_root = Path(
+                tempfile.mkdtemp(
+                    prefix="alphaagent-sandbox-", dir=self.config.scratch_dir or _default_scratch_dir()
+                )
+            )
+            os.chmod(self._scratch_root, 0o700)
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            mpl_dir = self._scratch_root / "mplconfig"
+            mpl_dir.mkdir()
+            zygote_config = {
+                "control_fd": child.fileno(),
+                "preload": list(self.config.preload),
+                "pool_size": self.config.pool_size,
+                "isolation": self.config.isolation,
+                "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
+            }
+            try:
+                self._zygote = subprocess.Popen(
+                    [self.config.python, str(ZYGOTE_PATH), json.dumps(zygote_config)],
+                    pass_fds=[child.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(self._scratch_root / "zygote.log", "wb"),  # noqa: SIM115 - the child owns it
+                    env=zygote_environment(self.config, mpl_dir),
+                    cwd=self._scratch_root,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise SandboxError(f"cannot start the zygote with {self.config.python}: {exc}") from exc
+            finally:
+                child.close()
+            self._ctl = parent
+            parent.settimeout(self.config.zygote_start_timeout_s)
+            try:
+                ready = json.loads(parent.recv(1 << 16) or b"null")
+            except (TimeoutError, OSError, ValueError) as exc:
+                self._kill_zygote()
+                raise SandboxError(
+                    f"the zygote did not start: {exc}; see {self._scratch_root}/zygote.log"
+                ) from exc
+            if not ready or ready.get("event") != "ready":
+                log = (self._scratch_root / "zygote.log").read_text(errors="replace")[-2000:]
+                self._kill_zygote()
+                raise SandboxError(f"the zygote exited during start-up: {log.strip() or 'no output'}")
+            parent.settimeout(None)
+            self._ready = ready
+            self._reader = threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True)
+            self._reader.start()
+
+    def close(self) -> None:
+        """Stop the zygote (it kills every run and spare it has) and remove the scratch root."""
+        with self._lock:
+            self._kill_zygote()
+            if self._scratch_root is not None:
+                shutil.rmtree(self._scratch_root, ignore_errors=True)
+                self._scratch_root = None
+            if self._cgroup is not None:
+                self._cgroup.close()
+
+    def _kill_zygote(self) -> None:
+        if self._ctl is not None:
+            with contextlib.suppress(OSError):
+                self._ctl.shutdown(socket.SHUT_RDWR)
+            self._ctl.close()
+            self._ctl = None
+        if self._zygote is not None:
+            try:
+                self._zygote.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+        for channel in list(self._channels.values()):
+            channel.events.put({"event": "zygote_died"})
+
+    def _read_zygote(self) -> None:
+        ctl = self._ctl
+        assert ctl is not None
+        while True:
+            try:
+                data = ctl.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                for channel in list(self._channels.values()):
+                    channel.events.put({"event": "zygote_died"})
+                return
+            message = json.loads(data)
+            waiting = self._channels.get(str(message.get("id")))
+            if waiting is not None:
+                waiting.events.put(message)
+
+    def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        with self._send_lock:
+            if self._ctl is None:
+                raise SandboxError("the sandbox is closed")
+            payload = [json.dumps(message).encode()]
+            if fds:
+                self._ctl.sendmsg(payload, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(_fd_array(fds)))])
+            else:
+                self._ctl.sendmsg(payload)
+
+    # ------------------------------------------------------------------ runs
+
+    def run(
+        self,
+        code: str | bytes,
+        *,
+        cwd: Path,
+        limits: RunLimits | None = None,
+        network: bool = False,
+        run_id: str | None = None,
+    ) -> RunResult:
+        """Run ``code`` in a fresh child with ``cwd`` as its working directory; return its result.
+
+        ``code``: Python source, UTF-8, 1 byte to 4 MiB. ``cwd``: an existing directory (the scope
+        root). ``limits``: per-run limits (``RunLimits`` defaults). ``network``: allow network access
+        (only meaningful at the ``namespaces`` level; ``process`` isolation cannot take it away).
+
+        Raises ``InvalidRequestError`` for empty or non-UTF-8 code or a bad ``cwd`` (nothing is
+        written), ``SandboxError`` when the platform fails. User code failing is a result.
+        """
+        source = _validate_code(code)
+        workdir = _validate_workdir(cwd)
+        limits = limits or self.config.default_limits
+        self.start()
+        run_id = run_id or new_ulid()
+        if self.config.exclusive:
+            with self._exclusive_lock:
+                return self._run(source, workdir, limits, network, run_id)
+        return self._run(source, workdir, limits, network, run_id)
+
+    def _run(self, source: str, workdir: Path, limits: RunLimits, network: bool, run_id: str) -> RunResult:
+        assert self._scratch_root is not None
+        namespaced = self._ready.get("isolation") == "namespaces"
+        scratch = self._scratch_root / run_id
+        spill_rel = f"{_SPILL_DIR}/{run_id}"
+        # work/runs/ holds the platform's spill files: never reported as the code's changes.
+        before = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+        for sub in ("tmp", "home"):
+            (scratch / sub).mkdir(parents=True, mode=0o700)
+        code_fd = os.memfd_create(f"code-{run_id}", os.MFD_CLOEXEC)
+        _write_all(code_fd, source.encode("utf-8"))
+        tmp_dir = "/tmp" if namespaced else str(scratch / "tmp")
+        request = {
+            "cwd": str(workdir),
+            "tmp_dir": str(scratch / "tmp"),
+            "shm_bytes": 64 * 2**20,
+            "env": child_environment(self.config, tmp_dir=tmp_dir, home=str(scratch / "home")),
+            "limits": _rlimits(limits),
+        }
+        channel = _RunChannel()
+        self._channels[run_id] = channel
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+        started = time.monotonic()
+        try:
+            try:
+                self._send(
+                    {
+                        "op": "spawn",
+                        "id": run_id,
+                        "network": network,
+                        "max_processes": limits.processes,
+                        "request": request,
+                    },
+                    [*(w for _, w in pipes), code_fd],
+                )
+            finally:
+                for _, w in pipes:
+                    os.close(w)
+                os.close(code_fd)
+            pid, cgroup = self._await_spawn(channel, run_id)
+            outcome = self._supervise(
+                run_id, pid, cgroup, [r for r, _ in pipes], workdir, limits, channel, started
+            )
+        finally:
+            for r, _ in pipes:
+                with contextlib.suppress(OSError):
+                    os.close(r)
+            self._channels.pop(run_id, None)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        if self.config.exclusive:
+            self._exclusive_cleanup(run_id, channel)
+        after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+        changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
+        shutil.rmtree(scratch, ignore_errors=True)
+        return _build_result(
+            run_id=run_id,
+            outcome=outcome,
+            limits=limits,
+            duration_ms=duration_ms,
+            changes=FileChangeReport(
+                created=list(changes.created),
+                modified=list(changes.modified),
+                deleted=list(changes.deleted),
+                skipped=[SkippedPath(path=s.path, reason=s.reason) for s in changes.skipped],
+                truncated=changes.truncated,
+            ),
+            isolation="namespaces" if namespaced else "process",
+            network="off" if namespaced and not network else "on",
+            spill_rel=spill_rel,
+        )
+
+    def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None]:
+        try:
+            message = channel.events.get(timeout=self.config.zygote_start_timeout_s)
+        except queue.Empty as exc:
+            raise SandboxError(f"run {run_id}: the zygote did not answer the spawn request") from exc
+        if message["event"] == "spawned":
+            return int(message["pid"]), message.get("cgroup")
+        raise SandboxError(f"run {run_id}: {message.get('message', 'the zygote died')}")
+
+    def _supervise(
+        self,
+        run_id: str,
+        pid: int,
+        cgroup: str | None,
+        fds: list[int],
+        workdir: Path,
+        limits: RunLimits,
+        channel: _RunChannel,
+        started: float,
+    ) -> _Outcome:
+        """Read stdout, stderr and status concurrently until EOF; enforce the wall clock and output cap."""
+        out_fd, err_fd, status_fd = fds
+        spills = {
+            fd: ThresholdSpill(
+                workdir, f"{_SPILL_DIR}/{run_id}/{name}.txt", self.config.spill_threshold_bytes
+            )
+            for fd, name in ((out_fd, "stdout"), (err_fd, "stderr"))
+        }
+        captures = {
+            fd: StreamCapture(
+                self.config.returned_output_bytes,
+                spill_opener=lambda spill=spill: spill,  # type: ignore[misc]
+                spill_cap_bytes=self.config.spill_bytes,
+                redact=self._secrets,
+            )
+            for fd, spill in spills.items()
+        }
+        status_buf = bytearray()
+        outcome = _Outcome(pid=pid, cgroup=cgroup)
+        deadline = started + limits.timeout_s
+        kill_at: float | None = None
+        drain_until: float | None = None
+        sel = selectors.DefaultSelector()
+        for fd in fds:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        open_fds = set(fds)
+        try:
+            while open_fds:
+                now = time.monotonic()
+                if drain_until is not None and now >= drain_until:
+                    break  # something outside the run's tree holds a pipe open; stop waiting for it
+                if outcome.kill_reason is None and now >= deadline:
+                    outcome.timed_out = True
+                    outcome.kill_reason = "timeout"
+                    outcome.hint = _diagnose_hang(pid)
+                    _signal(pid, signal.SIGINT)  # a traceback of where the code was stuck
+                    kill_at = now + _GRACE_AFTER_INTERRUPT_S
+                if kill_at is not None and now >= kill_at:
+                    self._kill_run(pid, outcome)
+                    kill_at = None
+                    drain_until = now + _DRAIN_AFTER_KILL_S
+                wake = [t for t in (deadline, kill_at, drain_until) if t is not None and t > now]
+                for key, _ in sel.select(timeout=min(wake) - now if wake else 0.05):
+                    fd = int(key.fd)
+                    try:
+                        chunk = os.read(fd, _READ_CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        sel.unregister(fd)
+                        open_fds.discard(fd)
+                        continue
+                    if fd == status_fd:
+                        if len(status_buf) < 1 << 20:
+                            status_buf += chunk
+                        continue
+                    capture = captures[fd]
+                    capture.feed(chunk)
+                    if capture.total_bytes > self.config.spill_bytes and outcome.kill_reason is None:
+                        stream = "stdout" if fd == out_fd else "stderr"
+                        outcome.kill_reason = "output_limit"
+                        outcome.hint = (
+                            f"{stream} exceeded {self.config.spill_bytes // 2**20} MiB; write large results"
+                            " to files (datasets/) instead of printing them"
+                        )
+                        self._kill_run(pid, outcome)
+                        drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
+        finally:
+            sel.close()
+        outcome.stdout = captures[out_fd].finish()
+        outcome.stderr = captures[err_fd].finish()
+        outcome.stdout_spilled, outcome.stderr_spilled = spills[out_fd].opened, spills[err_fd].opened
+        outcome.status_line = _parse_status(bytes(status_buf))
+        if outcome.status_line is None or outcome.kill_reason is not None:
+            # No report from the child (it was killed, or is still exiting): the wait status decides.
+            if outcome.kill_reason is not None:
+                self._kill_run(pid, outcome)
+            outcome.exit_event = self._await_exit(channel)
+        return outcome
+
+    def _kill_run(self, pid: int, outcome: _Outcome) -> None:
+        """SIGKILL the run's process group (with namespaces, killing pid 1 ends the whole namespace)."""
+        if outcome.processes_at_kill is None:
+            outcome.processes_at_kill = 1 + len(_descendants(pid))
+            outcome.process_limit_hit = outcome.cgroup is not None and pids_limit_reached(outcome.cgroup)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
+
+    def _await_exit(self, channel: _RunChannel) -> dict[str, Any] | None:
+        deadline = time.monotonic() + 5
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = channel.events.get(timeout=left)
+            except queue.Empty:
+                return None
+            if message["event"] in ("exited", "zygote_died"):
+                return message
+        return None
+
+    def _exclusive_cleanup(self, run_id: str, channel: _RunChannel) -> None:
+        """Exclusive mode: kill every other process of the uid and wipe the shared scratch paths."""
+        self._channels[run_id] = channel
+        try:
+            self._send({"op": "sweep_uid", "id": run_id})
+            deadline = time.monotonic() + 5
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    if channel.events.get(timeout=left)["event"] in ("swept", "zygote_died"):
+                        break
+                except queue.Empty:
+                    break
+        finally:
+            self._channels.pop(run_id, None)
+        keep = {self._scratch_root} if self._scratch_root else set()
+        for root in self.config.wipe_paths:
+            _wipe_contents(
+                Path(root), keep={Path(k) for k in keep} | {Path(k) for k in self.config.wipe_keep}
+            )
+
+
+@dataclass
+class _Outcome:
+    pid: int
+    cgroup: str | None = None
+    stdout: Any = None
+    stderr: Any = None
+    status_line: dict[str, Any] | None = None
+    exit_event: dict[str, Any] | None = None
+    timed_out: bool = False
+    kill_reason: str | None = None
+    hint: str | None = None
+    processes_at_kill: int | None = None
+    process_limit_hit: bool = False
+    stdout_spilled: bool = False
+    stderr_spilled: bool = False
+
+
+def _fd_array(fds: list[int]) -> bytes:
+    import array
+
+    return array.array("i", fds).tobytes()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _default_scratch_dir() -> str | None:
+    """/dev/shm when it is a writable tmpfs (directory churn there costs microseconds, not a disk's
+    milliseconds); otherwise the platform's temporary directory (Lambda has no /dev/shm)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids.extend(int(p) for p in fh.read().split())
+    return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    stack = _children(pid)
+    while stack and len(found) < 100_000:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(_children(child))
+    return found
+
+
+def _diagnose_hang(pid: int) -> str | None:
+    """At the timeout: name the common deadlock of a child process blocked on a full pipe."""
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{child}/wchan") as fh:
+            if fh.read().strip() in ("pipe_write", "pipe_wait", "pipe_wait_writable"):
+                return (
+                    "a child process was blocked writing to a full pipe: read its output while it runs"
+                    " (subprocess.run(..., capture_output=True) or Popen.communicate()) instead of"
+                    " calling wait() first"
+                )
+    return None
+
+
+def _parse_status(data: bytes) -> dict[str, Any] | None:
+    for line in reversed(data.decode("utf-8", "replace").splitlines()):
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and message.get("phase") in ("done", "setup_error"):
+            return message
+    return None
+
+
+def _rlimits(limits: RunLimits) -> dict[str, int]:
+    return {
+        "memory_bytes": limits.memory_mb * 2**20,
+        "cpu_s": limits.effective_cpu_s(),
+        "file_size_bytes": limits.file_size_mb * 2**20,
+        "open_files": limits.open_files,
+        "processes": limits.processes,
+    }
+
+
+def _validate_code(code: str | bytes) -> str:
+    if isinstance(code, bytes):
+        try:
+            code = code.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequestError(f"code: not valid UTF-8 (invalid byte at offset {exc.start})") from exc
+    if not code.strip():
+        raise InvalidRequestError("code: must not be empty")
+    if len(code.encode("utf-8")) > MAX_CODE_BYTES:
+        raise InvalidRequestError(f"code: larger than {MAX_CODE_BYTES // 2**20} MiB")
+    if "\x00" in code:
+        raise InvalidRequestError("code: contains a NUL character")
+    return code
+
+
+def _validate_workdir(cwd: Path) -> Path:
+    path = Path(cwd)
+    if not path.exists():
+        raise InvalidRequestError(f"workdir: {path} does not exist")
+    if not path.is_dir():
+        raise InvalidRequestError(f"workdir: {path} is not a directory")
+    return path.resolve()
+
+
+def _wipe_contents(root: Path, keep: set[Path]) -> None:
+    """Remove everything under ``root`` except the paths in ``keep`` (and their ancestors)."""
+    if not root.is_dir():
+        return
+    keep_resolved = {k.resolve() for k in keep}
+    for entry in os.scandir(root):
+        path = Path(entry.path)
+        if path.resolve() in keep_resolved or any(path.resolve() in k.parents for k in keep_resolved):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _build_result(
+    *,
+    run_id: str,
+    outcome: _Outcome,
+    limits: RunLimits,
+    duration_ms: int,
+    changes: FileChangeReport,
+    isolation: str,
+    network: str,
+    spill_rel: str,
+) -> RunResult:
+    status_line = outcome.status_line or {}
+    if status_line.get("phase") == "setup_error":
+        raise SandboxError(f"run {run_id} could not start: {status_line.get('message')}")
+    exit_event = outcome.exit_event or {}
+    wait_status = exit_event.get("status")
+    signum = os.WTERMSIG(wait_status) if wait_status is not None and os.WIFSIGNALED(wait_status) else None
+    error_data = status_line.get("error")
+    error = RunError(**error_data) if error_data else None
+    reason: str | None = None
+    if outcome.timed_out:
+        status = "timeout"
+        reason = f"wall-clock limit of {limits.timeout_s:g} s exceeded"
+        if outcome.process_limit_hit or (outcome.processes_at_kill or 0) >= limits.processes:
+            reason += f"; the process limit ({limits.processes}) was reached"
+        if outcome.hint:
+            reason += f"; {outcome.hint}"
+        where = error.traceback if error and status_line.get("interrupted") else ""
+        error = RunError(name="TimeoutError", value=reason, traceback=where)
+        exit_code = status_line.get("exit_code") if signum is None else -signum
+    elif outcome.kill_reason == "output_limit":
+        status = "killed"
+        reason = f"output limit: {outcome.hint}"
+        error = RunError(name="OutputLimitExceeded", value=reason, traceback="")
+        exit_code = -signal.SIGKILL
+    elif status_line.get("memory_error"):
+        status = "killed"
+        reason = f"memory limit exceeded ({limits.memory_mb} MB)"
+        error = RunError(name="MemoryLimitExceeded", value=reason, traceback=error.traceback if error else "")
+        exit_code = status_line.get("exit_code")
+    elif status_line.get("phase") == "done":
+        exit_code = int(status_line.get("exit_code", 0))
+        status = "ok" if exit_code == 0 and error is None else "error"
+    elif signum is not None:
+        status = "killed"
+        exit_code = -signum
+        if signum in (signal.SIGXCPU,) or (
+            signum == signal.SIGKILL and exit_event.get("cpu_s", 0) >= limits.effective_cpu_s()
+        ):
+            reason = f"CPU time limit exceeded ({limits.effective_cpu_s()} s)"
+            name = "CpuLimitExceeded"
+        else:
+            reason = f"killed by {_signal_name(signum)}"
+            if signum in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
+                reason += f" (possibly the memory limit of {limits.memory_mb} MB)"
+            name = "Killed"
+        error = RunError(name=name, value=reason, traceback="")
+    elif wait_status is not None:
+        status = "error"
+        exit_code = os.waitstatus_to_exitcode(wait_status)
+        reason = "the run exited without reporting (os._exit or a crash)"
+    else:
+        raise SandboxError(f"run {run_id}: lost track of the child (the zygote died)")
+    stdout, stderr = outcome.stdout, outcome.stderr
+    return RunResult(
+        run_id=run_id,
+        status=status,
+        exit_code=exit_code,
+        stdout=stdout.text,
+        stderr=stderr.text,
+        stdout_bytes=stdout.total_bytes,
+        stderr_bytes=stderr.total_bytes,
+        stdout_truncated=stdout.truncated,
+        stderr_truncated=stderr.truncated,
+        error=error,
+        reason=reason,
+        duration_ms=duration_ms,
+        files_changed=sorted({*changes.created, *changes.modified, *changes.deleted}),
+        files=changes,
+        limits={**limits.model_dump(exclude={"cpu_s"}), "cpu_s": limits.effective_cpu_s()},
+        isolation=isolation,
+        network=network,
+        non_utf8_output=stdout.replaced or stderr.replaced,
+        stdout_path=f"{spill_rel}/stdout.txt" if outcome.stdout_spilled else None,
+        stderr_path=f"{spill_rel}/stderr.txt" if outcome.stderr_spilled else None,
+        cpu_ms=int(exit_event["cpu_s"] * 1000) if "cpu_s" in exit_event else None,
+        peak_rss_mb=round(exit_event["maxrss_kb"] / 1024, 1) if "maxrss_kb" in exit_event else None,
+    )
+
+
+def iter_result_lines(result: RunResult) -> Iterator[str]:
+    """Readable rendering of a result for people (``alphaagent exec`` without ``--json``)."""
+    if result.stdout:
+        yield result.stdout.rstrip("\n")
+    if result.stderr:
+        yield from (f"stderr | {line}" for line in result.stderr.rstrip("\n").splitlines())
+    if result.error:
+        if result.error.traceback:
+            yield result.error.traceback.rstrip("\n")
+        else:
+            yield f"{result.error.name}: {result.error.value}"
+    summary = (
+        f"[{result.status}] exit={result.exit_code} {result.duration_ms} ms, isolation={result.isolation}"
+    )
+    if result.reason:
+        summary += f" ({result.reason})"
+    yield summary
+    for kind in ("created", "modified", "deleted"):
+        paths = getattr(result.files, kind)
+        if paths:
+            yield f"{kind}: {', '.join(paths)}"
+    for skipped in result.files.skipped:
+        yield f"skipped: {skipped.path} ({skipped.reason})"
+    if result.stdout_truncated or result.stderr_truncated:
+        yield f"full output: {result.stdout_path or '-'} {result.stderr_path or '-'}"
+
+
+__all__ = ["Sandbox", "iter_result_lines"]

@@ -1,0 +1,843 @@
+"""The zygote: a stdlib-only process that preloads an environment's modules once and forks a fresh
+child for every run.
+
+It runs under the execution environment's own interpreter (any CPython >= 3.11, inside every
+environment image and every local environment), so it imports nothing from ``alphaagent``. The
+supervisor (``alphaagent.sandbox.supervisor``) starts it as::
+
+    python zygote.py '{"control_fd": 3, "preload": ["numpy", ...], "pool_size": 2, "isolation": "auto"}'
+
+and talks to it over an ``AF_UNIX``/``SOCK_SEQPACKET`` socket (one JSON object per datagram):
+
+supervisor -> zygote
+    ``{"op": "spawn", "id": RUN_ID, "network": bool, "cgroup_procs": PATH|null, "request": {...}}`` with
+    three descriptors attached (``SCM_RIGHTS``): the write ends of the run's stdout, stderr and status
+    pipes. ``request`` is what the child applies before it runs the code (see ``_run_child``).
+    ``{"op": "sweep_uid", "id": RUN_ID}`` kills every process of this uid that is not the zygote, one of
+    its ancestors (the supervisor and whatever started it) or one of its spares (exclusive mode).
+
+zygote -> supervisor
+    ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "preloaded", "preload_errors"}``
+    ``{"event": "spawned", "id", "pid"}`` / ``{"event": "spawn_failed", "id", "message"}``
+    ``{"event": "exited", "id", "pid", "status", "maxrss_kb", "cpu_s"}`` (raw wait status)
+    ``{"event": "swept", "id", "killed"}``
+
+The child writes one JSON line to its status pipe (descriptor 3) before it exits:
+``{"phase": "done", "exit_code", "error", "memory_error", "interrupted"}`` or
+``{"phase": "setup_error", "message"}`` when it could not even start the code.
+
+Spares: the zygote keeps ``pool_size`` children forked ahead of time (and, with namespaces, already
+inside their new user, mount, pid and network namespaces), so a run pays neither the fork of a large
+interpreter nor namespace creation. A spare has seen nothing of any run: it is forked from the
+zygote, which never runs user code.
+
+When the control socket closes (the supervisor exited), the zygote kills every run and spare and
+exits.
+"""
+
+from __future__ import annotations
+
+import array
+import builtins
+import ctypes
+import fcntl
+import gc
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+STATUS_FD = 3
+MAX_MESSAGE = 1 << 16
+MAX_ERROR_VALUE_CHARS = 16 * 1024
+MAX_TRACEBACK_CHARS = 64 * 1024
+CODE_FILENAME = "<code>"
+
+# Linux constants (include/uapi/linux/sched.h, prctl.h, mount.h, capability.h).
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECBIT_ALL_LOCKED_NOROOT = (
+    0x2F  # NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED
+)
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_ZYGOTE_FILE = os.path.abspath(__file__)
+
+
+class SetupError(Exception):
+    """The child could not prepare the run (a platform failure, not a failure of user code)."""
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(err)}")
+
+
+def _prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), 0, 0), f"prctl({option})")
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+# ---------------------------------------------------------------- namespaces
+
+
+def _enter_namespaces(network: bool) -> None:
+    """unshare user, mount, pid (and network unless ``network``) namespaces; map our own ids."""
+    uid, gid = os.geteuid(), os.getegid()
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | (0 if network else CLONE_NEWNET)
+    _check(_libc.unshare(flags), "unshare")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def _prepare_namespace_init(network: bool) -> None:
+    """In the first process of the new pid namespace: private mounts, its own /proc, loopback up."""
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if not network:
+        _loopback_up()
+
+
+def _loopback_up() -> None:
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _drop_capabilities() -> None:
+    """Drop every capability for good: bounding set, ambient set, securebits, then capset to zero."""
+    with open("/proc/sys/kernel/cap_last_cap") as fh:
+        last = int(fh.read())
+    for cap in range(last + 1):
+        _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0)
+    _libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0)
+    _prctl(PR_SET_SECUREBITS, SECBIT_ALL_LOCKED_NOROOT)
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _probe_namespaces() -> str | None:
+    """Try the full namespace setup in a throwaway child; None when it works, else the reason."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            _enter_namespaces(network=False)
+            inner = os.fork()
+            if inner == 0:
+                try:
+                    _prepare_namespace_init(network=False)
+                    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m")
+                    _drop_capabilities()
+                    os._exit(0)
+                except BaseException as exc:
+                    os.write(w, str(exc).encode()[:500])
+                    os._exit(1)
+            code = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1])
+        except BaseException as exc:
+            os.write(w, str(exc).encode()[:500])
+            code = 1
+        os._exit(code)
+    os.close(w)
+    reason = os.read(r, 600).decode(errors="replace")
+    os.close(r)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return None if status == 0 else (reason or f"exit status {status}")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids.extend(int(p) for p in fh.read().split())
+        except OSError:
+            continue
+    return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    stack = _children(pid)
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(_children(child))
+    return found
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _kill_own_descendants(deadline_s: float = 2.0) -> None:
+    """SIGKILL every descendant of this process (orphans included: we are a subreaper or pid 1)."""
+    me = os.getpid()
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        kids = _descendants(me)
+        if not kids:
+            return
+        _kill_all(kids)
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        time.sleep(0.002)
+
+
+# ---------------------------------------------------------------- the child
+
+
+def _reopen_stdio() -> None:
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+
+
+def _apply_rlimits(limits: dict[str, int]) -> None:
+    import resource
+
+    pairs = {
+        "memory_bytes": resource.RLIMIT_AS,
+        "file_size_bytes": resource.RLIMIT_FSIZE,
+        "open_files": resource.RLIMIT_NOFILE,
+        "processes": resource.RLIMIT_NPROC,
+    }
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if "cpu_s" in limits:
+        # SIGXCPU at the soft limit, SIGKILL one second later (setrlimit(2)).
+        resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+    for key, which in pairs.items():
+        if key in limits:
+            resource.setrlimit(which, (limits[key], limits[key]))
+
+
+def _count_uid_processes(uid: int) -> int:
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+def _read_code(fd: int) -> str:
+    """The code, from the memfd the supervisor wrote it to (no file on any disk)."""
+    size = os.fstat(fd).st_size
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.pread(fd, size - len(data), len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("utf-8")
+
+
+def _prewarm() -> dict[str, Any]:
+    """Request-independent preparation, done by a spare before any request arrives.
+
+    After ``fork`` every page a process writes to is copied; doing this work ahead of time (and
+    compiling and running a trivial program once) moves most of those copies off the run's path.
+    """
+    import mmap
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _reseed()
+    _reopen_stdio()
+    warm_main = types.ModuleType("__main__")
+    sink = io.StringIO()
+    exec(compile("print('', end='', file=sink)\n", CODE_FILENAME, "exec"), {"sink": sink})
+    try:
+        raise ValueError("warm-up")
+    except ValueError as exc:
+        _format_error(exc)
+    return {"reserve": mmap.mmap(-1, 8 << 20), "main": warm_main}
+
+
+def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
+    os.setsid()
+    # Enter the working directory before /tmp is replaced: it may live under it.
+    os.chdir(req["cwd"])
+    if namespaced:
+        _mount(req["tmp_dir"], "/tmp", None, MS_BIND | MS_REC)
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']}")
+    os.umask(0o022)
+    limits = dict(req["limits"])
+    if "processes" in limits:
+        if os.geteuid() == 0 and not namespaced:
+            limits.pop("processes")  # ignored for uid 0 anyway; the pids cgroup bounds it (README)
+        elif not namespaced:
+            # RLIMIT_NPROC counts every process of the real uid, so the budget sits on top of them.
+            limits["processes"] += _count_uid_processes(os.getuid())
+    _apply_rlimits(limits)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    if namespaced or os.geteuid() == 0:
+        _drop_capabilities()
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
+    _prctl(PR_SET_DUMPABLE, 0)
+    if not namespaced:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
+    sys.path[:] = [req["cwd"]] + [
+        p for p in sys.path[1:] if os.path.abspath(p) != os.path.dirname(_ZYGOTE_FILE)
+    ]
+    sys.argv[:] = [""]
+
+
+def _reseed() -> None:
+    # `random` reseeds itself after fork; numpy's legacy global generator does not, so every run would
+    # otherwise draw the same "random" numbers.
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
+
+
+def _format_error(exc: BaseException) -> dict[str, Any]:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == _ZYGOTE_FILE:
+        tb = tb.tb_next
+    lines = traceback.format_exception(type(exc), exc, tb)
+    text = "".join(lines)
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "[... earlier frames omitted ...]\n" + text[-MAX_TRACEBACK_CHARS:]
+    try:
+        value = str(exc)
+    except Exception:
+        value = "<exception str() failed>"
+    if len(value) > MAX_ERROR_VALUE_CHARS:
+        value = value[:MAX_ERROR_VALUE_CHARS] + " [... truncated ...]"
+    name = type(exc).__qualname__
+    module = type(exc).__module__
+    if module not in ("builtins", "__main__"):
+        name = f"{module}.{name}"
+    return {"name": name, "value": value, "traceback": text}
+
+
+def _run_user_code(req: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    """Compile and run the code in a fresh ``__main__``; return the status line's fields."""
+    reserve = warm["reserve"]  # address space released on MemoryError so the report can be built
+    outcome: dict[str, Any] = {
+        "phase": "done",
+        "exit_code": 0,
+        "error": None,
+        "memory_error": False,
+        "interrupted": False,
+    }
+    source = req["source"]
+    main = warm["main"]
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    import linecache
+
+    linecache.cache[CODE_FILENAME] = (len(source), None, source.splitlines(True), CODE_FILENAME)
+    try:
+        code = compile(source, CODE_FILENAME, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+    except SystemExit as exc:
+        if exc.code is None or exc.code == 0:
+            outcome["exit_code"] = 0
+        elif isinstance(exc.code, int):
+            outcome["exit_code"] = exc.code & 0xFF or 1
+            outcome["error"] = {"name": "SystemExit", "value": str(exc.code), "traceback": ""}
+        else:
+            print(exc.code, file=sys.stderr)
+            outcome["exit_code"] = 1
+            outcome["error"] = {"name": "SystemExit", "value": str(exc.code), "traceback": ""}
+    except MemoryError as exc:
+        reserve.close()
+        main.__dict__.clear()
+        gc.collect()
+        outcome.update(exit_code=1, memory_error=True, error=_format_error(exc))
+    except KeyboardInterrupt as exc:
+        outcome.update(exit_code=1, interrupted=True, error=_format_error(exc))
+    except BaseException as exc:
+        outcome.update(exit_code=1, error=_format_error(exc))
+    return outcome
+
+
+def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> None:
+    """Runs in the forked child with descriptors 0-3 in place; never returns."""
+    try:
+        _setup_child(req, namespaced)
+    except BaseException as exc:
+        _report({"phase": "setup_error", "message": f"{type(exc).__name__}: {exc}"})
+        os._exit(127)
+    try:
+        outcome = _run_user_code(req, warm)
+    except BaseException as exc:  # reading the code file failed, or the interpreter is in trouble
+        outcome = {"phase": "setup_error", "message": f"{type(exc).__name__}: {exc}"}
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _kill_own_descendants()
+    for fd in (0, 1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _report(outcome)
+    try:
+        os.close(STATUS_FD)  # the supervisor has everything now; process teardown happens after
+    except OSError:
+        pass
+    os._exit(int(outcome.get("exit_code", 127)) if outcome["phase"] == "done" else 127)
+
+
+def _report(message: dict[str, Any]) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(STATUS_FD, data) :]
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- the zygote
+
+
+def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    fds = array.array("i")
+    msg, ancdata, _flags, _addr = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(8 * fds.itemsize))
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    if not msg:
+        return None, list(fds)
+    return json.loads(msg), list(fds)
+
+
+class Spare:
+    """A child forked ahead of time, waiting on its socket for a request."""
+
+    def __init__(self, sock: socket.socket, pid: int | None, network: bool, helper_pid: int | None) -> None:
+        self.sock = sock
+        self.pid = pid  # None until a namespaced spare's helper reports the inner pid
+        self.network = network
+        self.helper_pid = helper_pid
+
+
+class Zygote:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.ctl = socket.socket(fileno=config["control_fd"])
+        self.pool_size = int(config.get("pool_size", 2))
+        self.spares: list[Spare] = []
+        self.pending: dict[int, Spare] = {}  # helper fd -> namespaced spare whose pid is not known yet
+        self.runs: dict[int, str] = {}  # pid -> run id
+        self.helpers: set[int] = set()
+        self.sel = selectors.DefaultSelector()
+        self.cgroup_parent: str | None = config.get("cgroup_parent")
+        self.cgroups: dict[int, str] = {}  # run pid -> its cgroup directory
+        self.doomed_cgroups: set[str] = set()  # cgroups of finished runs, removed once empty
+        self.namespaced = False
+        self.isolation_detail = ""
+        mode = config.get("isolation", "auto")
+        if mode in ("auto", "namespaces"):
+            reason = _probe_namespaces()
+            self.namespaced = reason is None
+            self.isolation_detail = "user, mount, pid and network namespaces" if reason is None else reason
+            if mode == "namespaces" and reason is not None:
+                raise SystemExit(f"namespaces unavailable: {reason}")
+        else:
+            self.isolation_detail = "requested process isolation"
+
+    # -- spares ----------------------------------------------------------------------------
+
+    def _fork_spare(self, network: bool) -> Spare:
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            self._become_spare(child_sock, parent_sock, network)
+        child_sock.close()
+        if self.namespaced:
+            spare = Spare(parent_sock, None, network, helper_pid=pid)
+            self.helpers.add(pid)
+            self.pending[parent_sock.fileno()] = spare
+            self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
+        else:
+            spare = Spare(parent_sock, pid, network, helper_pid=None)
+        return spare
+
+    def _become_spare(self, sock: socket.socket, parent_sock: socket.socket, network: bool) -> None:
+        """In the forked child: become a spare and wait for a request; never returns."""
+        try:
+            parent_sock.close()
+            self.ctl.close()
+            self.sel.close()
+            for spare in self.spares:
+                spare.sock.close()
+            for spare in self.pending.values():
+                spare.sock.close()
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            if self.cgroup_parent:
+                # Joining a cgroup costs ~10 ms (an RCU grace period), so spares do it ahead of time;
+                # everything the run forks later is counted against this cgroup's pids.max.
+                own = os.path.join(self.cgroup_parent, f"spare-{os.getpid()}")
+                os.mkdir(own)
+                _write(os.path.join(own, "cgroup.procs"), "0")
+            if self.namespaced:
+                _enter_namespaces(network)
+                inner = os.fork()
+                if inner != 0:
+                    sock.send(json.dumps({"pid": inner}).encode())
+                    os._exit(0)
+                _prepare_namespace_init(network)
+            else:
+                # A spare must not outlive the zygote (pid namespaces give this for free).
+                _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            warm = _prewarm()
+            message, fds = _recv(sock)
+            sock.close()
+            if message is None or len(fds) != 4:
+                os._exit(0)
+            # Lift the received descriptors clear of 0-3 first, so no dup2 below overwrites another.
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
+            message["source"] = _read_code(high[3])
+            for target, fd in zip((1, 2, STATUS_FD), high, strict=False):
+                os.dup2(fd, target, inheritable=target != STATUS_FD)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.closerange(STATUS_FD + 1, 1 << 16)
+        except BaseException as exc:
+            try:
+                os.write(2, f"alphaagent zygote: spare failed: {exc}\n".encode())
+            finally:
+                os._exit(126)
+        _child_main(message, self.namespaced, warm)
+
+    def _take_spare(self, network: bool) -> Spare:
+        for i, spare in enumerate(self.spares):
+            if spare.network == network and spare.pid is not None:
+                return self.spares.pop(i)
+        spare = self._fork_spare(network)
+        if spare.pid is None:  # namespaced: wait for the helper to tell us the inner pid
+            self.sel.unregister(spare.sock)
+            self.pending.pop(spare.sock.fileno(), None)
+            spare.sock.settimeout(10)
+            reply = json.loads(spare.sock.recv(256))
+            spare.sock.settimeout(None)
+            spare.pid = int(reply["pid"])
+        return spare
+
+    def _refill(self) -> None:
+        while len(self.spares) + len(self.pending) < self.pool_size:
+            spare = self._fork_spare(network=False)
+            if spare.pid is not None:
+                self.spares.append(spare)
+
+    def _on_spare_ready(self, sock: socket.socket) -> None:
+        """Learn a namespaced spare's pid from its helper; a no-op if it is not readable or known yet."""
+        pending = self.pending.get(sock.fileno())
+        if pending is None or pending.sock is not sock:
+            return  # a stale selector event: the pid was already read
+        sock.setblocking(False)
+        try:
+            data = sock.recv(256)
+        except BlockingIOError:
+            return
+        finally:
+            sock.setblocking(True)
+        spare = self.pending.pop(sock.fileno())
+        self.sel.unregister(sock)
+        try:
+            spare.pid = int(json.loads(data)["pid"])
+            self.spares.append(spare)
+        except (OSError, ValueError, KeyError):
+            sock.close()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _spawn(self, message: dict[str, Any], fds: list[int]) -> None:
+        run_id = message["id"]
+        try:
+            spare = self._take_spare(bool(message.get("network")) and self.namespaced)
+            assert spare.pid is not None
+            cgroup = None
+            if self.cgroup_parent:
+                cgroup = os.path.join(self.cgroup_parent, f"spare-{spare.helper_pid or spare.pid}")
+                _write(os.path.join(cgroup, "pids.max"), str(message["max_processes"]))
+                self.cgroups[spare.pid] = cgroup
+            spare.sock.sendmsg(
+                [json.dumps(message["request"]).encode()],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())],
+            )
+            spare.sock.close()
+            self.runs[spare.pid] = run_id
+            self._send({"event": "spawned", "id": run_id, "pid": spare.pid, "cgroup": cgroup})
+        except Exception as exc:
+            self._send({"event": "spawn_failed", "id": run_id, "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _sweep_uid(self, run_id: str) -> None:
+        """Exclusive mode: kill every process of our uid that is not us, an ancestor or a spare."""
+        uid = os.getuid()
+        keep = {os.getpid()} | {s.pid for s in self.spares if s.pid} | self.helpers
+        keep |= {s.pid for s in self.pending.values() if s.pid}
+        pid = os.getpid()
+        while pid > 1:
+            pid = _parent_of(pid)
+            keep.add(pid)
+        killed = 0
+        for _ in range(50):
+            victims = []
+            for name in os.listdir("/proc"):
+                if name.isdigit() and int(name) not in keep:
+                    try:
+                        if os.stat(f"/proc/{name}").st_uid == uid:
+                            victims.append(int(name))
+                    except OSError:
+                        continue
+            if not victims:
+                break
+            killed += len(victims)
+            _kill_all(victims)
+            self._reap()
+            time.sleep(0.005)
+        self._send({"event": "swept", "id": run_id, "killed": killed})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            self.ctl.send(json.dumps(message).encode())
+        except OSError:
+            self._shutdown()
+
+    # -- children --------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        reaped_run = False
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            self.helpers.discard(pid)
+            run_id = self.runs.pop(pid, None)
+            if pid in self.cgroups:
+                self.doomed_cgroups.add(self.cgroups.pop(pid))
+            if run_id is not None:
+                reaped_run = True
+                self._send(
+                    {
+                        "event": "exited",
+                        "id": run_id,
+                        "pid": pid,
+                        "status": status,
+                        "maxrss_kb": usage.ru_maxrss,
+                        "cpu_s": usage.ru_utime + usage.ru_stime,
+                    }
+                )
+            else:
+                self.spares = [s for s in self.spares if s.pid != pid]
+        if reaped_run:
+            self._kill_strays()
+        self._remove_doomed_cgroups()
+
+    def _remove_doomed_cgroups(self) -> None:
+        """Kill what is left in finished runs' cgroups, and remove those that are empty."""
+        for path in list(self.doomed_cgroups):
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as fh:
+                    _kill_all([int(p) for p in fh.read().split()])
+                os.rmdir(path)
+                self.doomed_cgroups.discard(path)
+            except FileNotFoundError:
+                self.doomed_cgroups.discard(path)
+            except OSError:
+                continue  # still has members that are being killed; retried on the next wake-up
+
+    def _kill_strays(self) -> None:
+        """Orphans of finished runs are reparented to us (a subreaper): kill them and their trees."""
+        for spare in list(self.pending.values()):
+            # A namespaced spare is our child as soon as its helper exits, maybe before we have read
+            # its pid: learn every pid that has arrived, so no fresh spare is taken for a stray.
+            self._on_spare_ready(spare.sock)
+        known = set(self.runs) | {s.pid for s in self.spares if s.pid} | self.helpers
+        known |= {s.pid for s in self.pending.values() if s.pid}
+        for child in _children(os.getpid()):
+            if child not in known:
+                _kill_all([child, *_descendants(child)])
+
+    def _shutdown(self) -> None:
+        for pid in list(self.runs) + [s.pid for s in self.spares if s.pid] + list(self.helpers):
+            _kill_all([pid])
+        os._exit(0)
+
+    # -- main loop -------------------------------------------------------------------------
+
+    def serve(self, ready: dict[str, Any]) -> None:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.sel.register(self.ctl, selectors.EVENT_READ, "ctl")
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        self._refill()
+        self._send(ready | {"isolation": "namespaces" if self.namespaced else "process"})
+        while True:
+            for key, _ in self.sel.select(timeout=0.05 if self.doomed_cgroups else None):
+                if key.data == "wake":
+                    try:
+                        os.read(wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    self._reap()
+                elif key.data == "spare":
+                    self._on_spare_ready(key.fileobj)  # type: ignore[arg-type]
+                else:
+                    message, fds = _recv(self.ctl)
+                    if message is None:
+                        self._shutdown()
+                    elif message.get("op") == "spawn":
+                        self._spawn(message, fds)
+                    elif message.get("op") == "sweep_uid":
+                        self._sweep_uid(message["id"])
+            self._refill()
+            self._remove_doomed_cgroups()
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 1
+
+
+def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    loaded, errors = [], {}
+    for name in modules:
+        try:
+            __import__(name)
+            if name == "matplotlib":
+                import matplotlib
+
+                matplotlib.use("Agg")
+                __import__("matplotlib.pyplot")
+            loaded.append(name)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return loaded, errors
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    zygote = Zygote(config)
+    loaded, errors = _preload(list(config.get("preload", [])))
+    # Objects that exist now are never collected or written again, so forked children keep sharing
+    # their pages instead of copying them on the first garbage collection.
+    gc.collect()
+    gc.freeze()
+    ready = {
+        "event": "ready",
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "isolation_detail": zygote.isolation_detail,
+        "preloaded": loaded,
+        "preload_errors": errors,
+    }
+    try:
+        zygote.serve(ready)
+    except Exception as exc:
+        sys.stderr.write(f"alphaagent zygote: {type(exc).__name__}: {exc}\n")
+        zygote._shutdown()
+
+
+if __name__ == "__main__":
+    main()
