@@ -234,7 +234,7 @@ class StreamCapture:
        within a line (text between ``\\n``) a lone ``\\r`` starts the line over and the line's final
        state is its last non-empty ``\\r``-separated segment, so ``\\r\\n`` is a plain newline; other C0
        control characters become U+FFFD. A line without ``\\n`` is held until it exceeds ``cap_bytes``
-       characters, then kept as plain content, so a never-ending line still uses bounded memory.
+       bytes, then kept as plain content, so a never-ending line still uses bounded memory.
     e) head + tail: the first ``cap_bytes // 2`` and last ``cap_bytes`` bytes of the cleaned UTF-8 text
        are kept and the middle only counted (cases OUT-01, OUT-06).
 
@@ -292,7 +292,7 @@ class StreamCapture:
         self._escape_hold = ""
         self._controls: tuple[str, ...] = ()  # C0 controls seen so far; replaced when text is kept
         self._line_parts: list[str] = []  # the line's current \r-segment, not yet complete
-        self._line_chars = 0
+        self._line_bytes = 0
         self._line_last = ""  # the line's last non-empty complete \r-segment
         self._ready: list[str] = []  # cleaned text waiting to be kept
 
@@ -449,7 +449,7 @@ class StreamCapture:
                 return
             self._ready.extend(self._line_parts)
             self._line_parts = []
-            self._line_chars = 0
+            self._line_bytes = 0
             self._ready.append(text if newline == len(text) - 1 else text[: newline + 1])
             if newline < len(text) - 1:
                 self._extend_segment(text[newline + 1 :])
@@ -471,7 +471,7 @@ class StreamCapture:
         if current:
             self._line_last = current
         self._line_parts = []
-        self._line_chars = 0
+        self._line_bytes = 0
         for index in range(len(segments) - 2, 0, -1):
             if segments[index]:
                 self._line_last = segments[index]
@@ -482,19 +482,19 @@ class StreamCapture:
         if not piece:
             return
         self._line_parts.append(piece)
-        self._line_chars += len(piece)
-        if self._line_chars > self._cap:
-            # Bound the pending line: past cap_bytes characters it is kept as plain content.
+        self._line_bytes += len(piece) if piece.isascii() else len(piece.encode("utf-8"))
+        if self._line_bytes > self._cap:
+            # Bound the pending line: past cap_bytes bytes it is kept as plain content.
             self._ready.extend(self._line_parts)
             self._line_parts = []
-            self._line_chars = 0
+            self._line_bytes = 0
             self._line_last = ""
 
     def _take_line(self) -> str:
         current = "".join(self._line_parts)
         line = current or self._line_last
         self._line_parts = []
-        self._line_chars = 0
+        self._line_bytes = 0
         self._line_last = ""
         return line
 

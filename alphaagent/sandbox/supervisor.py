@@ -522,7 +522,7 @@ def _diagnose_hang(pid: int) -> str | None:
     """At the timeout: name the common deadlock of a child process blocked on a full pipe."""
     for child in _descendants(pid):
         with contextlib.suppress(OSError), open(f"/proc/{child}/wchan") as fh:
-            if fh.read().strip() in ("pipe_write", "pipe_wait", "pipe_wait_writable"):
+            if "pipe_write" in fh.read():  # pipe_write, or anon_pipe_write since Linux 6.15
                 return (
                     "a child process was blocked writing to a full pipe: read its output while it runs"
                     " (subprocess.run(..., capture_output=True) or Popen.communicate()) instead of"
@@ -614,8 +614,8 @@ def _build_result(
     if status_line.get("phase") == "setup_error":
         raise SandboxError(f"run {run_id} could not start: {status_line.get('message')}")
     exit_event = outcome.exit_event or {}
-    wait_status = exit_event.get("status")
-    signum = os.WTERMSIG(wait_status) if wait_status is not None and os.WIFSIGNALED(wait_status) else None
+    wait_code = exit_event.get("exit_code")  # negative: killed by that signal
+    signum = -wait_code if wait_code is not None and wait_code < 0 else None
     error_data = status_line.get("error")
     error = RunError(**error_data) if error_data else None
     reason: str | None = None
@@ -656,9 +656,9 @@ def _build_result(
                 reason += f" (possibly the memory limit of {limits.memory_mb} MB)"
             name = "Killed"
         error = RunError(name=name, value=reason, traceback="")
-    elif wait_status is not None:
+    elif wait_code is not None:
         status = "error"
-        exit_code = os.waitstatus_to_exitcode(wait_status)
+        exit_code = wait_code
         reason = "the run exited without reporting (os._exit or a crash)"
     else:
         raise SandboxError(f"run {run_id}: lost track of the child (the zygote died)")

@@ -19,7 +19,7 @@ supervisor -> zygote
 zygote -> supervisor
     ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "preloaded", "preload_errors"}``
     ``{"event": "spawned", "id", "pid"}`` / ``{"event": "spawn_failed", "id", "message"}``
-    ``{"event": "exited", "id", "pid", "status", "maxrss_kb", "cpu_s"}`` (raw wait status)
+    ``{"event": "exited", "id", "pid", "exit_code", "maxrss_kb", "cpu_s"}`` (negative: killed by signal)
     ``{"event": "swept", "id", "killed"}``
 
 The child writes one JSON line to its status pipe (descriptor 3) before it exits:
@@ -176,6 +176,37 @@ def _drop_capabilities() -> None:
     header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _become_namespace_init(sock: socket.socket) -> None:
+    """Be pid 1 of the run's pid namespace; return only in the forked child that runs the code.
+
+    The code must not run as pid 1: the kernel drops signals that pid 1 has no handler for, so
+    SIGTERM, SIGALRM or SIGXCPU would not end it. This init forwards SIGINT/SIGTERM to the run,
+    reaps orphans, and exits when the run does; its exit ends the namespace, and the kernel kills
+    whatever is left in it. It encodes a run killed by signal N as exit status 128 + N.
+    """
+    run = os.fork()
+    if run == 0:
+        return
+    sock.close()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda n, _frame: _forward(run, n))
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(127)
+        if pid == run:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)
+
+
+def _forward(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
 
 
 def _probe_namespaces() -> str | None:
@@ -365,8 +396,7 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
-    if not namespaced:
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
     sys.path[:] = [req["cwd"]] + [
         p for p in sys.path[1:] if os.path.abspath(p) != os.path.dirname(_ZYGOTE_FILE)
     ]
@@ -574,6 +604,7 @@ class Zygote:
                     sock.send(json.dumps({"pid": inner}).encode())
                     os._exit(0)
                 _prepare_namespace_init(network)
+                _become_namespace_init(sock)  # returns in the forked run process only
             else:
                 # A spare must not outlive the zygote (pid namespaces give this for free).
                 _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -712,12 +743,15 @@ class Zygote:
                 self.doomed_cgroups.add(self.cgroups.pop(pid))
             if run_id is not None:
                 reaped_run = True
+                code = os.waitstatus_to_exitcode(status)
+                if self.namespaced and code > 128:  # the namespace init's encoding of a signal
+                    code = 128 - code
                 self._send(
                     {
                         "event": "exited",
                         "id": run_id,
                         "pid": pid,
-                        "status": status,
+                        "exit_code": code,
                         "maxrss_kb": usage.ru_maxrss,
                         "cpu_s": usage.ru_utime + usage.ru_stime,
                     }
