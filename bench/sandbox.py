@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -45,6 +46,7 @@ if str(REPO_ROOT) not in sys.path:
 import psutil  # noqa: E402
 from jupyter_client.manager import start_new_kernel  # noqa: E402
 
+from alphaagent.errors import SandboxError  # noqa: E402
 from alphaagent.models.run import RunLimits  # noqa: E402
 from alphaagent.sandbox.config import SandboxConfig  # noqa: E402
 from alphaagent.sandbox.supervisor import Sandbox  # noqa: E402
@@ -91,15 +93,16 @@ class Latency:
     pattern: str
     workload: str
     samples_ms: list[float] = field(repr=False)
+    errors: list[str] = field(default_factory=list, repr=False)
 
     @property
     def p50_ms(self) -> float:
-        return statistics.median(self.samples_ms)
+        return statistics.median(self.samples_ms) if self.samples_ms else math.nan
 
     @property
     def p95_ms(self) -> float:
         if len(self.samples_ms) < 2:
-            return self.samples_ms[0]
+            return self.samples_ms[0] if self.samples_ms else math.nan
         return statistics.quantiles(self.samples_ms, n=20, method="inclusive")[18]
 
     def summary(self) -> dict[str, Any]:
@@ -111,8 +114,10 @@ class Latency:
             "n": len(self.samples_ms),
             "p50_ms": round(self.p50_ms, 2),
             "p95_ms": round(self.p95_ms, 2),
-            "min_ms": round(min(self.samples_ms), 2),
-            "max_ms": round(max(self.samples_ms), 2),
+            "min_ms": round(min(self.samples_ms, default=math.nan), 2),
+            "max_ms": round(max(self.samples_ms, default=math.nan), 2),
+            "errors": len(self.errors),
+            "first_error": self.errors[0] if self.errors else None,
         }
 
 
@@ -120,21 +125,38 @@ class RunFailedError(RuntimeError):
     """A benchmarked run did not print what it should: the figures would be meaningless."""
 
 
-def measure(run_once: Callable[[], None], *, warmup: int, n: int, pause_s: float = 0.0) -> list[float]:
-    """Call ``run_once`` ``warmup`` times untimed, then ``n`` times timed; return milliseconds.
+def measure(
+    run_once: Callable[[], None],
+    *,
+    warmup: int,
+    n: int,
+    pause_s: float = 0.0,
+    tolerate: tuple[type[Exception], ...] = (),
+) -> tuple[list[float], list[str]]:
+    """Call ``run_once`` ``warmup`` times untimed, then until ``n`` calls succeeded; return the
+    successful calls' milliseconds and the messages of the failed ones.
 
-    ``pause_s`` seconds of sleep precede every call (warm-up included), outside the timed span.
+    ``pause_s`` seconds of sleep precede every call (warm-up included), outside the timed span. An
+    exception in ``tolerate`` (a platform error the benchmark reports rather than hides) is recorded
+    and the call not timed; after ``2 * (warmup + n)`` such failures the measurement gives up.
     """
     samples: list[float] = []
-    for i in range(warmup + n):
+    errors: list[str] = []
+    done = 0
+    while len(samples) < n and len(errors) < 2 * (warmup + n):
         if pause_s:
             time.sleep(pause_s)
         started = time.perf_counter()
-        run_once()
+        try:
+            run_once()
+        except tolerate as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
         elapsed_ms = (time.perf_counter() - started) * 1000
-        if i >= warmup:
+        done += 1
+        if done > warmup:
             samples.append(elapsed_ms)
-    return samples
+    return samples, errors
 
 
 def check_output(runner: str, stdout: str, expected: str) -> None:
@@ -163,8 +185,12 @@ def bench_zygote(
 
             for pattern, pause_s in (("back-to-back", 0.0), (f"{int(PAUSE_S * 1000)} ms pause", PAUSE_S)):
                 progress(f"{label}: {workload}, {pattern}, {n} runs")
-                samples = measure(run_once, warmup=warmup, n=n, pause_s=pause_s)
-                rows.append(Latency(label, pattern, workload, samples))
+                samples, errors = measure(
+                    run_once, warmup=warmup, n=n, pause_s=pause_s, tolerate=(SandboxError,)
+                )
+                if errors:
+                    progress(f"{label}: {len(errors)} runs failed, first: {errors[0]}")
+                rows.append(Latency(label, pattern, workload, samples, errors))
     return rows, {
         "label": label,
         "requested_isolation": config.isolation,
@@ -191,7 +217,8 @@ def bench_fresh_interpreter(workdir: Path, *, warmup: int, n: int) -> list[Laten
             check_output(runner, completed.stdout, expected)
 
         progress(f"{runner}: {workload}, {n} runs")
-        rows.append(Latency(runner, "back-to-back", workload, measure(run_once, warmup=warmup, n=n)))
+        samples, _ = measure(run_once, warmup=warmup, n=n)
+        rows.append(Latency(runner, "back-to-back", workload, samples))
     return rows
 
 
@@ -221,7 +248,8 @@ def bench_jupyter(workdir: Path, *, warmup: int, n: int) -> tuple[list[Latency],
                 check_output(runner, "".join(printed), expected)
 
             progress(f"{runner}: {workload}, {n} runs")
-            rows.append(Latency(runner, "back-to-back", workload, measure(run_once, warmup=warmup, n=n)))
+            samples, _ = measure(run_once, warmup=warmup, n=n)
+            rows.append(Latency(runner, "back-to-back", workload, samples))
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
@@ -307,8 +335,9 @@ def bench_floods(workdir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[st
 # ---------------------------------------------------------------------------------------- report
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, cores, memory, kernel, Python and whether we run as root."""
+def machine(load_at_start: float) -> dict[str, Any]:
+    """CPU model, cores, memory, kernel, Python, whether we run as root, and the 1-minute load average
+    at the start and end of the benchmark (other work on the machine skews every figure)."""
     cpu = "unknown"
     with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
         for line in cpuinfo:
@@ -322,6 +351,8 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "root": os.geteuid() == 0,
+        "load_1m_start": round(load_at_start, 2),
+        "load_1m_end": round(os.getloadavg()[0], 2),
     }
 
 
@@ -338,9 +369,12 @@ def targets(rows: list[Latency], zygote_labels: list[str], memory: dict[str, Any
     checks: list[dict[str, Any]] = []
 
     def check(name: str, value: float, unit: str, limit: str, passed: bool) -> None:
-        checks.append({"target": name, "value": f"{value:.1f}{unit}", "limit": limit, "pass": bool(passed)})
+        shown = f"{value:d}" if isinstance(value, int) else f"{value:.1f}"
+        checks.append({"target": name, "value": f"{shown}{unit}", "limit": limit, "pass": bool(passed)})
 
     for label in zygote_labels:
+        failures = sum(len(r.errors) for r in rows if r.runner == label)
+        check(f"{label}: runs that raised SandboxError", failures, "", "0", failures == 0)
         for pattern in (paused, "back-to-back"):
             p50 = find(rows, label, pattern, "print(1)").p50_ms
             check(
@@ -388,7 +422,8 @@ def markdown(report: dict[str, Any]) -> str:
         "## Machine",
         "",
         f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, "
-        f"Python {m['python']}, root: {'yes' if m['root'] else 'no'}",
+        f"Python {m['python']}, root: {'yes' if m['root'] else 'no'}; "
+        f"1-minute load average {m['load_1m_start']} at the start, {m['load_1m_end']} at the end",
         "",
         "## Sandboxes",
         "",
@@ -405,14 +440,23 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Per-run overhead (wall clock of one round trip, warm-up excluded)",
         "",
-        "| Runner | Pattern | Workload | N | p50 ms | p95 ms | min ms | max ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Runner | Pattern | Workload | N | p50 ms | p95 ms | min ms | max ms | Failed runs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["latency"]:
         lines.append(
             f"| {row['runner']} | {row['pattern']} | {row['workload']} | {row['n']} | "
-            f"{row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['min_ms']:.1f} | {row['max_ms']:.1f} |"
+            f"{row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['min_ms']:.1f} | {row['max_ms']:.1f} | "
+            f"{row['errors']} |"
         )
+    failed = [row for row in report["latency"] if row["errors"]]
+    if failed:
+        lines += ["", "Runs that failed with a platform error (not timed):", ""]
+        for row in failed:
+            lines.append(
+                f"- {row['runner']}, {row['pattern']}, {row['workload']}: {row['errors']} failed; "
+                f"first: `{row['first_error']}`"
+            )
     lines += [
         "",
         f"## Stdout flood ({FLOOD_MIB} MiB written by the child)",
@@ -478,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = 2 if args.quick else 5
 
     started = time.perf_counter()
+    load_at_start = os.getloadavg()[0]
     rows: list[Latency] = []
     zygotes: list[dict[str, Any]] = []
     with workspace() as root:
@@ -494,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         big, capped, memory = bench_floods(root)
 
     report: dict[str, Any] = {
-        "machine": machine(),
+        "machine": machine(load_at_start),
         "quick": args.quick,
         "zygotes": zygotes,
         "jupyter_startup_s": round(jupyter_startup_s, 2),

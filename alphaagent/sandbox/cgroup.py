@@ -3,7 +3,7 @@
 ``RLIMIT_NPROC`` is not enforced for uid 0 (setrlimit(2)), so a fork bomb run by a root supervisor
 (a CI machine, a container running as root) would be bounded only by the timeout. Where a pids
 controller is mounted and writable (cgroup v1 ``pids`` hierarchy, or cgroup v2 with ``pids`` in the
-root's ``subtree_control``), the supervisor creates ``alphaagent-<pid>/`` there; each spare child of
+root's ``subtree_control``), each ``Sandbox`` creates ``alphaagent-<pid>-<random>/`` there; each spare child of
 the zygote joins its own ``spare-<pid>/`` below it ahead of time (joining costs an RCU grace period,
 about 10 ms), and the zygote sets ``pids.max`` to the run's process limit when it hands the spare a
 run, then removes the cgroup when the run ends. Elsewhere (non-root, Lambda) ``detect()`` returns
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -54,7 +55,7 @@ def pids_limit_reached(cgroup: str) -> bool:
 
 
 class PidsCgroup:
-    """The parent cgroup of one supervisor's runs (``alphaagent-<pid>`` under the pids mount)."""
+    """The parent cgroup of one sandbox's runs (``alphaagent-<pid>-<random>`` under the pids mount)."""
 
     def __init__(self, parent: Path) -> None:
         self.parent = parent
@@ -67,9 +68,10 @@ class PidsCgroup:
         mount = _pids_mount()
         if mount is None:
             return None
-        parent = mount / f"alphaagent-{os.getpid()}"
+        # One parent per Sandbox (several may live in one process), never shared.
+        parent = mount / f"alphaagent-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            parent.mkdir(exist_ok=True)
+            parent.mkdir()
         except OSError:
             return None
         return cls(parent)

@@ -375,11 +375,18 @@ def _prewarm() -> dict[str, Any]:
 
 def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     os.setsid()
-    # Enter the working directory before /tmp is replaced: it may live under it.
-    os.chdir(req["cwd"])
+    cwd = req["cwd"]
     if namespaced:
+        # The working directory may live under /tmp, which is about to be replaced by the run's
+        # private one: hold it open, and bind it back at the same path inside the new /tmp.
+        held = os.open(cwd, os.O_PATH | os.O_DIRECTORY)
         _mount(req["tmp_dir"], "/tmp", None, MS_BIND | MS_REC)
+        if cwd == "/tmp" or cwd.startswith("/tmp/"):
+            os.makedirs(cwd, exist_ok=True)
+            _mount(f"/proc/self/fd/{held}", cwd, None, MS_BIND | MS_REC)
+        os.close(held)
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']}")
+    os.chdir(cwd)
     os.umask(0o022)
     limits = dict(req["limits"])
     if "processes" in limits:
@@ -637,9 +644,11 @@ class Zygote:
             self.sel.unregister(spare.sock)
             self.pending.pop(spare.sock.fileno(), None)
             spare.sock.settimeout(10)
-            reply = json.loads(spare.sock.recv(256))
+            reply = spare.sock.recv(256)
             spare.sock.settimeout(None)
-            spare.pid = int(reply["pid"])
+            if not reply:
+                raise RuntimeError("the new child died while entering its namespaces (see zygote.log)")
+            spare.pid = int(json.loads(reply)["pid"])
         return spare
 
     def _refill(self) -> None:
@@ -694,8 +703,15 @@ class Zygote:
                 os.close(fd)
 
     def _sweep_uid(self, run_id: str) -> None:
-        """Exclusive mode: kill every process of our uid that is not us, an ancestor or a spare."""
+        """Exclusive mode: kill every process of our uid that is not us, an ancestor or a spare.
+
+        Meant for a uid that belongs to the sandbox alone (Lambda's sbx_user). As root the sweep
+        would kill the host, so it is refused; a pid namespace or cgroup does the job there.
+        """
         uid = os.getuid()
+        if uid == 0:
+            self._send({"event": "swept", "id": run_id, "killed": 0, "refused": "uid 0"})
+            return
         keep = {os.getpid()} | {s.pid for s in self.spares if s.pid} | self.helpers
         keep |= {s.pid for s in self.pending.values() if s.pid}
         pid = os.getpid()

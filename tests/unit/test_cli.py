@@ -1,0 +1,76 @@
+"""`alphaagent exec`: exit codes, output forms and bad input (issue 2, CLI and Bad input)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _exec(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "alphaagent.cli", "exec", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+    )
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def test_ok_run_prints_readably_and_exits_0(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("import pandas as pd\nprint(pd.Series([1, 2, 3]).sum())\nopen('out.txt','w').write('x')")
+    done = _exec("--workdir", str(tmp_path), "job.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("6\n[ok] exit=0 ")
+    assert "created: out.txt" in done.stdout
+
+
+def test_json_output_is_the_run_result(tmp_path: Path) -> None:
+    done = _exec("--json", "--workdir", str(tmp_path), "-", cwd=tmp_path, stdin=b"print('hi')\n1/0\n")
+    assert done.returncode == 1
+    result = json.loads(done.stdout)
+    assert result["status"] == "error" and result["stdout"] == "hi\n"
+    assert result["error"]["name"] == "ZeroDivisionError"
+    assert {"run_id", "exit_code", "stdout_bytes", "stderr_truncated", "duration_ms", "files_changed", "limits"} <= set(
+        result
+    )
+
+
+def test_timeout_exits_1_and_says_so(tmp_path: Path) -> None:
+    done = _exec("--timeout", "1", "--workdir", str(tmp_path), "-", cwd=tmp_path, stdin=b"while True: pass\n")
+    assert done.returncode == 1
+    assert "[timeout]" in done.stdout and "wall-clock limit of 1 s exceeded" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["-"], b"", "code: must not be empty"),
+        (["-"], b"print('caf\xe9')\n", "code: not valid UTF-8"),
+        (["missing.py"], None, "missing.py: no such file"),
+        (["--workdir", "nowhere", "-"], b"print(1)", "workdir: nowhere does not exist"),
+        (["--workdir", "afile", "-"], b"print(1)", "workdir: afile is not a directory"),
+        (["--timeout", "0", "-"], b"print(1)", "--timeout: input should be greater than 0"),
+        (["--timeout", "5000", "-"], b"print(1)", "--timeout: input should be less than or equal to 900"),
+        (["--memory-mb", "10", "-"], b"print(1)", "--memory-mb: input should be greater than or equal to 256"),
+        (["--network", "maybe", "-"], b"print(1)", "argument --network: invalid choice"),
+        (["--timeout", "soon", "-"], b"print(1)", "argument --timeout: invalid float value"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path: Path, args: list[str], stdin: bytes | None, message: str
+) -> None:
+    # Given a directory with one file in it
+    (tmp_path / "afile").write_text("x")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    # When exec is called with bad input
+    done = _exec(*args, cwd=tmp_path, stdin=stdin)
+    # Then it exits 2 with one line naming the problem, and nothing was written
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
