@@ -3,7 +3,7 @@
 ``RLIMIT_NPROC`` is not enforced for uid 0 (setrlimit(2)), so a fork bomb run by a root supervisor
 (a CI machine, a container running as root) would be bounded only by the timeout. Where a pids
 controller is mounted and writable (cgroup v1 ``pids`` hierarchy, or cgroup v2 with ``pids`` in the
-root's ``subtree_control``), each ``Sandbox`` creates ``alphaagent-<pid>-<random>/`` there; each spare child of
+root's ``subtree_control``), each ``Sandbox`` creates ``alphaagent-<pid>-<random>/``; each spare child of
 the zygote joins its own ``spare-<pid>/`` below it ahead of time (joining costs an RCU grace period,
 about 10 ms), and the zygote sets ``pids.max`` to the run's process limit when it hands the spare a
 run, then removes the cgroup when the run ends. Elsewhere (non-root, Lambda) ``detect()`` returns

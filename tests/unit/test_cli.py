@@ -22,7 +22,9 @@ def _exec(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.Compl
 
 
 def test_ok_run_prints_readably_and_exits_0(tmp_path: Path) -> None:
-    (tmp_path / "job.py").write_text("import pandas as pd\nprint(pd.Series([1, 2, 3]).sum())\nopen('out.txt','w').write('x')")
+    (tmp_path / "job.py").write_text(
+        "import pandas as pd\nprint(pd.Series([1, 2, 3]).sum())\nopen('out.txt','w').write('x')"
+    )
     done = _exec("--workdir", str(tmp_path), "job.py", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("6\n[ok] exit=0 ")
@@ -35,9 +37,15 @@ def test_json_output_is_the_run_result(tmp_path: Path) -> None:
     result = json.loads(done.stdout)
     assert result["status"] == "error" and result["stdout"] == "hi\n"
     assert result["error"]["name"] == "ZeroDivisionError"
-    assert {"run_id", "exit_code", "stdout_bytes", "stderr_truncated", "duration_ms", "files_changed", "limits"} <= set(
-        result
-    )
+    assert {
+        "run_id",
+        "exit_code",
+        "stdout_bytes",
+        "stderr_truncated",
+        "duration_ms",
+        "files_changed",
+        "limits",
+    } <= set(result)
 
 
 def test_timeout_exits_1_and_says_so(tmp_path: Path) -> None:
@@ -56,7 +64,11 @@ def test_timeout_exits_1_and_says_so(tmp_path: Path) -> None:
         (["--workdir", "afile", "-"], b"print(1)", "workdir: afile is not a directory"),
         (["--timeout", "0", "-"], b"print(1)", "--timeout: input should be greater than 0"),
         (["--timeout", "5000", "-"], b"print(1)", "--timeout: input should be less than or equal to 900"),
-        (["--memory-mb", "10", "-"], b"print(1)", "--memory-mb: input should be greater than or equal to 256"),
+        (
+            ["--memory-mb", "10", "-"],
+            b"print(1)",
+            "--memory-mb: input should be greater than or equal to 256",
+        ),
         (["--network", "maybe", "-"], b"print(1)", "argument --network: invalid choice"),
         (["--timeout", "soon", "-"], b"print(1)", "argument --timeout: invalid float value"),
     ],

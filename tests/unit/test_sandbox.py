@@ -328,7 +328,9 @@ def test_child_environment_is_rebuilt_from_an_allowlist(
     )  # fmt: skip
     assert env["MPLBACKEND"] == "Agg" and env["LANG"] == "C.UTF-8" and env["TERM"] == "dumb"
     # And not even the process's initial environment block holds them
-    assert "fake-secret" not in leaked.stdout and "9001" not in leaked.stdout and "MY_APP" not in leaked.stdout
+    assert (
+        "fake-secret" not in leaked.stdout and "9001" not in leaked.stdout and "MY_APP" not in leaked.stdout
+    )
 
 
 def test_stdin_is_empty_and_no_extra_descriptors_are_inherited(any_sandbox: Sandbox, tmp_path: Path) -> None:
@@ -356,14 +358,16 @@ def test_network_is_off_by_default_and_on_when_asked(sandbox: Sandbox, tmp_path:
     assert off.status == "error" and off.network == "off"
     assert on.status == "ok" and on.stdout == "connected\n" and on.network == "on"
     # And the run's own loopback works without network (local servers inside one run)
-    local = "import socket\ns = socket.create_server(('127.0.0.1', 0))\nsocket.create_connection(s.getsockname()).close()\nprint('ok')"  # noqa: E501
+    local = "import socket\ns = socket.create_server(('127.0.0.1', 0))\nsocket.create_connection(s.getsockname()).close()\nprint('ok')"
     assert sandbox.run(local, cwd=tmp_path, limits=FAST).stdout == "ok\n"
 
 
 def test_run_cannot_see_or_signal_the_supervisor(sandbox: Sandbox, tmp_path: Path) -> None:
     if sandbox.isolation != "namespaces":
         pytest.skip("a private pid namespace needs user namespaces")
-    result = sandbox.run(f"import os\nprint(os.path.exists('/proc/{os.getpid()}'), len(os.listdir('/proc')))", cwd=tmp_path)
+    result = sandbox.run(
+        f"import os\nprint(os.path.exists('/proc/{os.getpid()}'), len(os.listdir('/proc')))", cwd=tmp_path
+    )
     assert result.stdout.startswith("False")
 
 
@@ -417,7 +421,9 @@ def test_exclusive_mode_sweeps_processes_of_the_uid(tmp_path: Path) -> None:
             """
         )
     )
-    probe = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000", "true"], capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", "true"], capture_output=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"user namespaces unavailable: {probe.stderr.decode().strip()}")
     # When it runs
@@ -436,9 +442,15 @@ def test_exclusive_mode_sweeps_processes_of_the_uid(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("code", "message"),
-    [("", "code: must not be empty"), ("   \n", "code: must not be empty"), (b"print('\xff')", "not valid UTF-8")],
+    [
+        ("", "code: must not be empty"),
+        ("   \n", "code: must not be empty"),
+        (b"print('\xff')", "not valid UTF-8"),
+    ],
 )
-def test_bad_code_is_rejected_before_anything_runs(sandbox: Sandbox, tmp_path: Path, code: str, message: str) -> None:
+def test_bad_code_is_rejected_before_anything_runs(
+    sandbox: Sandbox, tmp_path: Path, code: str, message: str
+) -> None:
     with pytest.raises(InvalidRequestError, match=message):
         sandbox.run(code, cwd=tmp_path)
     assert list(tmp_path.iterdir()) == []
