@@ -9,7 +9,8 @@ The child's variables (``child_environment``):
 
 ====================== ==============================================================
 ``PATH``               the environment interpreter's directory, then the system's
-``HOME``, ``TMPDIR``   private directories in the run's scratch area (wiped afterwards)
+``HOME``, ``TMPDIR``   the run's private directory in its scratch area (wiped afterwards;
+                       ``/tmp`` itself at the ``namespaces`` level)
 ``LANG``, ``LC_ALL``   ``C.UTF-8``
 ``PYTHONIOENCODING``   ``utf-8``; ``PYTHONUNBUFFERED=1``, ``PYTHONDONTWRITEBYTECODE=1``
 ``MPLBACKEND``         ``Agg``: charts render headless; ``plt.show()`` is a no-op
@@ -59,14 +60,18 @@ def zygote_environment(config: SandboxConfig, mpl_config_dir: Path) -> dict[str,
     return env
 
 
-def child_environment(config: SandboxConfig, *, tmp_dir: str, home: str) -> dict[str, str]:
-    """The environment user code sees (see the module docstring), plus ``config.extra_env``."""
+def child_environment(config: SandboxConfig, *, tmp_dir: str) -> dict[str, str]:
+    """The environment user code sees (see the module docstring), plus ``config.extra_env``.
+
+    ``HOME`` is the run's private temporary directory too: tools that write ``~/.cache`` or
+    ``~/.config`` write into the scratch area, which is wiped after the run.
+    """
     env = _base(config)
     env.update(
         {
-            "HOME": home,
+            "HOME": tmp_dir,
             "TMPDIR": tmp_dir,
-            "MPLCONFIGDIR": f"{home}/.matplotlib",
+            "MPLCONFIGDIR": f"{tmp_dir}/.matplotlib",
             "PYTHONUNBUFFERED": "1",
             "TERM": "dumb",
             "NO_COLOR": "1",

@@ -35,7 +35,7 @@ from typing import Any
 from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
 from alphaagent.models.run import FileChangeReport, RunError, RunLimits, RunResult, SkippedPath
-from alphaagent.sandbox.capture import StreamCapture
+from alphaagent.sandbox.capture import REDACTED, StreamCapture
 from alphaagent.sandbox.cgroup import PidsCgroup, pids_limit_reached
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
@@ -125,6 +125,7 @@ class Sandbox:
             zygote_config = {
                 "control_fd": child.fileno(),
                 "preload": list(self.config.preload),
+                "warmup": self.config.warmup,
                 "pool_size": self.config.pool_size,
                 "isolation": self.config.isolation,
                 "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
@@ -252,8 +253,7 @@ class Sandbox:
         spill_rel = f"{_SPILL_DIR}/{run_id}"
         # work/runs/ holds the platform's spill files: never reported as the code's changes.
         before = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
-        for sub in ("tmp", "home"):
-            (scratch / sub).mkdir(parents=True, mode=0o700)
+        (scratch / "tmp").mkdir(parents=True, mode=0o700)
         code_fd = os.memfd_create(f"code-{run_id}", os.MFD_CLOEXEC)
         _write_all(code_fd, source.encode("utf-8"))
         tmp_dir = "/tmp" if namespaced else str(scratch / "tmp")
@@ -261,7 +261,7 @@ class Sandbox:
             "cwd": str(workdir),
             "tmp_dir": str(scratch / "tmp"),
             "shm_bytes": 64 * 2**20,
-            "env": child_environment(self.config, tmp_dir=tmp_dir, home=str(scratch / "home")),
+            "env": child_environment(self.config, tmp_dir=tmp_dir),
             "limits": _rlimits(limits),
         }
         channel = _RunChannel()
@@ -314,6 +314,7 @@ class Sandbox:
             isolation="namespaces" if namespaced else "process",
             network="off" if namespaced and not network else "on",
             spill_rel=spill_rel,
+            secrets=self._secrets,
         )
 
     def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None]:
@@ -393,13 +394,15 @@ class Sandbox:
                         if len(status_buf) < 1 << 20:
                             status_buf += chunk
                         continue
+                    if outcome.kill_reason == "output_limit":
+                        continue  # what is still in flight after the kill is not counted
                     capture = captures[fd]
                     capture.feed(chunk)
                     if capture.total_bytes > self.config.spill_bytes and outcome.kill_reason is None:
                         stream = "stdout" if fd == out_fd else "stderr"
                         outcome.kill_reason = "output_limit"
                         outcome.hint = (
-                            f"{stream} exceeded {self.config.spill_bytes // 2**20} MiB; write large results"
+                            f"{stream} exceeded {_mib(self.config.spill_bytes)}; write large results"
                             " to files (datasets/) instead of printing them"
                         )
                         self._kill_run(pid, outcome)
@@ -418,12 +421,16 @@ class Sandbox:
         return outcome
 
     def _kill_run(self, pid: int, outcome: _Outcome) -> None:
-        """SIGKILL the run's process group (with namespaces, killing pid 1 ends the whole namespace)."""
+        """SIGKILL the run's tree: its process group, every descendant found, then the run itself
+        (with namespaces, the death of the namespace's init also ends everything left in it)."""
+        tree = _descendants(pid)
         if outcome.processes_at_kill is None:
-            outcome.processes_at_kill = 1 + len(_descendants(pid))
+            outcome.processes_at_kill = 1 + len(tree)
             outcome.process_limit_hit = outcome.cgroup is not None and pids_limit_reached(outcome.cgroup)
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
+        for member in tree:
+            _signal(member, signal.SIGKILL)
         _signal(pid, signal.SIGKILL)
 
     def _await_exit(self, channel: _RunChannel) -> dict[str, Any] | None:
@@ -592,6 +599,17 @@ def _wipe_contents(root: Path, keep: set[Path]) -> None:
                 path.unlink()
 
 
+def _mib(size: int) -> str:
+    return f"{size / 2**20:g} MiB"
+
+
+def _redact(text: str, secrets: tuple[str, ...]) -> str:
+    """Replace every secret in ``text`` (an error's value or traceback) with ``[REDACTED]``."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -609,6 +627,7 @@ def _build_result(
     isolation: str,
     network: str,
     spill_rel: str,
+    secrets: tuple[str, ...],
 ) -> RunResult:
     status_line = outcome.status_line or {}
     if status_line.get("phase") == "setup_error":
@@ -617,7 +636,7 @@ def _build_result(
     wait_code = exit_event.get("exit_code")  # negative: killed by that signal
     signum = -wait_code if wait_code is not None and wait_code < 0 else None
     error_data = status_line.get("error")
-    error = RunError(**error_data) if error_data else None
+    error = RunError(**{k: _redact(str(v), secrets) for k, v in error_data.items()}) if error_data else None
     reason: str | None = None
     if outcome.timed_out:
         status = "timeout"

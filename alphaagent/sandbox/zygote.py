@@ -373,19 +373,28 @@ def _prewarm() -> dict[str, Any]:
     return {"reserve": mmap.mmap(-1, 8 << 20), "main": warm_main}
 
 
+def _private_tmp_and_shm(tmp_dir: str, shm_bytes: int, keep: tuple[str, ...]) -> None:
+    """Give the run its own /tmp (the run's scratch directory) and /dev/shm (a capped tmpfs).
+
+    Directories in ``keep`` (the working directory) may live under either mount point: they are
+    held open first and bound back at the same path inside the new mounts (so a working directory
+    under /tmp shows its parent directories, empty, in the run's /tmp).
+    """
+    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep}
+    _mount(tmp_dir, "/tmp", None, MS_BIND | MS_REC)
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes}")
+    for path, fd in held.items():
+        if path.startswith(("/tmp/", "/dev/shm/")) or path in ("/tmp", "/dev/shm"):
+            os.makedirs(path, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
+
+
 def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     os.setsid()
     cwd = req["cwd"]
     if namespaced:
-        # The working directory may live under /tmp, which is about to be replaced by the run's
-        # private one: hold it open, and bind it back at the same path inside the new /tmp.
-        held = os.open(cwd, os.O_PATH | os.O_DIRECTORY)
-        _mount(req["tmp_dir"], "/tmp", None, MS_BIND | MS_REC)
-        if cwd == "/tmp" or cwd.startswith("/tmp/"):
-            os.makedirs(cwd, exist_ok=True)
-            _mount(f"/proc/self/fd/{held}", cwd, None, MS_BIND | MS_REC)
-        os.close(held)
-        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']}")
+        _private_tmp_and_shm(req["tmp_dir"], req["shm_bytes"], keep=(cwd,))
     os.chdir(cwd)
     os.umask(0o022)
     limits = dict(req["limits"])
@@ -543,6 +552,7 @@ class Spare:
         self.pid = pid  # None until a namespaced spare's helper reports the inner pid
         self.network = network
         self.helper_pid = helper_pid
+        self.cgroup: str | None = None
 
 
 class Zygote:
@@ -556,6 +566,7 @@ class Zygote:
         self.sel = selectors.DefaultSelector()
         self.cgroup_parent: str | None = config.get("cgroup_parent")
         self.cgroups: dict[int, str] = {}  # run pid -> its cgroup directory
+        self.spare_count = 0
         self.doomed_cgroups: set[str] = set()  # cgroups of finished runs, removed once empty
         self.namespaced = False
         self.isolation_detail = ""
@@ -573,9 +584,16 @@ class Zygote:
 
     def _fork_spare(self, network: bool) -> Spare:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cgroup = None
+        if self.cgroup_parent:
+            # Made before the fork, so it exists whenever the spare is handed a run; the spare joins
+            # it itself before it reads its request, so everything the run forks is counted.
+            self.spare_count += 1
+            cgroup = os.path.join(self.cgroup_parent, f"spare-{self.spare_count}")
+            os.mkdir(cgroup)
         pid = os.fork()
         if pid == 0:
-            self._become_spare(child_sock, parent_sock, network)
+            self._become_spare(child_sock, parent_sock, network, cgroup)
         child_sock.close()
         if self.namespaced:
             spare = Spare(parent_sock, None, network, helper_pid=pid)
@@ -584,9 +602,12 @@ class Zygote:
             self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
         else:
             spare = Spare(parent_sock, pid, network, helper_pid=None)
+        spare.cgroup = cgroup
         return spare
 
-    def _become_spare(self, sock: socket.socket, parent_sock: socket.socket, network: bool) -> None:
+    def _become_spare(
+        self, sock: socket.socket, parent_sock: socket.socket, network: bool, cgroup: str | None
+    ) -> None:
         """In the forked child: become a spare and wait for a request; never returns."""
         try:
             parent_sock.close()
@@ -598,12 +619,9 @@ class Zygote:
                 spare.sock.close()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            if self.cgroup_parent:
-                # Joining a cgroup costs ~10 ms (an RCU grace period), so spares do it ahead of time;
-                # everything the run forks later is counted against this cgroup's pids.max.
-                own = os.path.join(self.cgroup_parent, f"spare-{os.getpid()}")
-                os.mkdir(own)
-                _write(os.path.join(own, "cgroup.procs"), "0")
+            if cgroup:
+                # Joining a cgroup costs ~10 ms (an RCU grace period): spares do it ahead of time.
+                _write(os.path.join(cgroup, "cgroup.procs"), "0")
             if self.namespaced:
                 _enter_namespaces(network)
                 inner = os.fork()
@@ -684,9 +702,8 @@ class Zygote:
         try:
             spare = self._take_spare(bool(message.get("network")) and self.namespaced)
             assert spare.pid is not None
-            cgroup = None
-            if self.cgroup_parent:
-                cgroup = os.path.join(self.cgroup_parent, f"spare-{spare.helper_pid or spare.pid}")
+            cgroup = spare.cgroup
+            if cgroup:
                 _write(os.path.join(cgroup, "pids.max"), str(message["max_processes"]))
                 self.cgroups[spare.pid] = cgroup
             spare.sock.sendmsg(
@@ -773,7 +790,10 @@ class Zygote:
                     }
                 )
             else:
-                self.spares = [s for s in self.spares if s.pid != pid]
+                for spare in [s for s in self.spares if s.pid == pid]:
+                    self.spares.remove(spare)
+                    if spare.cgroup:
+                        self.doomed_cgroups.add(spare.cgroup)
         if reaped_run:
             self._kill_strays()
         self._remove_doomed_cgroups()
@@ -820,7 +840,10 @@ class Zygote:
         self._refill()
         self._send(ready | {"isolation": "namespaces" if self.namespaced else "process"})
         while True:
-            for key, _ in self.sel.select(timeout=0.05 if self.doomed_cgroups else None):
+            idle_wake = (
+                0.05 if self.doomed_cgroups or len(self.spares) + len(self.pending) < self.pool_size else None
+            )
+            for key, _ in self.sel.select(timeout=idle_wake):
                 if key.data == "wake":
                     try:
                         os.read(wake_r, 4096)
@@ -837,7 +860,10 @@ class Zygote:
                         self._spawn(message, fds)
                     elif message.get("op") == "sweep_uid":
                         self._sweep_uid(message["id"])
-            self._refill()
+            # Forking a replacement competes for the CPU with the run that just started (two cores
+            # here, one in Lambda): while a spare is left, refill only once no run is active.
+            if not self.runs or not self.spares:
+                self._refill()
             self._remove_doomed_cgroups()
 
 
@@ -847,6 +873,18 @@ def _parent_of(pid: int) -> int:
             return int(fh.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return 1
+
+
+def _warm_up(code: str) -> str | None:
+    """Run the environment's warm-up code once, so one-off lazy set-up (pandas' first DataFrame,
+    matplotlib's first figure) happens here instead of in every run; None, or the error."""
+    if not code:
+        return None
+    try:
+        exec(compile(code, "<warm-up>", "exec"), {"__name__": "__warmup__"})
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -869,6 +907,9 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     zygote = Zygote(config)
     loaded, errors = _preload(list(config.get("preload", [])))
+    warm_error = _warm_up(config.get("warmup", ""))
+    if warm_error:
+        errors["warm-up"] = warm_error
     # Objects that exist now are never collected or written again, so forked children keep sharing
     # their pages instead of copying them on the first garbage collection.
     gc.collect()
