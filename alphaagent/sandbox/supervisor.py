@@ -82,7 +82,7 @@ class Sandbox:
         self._ready: dict[str, Any] = {}
         self._scratch_root: Path | None = None
         self._hash_cache = HashCache()
-        self._cgroup = PidsCgroup.detect() if self.config.use_cgroup else None
+        self._cgroup: PidsCgroup | None = None
         self._exclusive_lock = threading.Lock()
         self._secrets = secrets_to_redact(self.config.redact_env)
 
@@ -108,70 +108,86 @@ class Sandbox:
         return dict(self._ready)
 
     def start(self) -> None:
-        """Start the zygote if it is not running; blocks until it has preloaded its modules."""
+        """Start the zygote if it is not running; blocks until it has preloaded its modules.
+
+        Raises ``SandboxError`` when the interpreter cannot be started or the zygote dies during
+        start-up (its log is quoted); nothing is left behind then.
+        """
         with self._lock:
             if self._zygote is not None and self._zygote.poll() is None:
                 return
-            _set_not_dumpable()
-            self._scratch_root = Path(
-                tempfile.mkdtemp(
-                    prefix="alphaagent-sandbox-", dir=self.config.scratch_dir or _default_scratch_dir()
-                )
-            )
-            os.chmod(self._scratch_root, 0o700)
-            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            mpl_dir = self._scratch_root / "mplconfig"
-            mpl_dir.mkdir()
-            zygote_config = {
-                "control_fd": child.fileno(),
-                "preload": list(self.config.preload),
-                "warmup": self.config.warmup,
-                "pool_size": self.config.pool_size,
-                "isolation": self.config.isolation,
-                "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
-            }
+            self._teardown()  # a zygote that died: remove what it left before starting anew
             try:
+                self._start_zygote()
+            except BaseException:
+                self._teardown()
+                raise
+
+    def _start_zygote(self) -> None:
+        _set_not_dumpable()
+        self._scratch_root = Path(
+            tempfile.mkdtemp(
+                prefix="alphaagent-sandbox-", dir=self.config.scratch_dir or _default_scratch_dir()
+            )
+        )
+        self._cgroup = PidsCgroup.detect() if self.config.use_cgroup else None
+        mpl_dir = self._scratch_root / "mplconfig"
+        mpl_dir.mkdir()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._ctl = parent
+        zygote_config = {
+            "control_fd": child.fileno(),
+            "preload": list(self.config.preload),
+            "warmup": self.config.warmup,
+            "pool_size": self.config.pool_size,
+            "isolation": self.config.isolation,
+            "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
+            "scratch_root": str(self._scratch_root),
+        }
+        log_path = self._scratch_root / "zygote.log"
+        try:
+            with open(log_path, "wb") as log:
                 self._zygote = subprocess.Popen(
                     [self.config.python, str(ZYGOTE_PATH), json.dumps(zygote_config)],
                     pass_fds=[child.fileno()],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
-                    stderr=open(self._scratch_root / "zygote.log", "wb"),  # noqa: SIM115 - the child owns it
+                    stderr=log,
                     env=zygote_environment(self.config, mpl_dir),
                     cwd=self._scratch_root,
                     start_new_session=True,
                 )
-            except OSError as exc:
-                raise SandboxError(f"cannot start the zygote with {self.config.python}: {exc}") from exc
-            finally:
-                child.close()
-            self._ctl = parent
-            parent.settimeout(self.config.zygote_start_timeout_s)
-            try:
-                ready = json.loads(parent.recv(1 << 16) or b"null")
-            except (TimeoutError, OSError, ValueError) as exc:
-                self._kill_zygote()
-                raise SandboxError(
-                    f"the zygote did not start: {exc}; see {self._scratch_root}/zygote.log"
-                ) from exc
-            if not ready or ready.get("event") != "ready":
-                log = (self._scratch_root / "zygote.log").read_text(errors="replace")[-2000:]
-                self._kill_zygote()
-                raise SandboxError(f"the zygote exited during start-up: {log.strip() or 'no output'}")
-            parent.settimeout(None)
-            self._ready = ready
-            self._reader = threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True)
-            self._reader.start()
+        except OSError as exc:
+            raise SandboxError(f"cannot start the zygote with {self.config.python}: {exc}") from exc
+        finally:
+            child.close()
+        parent.settimeout(self.config.zygote_start_timeout_s)
+        try:
+            ready = json.loads(parent.recv(1 << 16) or b"null")
+        except (TimeoutError, OSError, ValueError) as exc:
+            raise SandboxError(f"the zygote did not start: {exc}") from exc
+        if not ready or ready.get("event") != "ready":
+            self._kill_zygote()
+            log_text = log_path.read_text(errors="replace")[-2000:].strip()
+            raise SandboxError(f"the zygote exited during start-up: {log_text or 'no output'}")
+        parent.settimeout(None)
+        self._ready = ready
+        self._reader = threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True)
+        self._reader.start()
 
     def close(self) -> None:
         """Stop the zygote (it kills every run and spare it has) and remove the scratch root."""
         with self._lock:
-            self._kill_zygote()
-            if self._scratch_root is not None:
-                shutil.rmtree(self._scratch_root, ignore_errors=True)
-                self._scratch_root = None
-            if self._cgroup is not None:
-                self._cgroup.close()
+            self._teardown()
+
+    def _teardown(self) -> None:
+        self._kill_zygote()
+        if self._scratch_root is not None:
+            shutil.rmtree(self._scratch_root, ignore_errors=True)
+            self._scratch_root = None
+        if self._cgroup is not None:
+            self._cgroup.close()
+            self._cgroup = None
 
     def _kill_zygote(self) -> None:
         if self._ctl is not None:

@@ -565,6 +565,7 @@ class Zygote:
         self.helpers: set[int] = set()
         self.sel = selectors.DefaultSelector()
         self.cgroup_parent: str | None = config.get("cgroup_parent")
+        self.scratch_root: str | None = config.get("scratch_root")
         self.cgroups: dict[int, str] = {}  # run pid -> its cgroup directory
         self.spare_count = 0
         self.doomed_cgroups: set[str] = set()  # cgroups of finished runs, removed once empty
@@ -824,8 +825,38 @@ class Zygote:
                 _kill_all([child, *_descendants(child)])
 
     def _shutdown(self) -> None:
-        for pid in list(self.runs) + [s.pid for s in self.spares if s.pid] + list(self.helpers):
-            _kill_all([pid])
+        """The supervisor is gone (or asked us to stop): kill every run and spare, remove their
+        cgroups and the scratch root, exit. A supervisor that crashed leaves nothing behind."""
+        _kill_all(list(self.runs) + [s.pid for s in self.spares if s.pid] + list(self.helpers))
+        self._kill_strays()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not self.cgroup_parent:
+                time.sleep(0.01)
+                continue
+            for name in os.listdir(self.cgroup_parent):
+                path = os.path.join(self.cgroup_parent, name)
+                if os.path.isdir(path):
+                    self.doomed_cgroups.add(path)
+            self._remove_doomed_cgroups()
+            time.sleep(0.01)
+        if self.cgroup_parent:
+            try:
+                for name in os.listdir(self.cgroup_parent):
+                    if os.path.isdir(os.path.join(self.cgroup_parent, name)):
+                        self.doomed_cgroups.add(os.path.join(self.cgroup_parent, name))
+                self._remove_doomed_cgroups()
+                os.rmdir(self.cgroup_parent)
+            except OSError:
+                pass
+        if self.scratch_root:
+            import shutil
+
+            shutil.rmtree(self.scratch_root, ignore_errors=True)
         os._exit(0)
 
     # -- main loop -------------------------------------------------------------------------
