@@ -373,20 +373,31 @@ def _prewarm() -> dict[str, Any]:
     return {"reserve": mmap.mmap(-1, 8 << 20), "main": warm_main}
 
 
+def _interpreter_paths() -> tuple[str, ...]:
+    """Where the environment's interpreter and its modules live: they must stay visible to the run
+    even when they sit under /tmp or /dev/shm (a checkout in /tmp, say)."""
+    return tuple(
+        p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path) if p and os.path.isdir(p)
+    )
+
+
 def _private_tmp_and_shm(tmp_dir: str, shm_bytes: int, keep: tuple[str, ...]) -> None:
     """Give the run its own /tmp (the run's scratch directory) and /dev/shm (a capped tmpfs).
 
-    Directories in ``keep`` (the working directory) may live under either mount point: they are
-    held open first and bound back at the same path inside the new mounts (so a working directory
-    under /tmp shows its parent directories, empty, in the run's /tmp).
+    Directories in ``keep`` (the working directory, the interpreter's prefix and module paths) may
+    live under either mount point: they are held open first and bound back at the same path inside
+    the new mounts (so a working directory under /tmp shows its parent folders in the run's /tmp).
     """
-    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep}
+    hidden = [os.path.realpath(p) for p in keep]
+    hidden = [p for p in hidden if p.startswith(("/tmp/", "/dev/shm/")) or p in ("/tmp", "/dev/shm")]
+    # Bind the outermost directories only: binding /tmp/x also brings /tmp/x/.venv back.
+    outermost = sorted({p for p in hidden if not any(p.startswith(q + "/") for q in hidden if q != p)})
+    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in outermost}
     _mount(tmp_dir, "/tmp", None, MS_BIND | MS_REC)
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes}")
     for path, fd in held.items():
-        if path.startswith(("/tmp/", "/dev/shm/")) or path in ("/tmp", "/dev/shm"):
-            os.makedirs(path, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
 
 
@@ -394,7 +405,7 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     os.setsid()
     cwd = req["cwd"]
     if namespaced:
-        _private_tmp_and_shm(req["tmp_dir"], req["shm_bytes"], keep=(cwd,))
+        _private_tmp_and_shm(req["tmp_dir"], req["shm_bytes"], keep=(cwd, *_interpreter_paths()))
     os.chdir(cwd)
     os.umask(0o022)
     limits = dict(req["limits"])

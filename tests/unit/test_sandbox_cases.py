@@ -980,20 +980,31 @@ ENV_01_B = (
 
 
 # Reading of "B sees none of A's files": a run's private /tmp and /dev/shm start empty except for the
-# path that leads to the run's own working directory and HOME, which the sandbox binds back in when
-# they live there (pytest's tmp_path is under /tmp; the default scratch root, holding HOME, is under
+# paths that lead to the run's own working directory, HOME and interpreter, which the sandbox binds
+# back in when they live there (pytest's tmp_path is under /tmp; the default scratch root, holding HOME, is under
 # /dev/shm). Everything else found under them is foreign.
 FOREIGN_ENTRIES = """
 def foreign_entries(top):
-    import os
-    own = [os.getcwd(), os.environ["HOME"]]
+    import os, sys
+    # the working directory, HOME, and where the interpreter and its modules live (a checkout under
+    # /tmp is bound back in so the run can still import and exec its environment)
+    own = [os.getcwd(), os.environ["HOME"], sys.prefix, sys.base_prefix, sys.exec_prefix]
+    own += [p for p in sys.path if p and os.path.isdir(p)]
+    own = [os.path.realpath(p) for p in own]
     found = []
+    def leads_to_own(path):
+        return any(p == path or p.startswith(path + "/") for p in own)
+
+    def inside_own(path):
+        return any(path.startswith(p + "/") for p in own)
+
     for root, dirs, files in os.walk(top):
         for name in dirs + files:
             path = os.path.join(root, name)
-            if not any(p == path or p.startswith(path + "/") for p in own):
+            if not leads_to_own(path) and not inside_own(path):
                 found.append(path)
-        dirs[:] = [d for d in dirs if any(p.startswith(os.path.join(root, d) + "/") for p in own)]
+        # descend only along the way to an own path, never into one (its contents are the run's)
+        dirs[:] = [d for d in dirs if leads_to_own(os.path.join(root, d)) and os.path.join(root, d) not in own]
     return found
 """
 
