@@ -14,6 +14,7 @@ The child's variables (``child_environment``):
 ``LANG``, ``LC_ALL``   ``C.UTF-8``
 ``PYTHONIOENCODING``   ``utf-8``; ``PYTHONUNBUFFERED=1``, ``PYTHONDONTWRITEBYTECODE=1``
 ``MPLBACKEND``         ``Agg``: charts render headless; ``plt.show()`` is a no-op
+``ARROW_DEFAULT_MEMORY_POOL`` ``system``: no 1 GiB address-space reservation (see ``_base``)
 ``TERM``, ``NO_COLOR`` ``dumb`` and ``1``: well-behaved tools drop colours and progress bars
 ``*_NUM_THREADS``      ``threads`` (default 1): BLAS/OpenMP pools do not survive ``fork``
 ====================== ==============================================================
@@ -46,6 +47,9 @@ def _base(config: SandboxConfig) -> dict[str, str]:
         "PYTHONIOENCODING": "utf-8",
         "PYTHONDONTWRITEBYTECODE": "1",
         "MPLBACKEND": "Agg",
+        # pyarrow's default mimalloc pool reserves ~1 GiB of address space up front, which RLIMIT_AS
+        # counts: with it, a 2 GiB limit left ~600 MiB for the code. The system allocator does not.
+        "ARROW_DEFAULT_MEMORY_POOL": "system",
     }
     env.update({name: str(config.threads) for name in _THREAD_VARIABLES})
     env.update({name: os.environ[name] for name in PASSTHROUGH if name in os.environ})

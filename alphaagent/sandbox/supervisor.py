@@ -698,6 +698,7 @@ def _build_result(
     else:
         raise SandboxError(f"run {run_id}: lost track of the child (the zygote died)")
     stdout, stderr = outcome.stdout, outcome.stderr
+    usage = status_line if "cpu_s" in status_line else exit_event
     return RunResult(
         run_id=run_id,
         status=status,
@@ -719,8 +720,8 @@ def _build_result(
         non_utf8_output=stdout.replaced or stderr.replaced,
         stdout_path=f"{spill_rel}/stdout.txt" if outcome.stdout_spilled else None,
         stderr_path=f"{spill_rel}/stderr.txt" if outcome.stderr_spilled else None,
-        cpu_ms=int(exit_event["cpu_s"] * 1000) if "cpu_s" in exit_event else None,
-        peak_rss_mb=round(exit_event["maxrss_kb"] / 1024, 1) if "maxrss_kb" in exit_event else None,
+        cpu_ms=int(usage["cpu_s"] * 1000) if "cpu_s" in usage else None,
+        peak_rss_mb=round(usage["maxrss_kb"] / 1024, 1) if "maxrss_kb" in usage else None,
     )
 
 

@@ -519,6 +519,7 @@ def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> 
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _kill_own_descendants()
+    outcome.update(_usage())
     for fd in (0, 1, 2):
         try:
             os.close(fd)
@@ -530,6 +531,15 @@ def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> 
     except OSError:
         pass
     os._exit(int(outcome.get("exit_code", 127)) if outcome["phase"] == "done" else 127)
+
+
+def _usage() -> dict[str, float]:
+    """CPU seconds and peak resident memory (KiB) of the run and the children it reaped."""
+    import resource
+
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    return {"cpu_s": cpu, "maxrss_kb": max(own.ru_maxrss, reaped.ru_maxrss)}
 
 
 def _report(message: dict[str, Any]) -> None:
