@@ -1,23 +1,30 @@
 """The ``alphaagent`` command line.
 
-Exit codes: 0 when the run's status is ``ok``; 1 when user code failed, timed out or was killed;
-2 for usage errors (one line naming the problem, nothing written) and platform failures.
+Exit codes: 0 success; 1 the work failed (a run's code failed, timed out or was killed; a turn
+failed) or the thing asked for was not found; 2 a usage error or bad input (one line naming the
+field or path, nothing written) or a platform failure.
+
+Every command that reads a scope is scoped by ``--user`` (default ``$ALPHAAGENT_USER``, else
+``local``) and answers for another user's conversation exactly as for one that does not exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from alphaagent.errors import AlphaAgentError, InvalidRequestError
+from alphaagent.errors import AlphaAgentError, InvalidRequestError, NotFoundError
+from alphaagent.models.common import ConversationScope, NodeScope, Scope
 from alphaagent.models.run import RunLimits
 
-EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
 
 
@@ -26,9 +33,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"alphaagent: error: {message}\n")
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
     print(f"alphaagent: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return code
+
+
+def _emit(args: argparse.Namespace, data: Any, lines: Sequence[str]) -> None:
+    if args.json:
+        payload = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        for line in lines:
+            print(line)
+
+
+def _dump(items: Sequence[BaseModel]) -> list[Any]:
+    return [item.model_dump(mode="json") for item in items]
+
+
+# ----------------------------------------------------------------------------- exec
 
 
 def _limits_from(args: argparse.Namespace) -> RunLimits:
@@ -41,13 +64,18 @@ def _limits_from(args: argparse.Namespace) -> RunLimits:
         raise InvalidRequestError(f"{flag}: {first['msg'].lower()}") from None
 
 
-def _read_code(source: str) -> bytes:
+def _read_input(source: str, what: str) -> bytes:
     if source == "-":
         return sys.stdin.buffer.read()
     path = Path(source)
+    if path.is_dir():
+        raise InvalidRequestError(f"{source}: is a directory, not a file")
     if not path.is_file():
         raise InvalidRequestError(f"{source}: no such file")
-    return path.read_bytes()
+    data = path.read_bytes()
+    if what == "spec" and len(data) > 64 * 1024 * 4:
+        raise InvalidRequestError(f"{source}: far larger than the 64 KiB spec limit")
+    return data
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -55,16 +83,81 @@ def cmd_exec(args: argparse.Namespace) -> int:
     from alphaagent.sandbox.supervisor import Sandbox, _validate_code, _validate_workdir, iter_result_lines
 
     limits = _limits_from(args)
-    code = _validate_code(_read_code(args.file))
+    code = _validate_code(_read_input(args.file, "code"))
     workdir = _validate_workdir(Path(args.workdir))
     with Sandbox() as sandbox:
         result = sandbox.run(code, cwd=workdir, limits=limits, network=args.network == "on")
-    if args.json:
-        print(result.model_dump_json(indent=2))
-    else:
-        for line in iter_result_lines(result):
-            print(line)
-    return EXIT_OK if result.status == "ok" else EXIT_RUN_FAILED
+    _emit(args, result, list(iter_result_lines(result)))
+    return EXIT_OK if result.status == "ok" else EXIT_FAILED
+
+
+# ----------------------------------------------------------------------------- turns
+
+
+def _scope_from(args: argparse.Namespace, *, required: bool = True) -> Scope | None:
+    conversation = getattr(args, "conversation", None)
+    workflow, node = getattr(args, "workflow", None), getattr(args, "node", None)
+    try:
+        if conversation and (workflow or node):
+            raise InvalidRequestError("give --conversation, or --workflow with --node, not both")
+        if conversation:
+            return ConversationScope(conversation_id=conversation)
+        if workflow or node:
+            if not (workflow and node):
+                raise InvalidRequestError("--workflow and --node go together")
+            return NodeScope(workflow_execution_id=workflow, node_id=node)
+    except ValidationError as exc:
+        field = str(exc.errors()[0]["loc"][0])
+        flag = {
+            "conversation_id": "--conversation",
+            "workflow_execution_id": "--workflow",
+            "node_id": "--node",
+        }[field]
+        raise InvalidRequestError(f"{flag}: 1-80 characters of letters, digits, '_' and '-'") from None
+    if required:
+        raise InvalidRequestError("name the scope: --conversation ID, or --workflow EXEC --node ID")
+    return None
+
+
+def _agent(args: argparse.Namespace) -> Any:
+    from alphaagent.api import AlphaAgent
+
+    return AlphaAgent()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a spec end to end on the local backend."""
+    from alphaagent.models.spec import parse_spec
+
+    raw = _read_input(args.spec, "spec")
+    spec = parse_spec(raw)
+    updates: dict[str, Any] = {}
+    if args.user:
+        updates["user_id"] = args.user
+    scope = _scope_from(args, required=False)
+    if scope is not None:
+        updates["scope"] = scope
+    if updates:
+        spec = parse_spec(spec.model_copy(update=updates).model_dump_json())
+    with _agent(args) as agent:
+        result = agent.run_analysis(
+            spec, progress=lambda message: print(message, file=sys.stderr, flush=True)
+        )
+    lines = [f"turn {result.turn_id}: {result.status}"]
+    if result.summary:
+        lines.append(result.summary)
+    if result.error:
+        where = f" in {result.failed_step}" if result.failed_step else ""
+        lines.append(f"error{where}: {result.error.name}: {result.error.value}")
+        if result.error.traceback:
+            lines.append(result.error.traceback.rstrip())
+    scope_root = Path(os.environ.get("ALPHAAGENT_HOME", ".alphaagent")) / spec.scope.key
+    for artifact in result.artifacts:
+        lines.append(f"  {artifact.kind:8} {artifact.name} v{artifact.version}  {scope_root / artifact.path}")
+    for citation in result.citations:
+        lines.append(f"  cites    {citation.source}" + (f" ({citation.claim})" if citation.claim else ""))
+    _emit(args, result, lines)
+    return EXIT_OK if result.status == "completed" else EXIT_FAILED
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -74,9 +167,108 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(json_output=args.json)
 
 
+# ----------------------------------------------------------------------------- reads
+
+
+def cmd_files(args: argparse.Namespace) -> int:
+    scope = _scope_from(args)
+    with _agent(args) as agent:
+        files = agent.files(args.user, scope, args.prefix or "")
+    data = [
+        {"path": f.path, "size_bytes": f.size_bytes, "modified_at": f.modified_at.isoformat()} for f in files
+    ]
+    _emit(args, data, [f"{f.size_bytes:>12}  {f.modified_at:%Y-%m-%d %H:%M}  {f.path}" for f in files])
+    return EXIT_OK
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    scope = _scope_from(args)
+    with _agent(args) as agent:
+        if args.artifact:
+            _version, data = agent.artifact(args.user, scope, args.artifact, args.version)
+        elif args.path:
+            data = agent.read_file(args.user, scope, args.path)
+        else:
+            raise InvalidRequestError("give a PATH, or --artifact NAME [--version N]")
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    scope = _scope_from(args)
+    with _agent(args) as agent:
+        runs = agent.history(args.user, scope)
+    lines: list[str] = []
+    for run in runs:
+        when = f"{run.created_at:%Y-%m-%d %H:%M:%S}"
+        lines.append(f"run {run.run_id}  turn {run.turn_id}  {run.status}  {run.duration_ms} ms  {when}")
+        lines.extend(f"  | {line}" for line in run.code.splitlines()[:3])
+        if run.stdout:
+            lines.extend(f"  > {line}" for line in run.stdout.rstrip("\n").splitlines()[-5:])
+        if run.error:
+            lines.append(f"  ! {run.error.name}: {run.error.value}")
+    _emit(args, _dump(runs), lines or ["no runs"])
+    return EXIT_OK
+
+
+def cmd_artifacts(args: argparse.Namespace) -> int:
+    scope = _scope_from(args)
+    with _agent(args) as agent:
+        versions = agent.artifacts(args.user, scope)
+    lines = [
+        f"{v.kind:8} {v.name:24} v{v.version:<3} {v.size_bytes:>10} B  {v.sha256[:12]}  {v.path}"
+        for v in versions
+    ]
+    _emit(args, _dump(versions), lines or ["no artifacts"])
+    return EXIT_OK
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    scope = _scope_from(args)
+    with _agent(args) as agent:
+        sessions = agent.sessions(args.user, scope)
+    lines = []
+    for s in sessions:
+        state = "active" if s.is_active() else "expired"
+        created, used = f"{s.created_at:%Y-%m-%d %H:%M:%S}", f"{s.last_used_at:%H:%M:%S}"
+        lines.append(f"{s.session_id}  {state:7}  created {created}  last used {used}")
+    data = [s.model_dump(mode="json") | {"active": s.is_active()} for s in sessions]
+    _emit(args, data, lines or ["no sessions"])
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    scope = _scope_from(args)
+    out = Path(args.output)
+    if out.is_dir():
+        raise InvalidRequestError(f"-o: {out} is a directory; give a file name ending in .zip")
+    with _agent(args) as agent:
+        report = agent.export(args.user, scope, out)
+    lines = [f"wrote {report.path}: {len(report.included)} files, {report.total_bytes} bytes"]
+    lines.extend(f"omitted {o.name} ({o.size_bytes} bytes): {o.reason}" for o in report.omitted)
+    _emit(args, report.manifest(), lines)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="alphaagent", description="The code-execution plane for AI agents.")
+    parser = _Parser(prog="alphaagent", description="The code-execution plane for AI agents (local backend).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    default_user = os.environ.get("ALPHAAGENT_USER", "local")
+
+    def scoped(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument(
+            "--user", default=default_user, help="who is asking (default: $ALPHAAGENT_USER or 'local')"
+        )
+        command.add_argument("--conversation", metavar="ID", help="a conversation scope")
+        command.add_argument("--workflow", metavar="EXEC", help="a workflow execution (with --node)")
+        command.add_argument("--node", metavar="ID", help="a node of the workflow execution")
+        command.add_argument("--json", action="store_true", help="print JSON")
+        return command
 
     run = sub.add_parser("exec", help="run Python in the sandbox, exactly as run_in_env would")
     run.add_argument("file", metavar="FILE|-", help="the code to run ('-' reads standard input)")
@@ -87,23 +279,60 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the run result as JSON")
     run.set_defaults(handler=cmd_exec)
 
+    turn = scoped("run", "run an analysis spec end to end (progress on stderr)")
+    turn.add_argument("spec", metavar="SPEC.json", help="the spec ('-' reads standard input)")
+    turn.set_defaults(handler=cmd_run, user=None)
+
     demo = sub.add_parser("demo", help="run the demo analysis on the embedded default")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
     demo.set_defaults(handler=cmd_demo)
+
+    files = scoped("files", "list a scope's files")
+    files.add_argument("--prefix", help="only under this folder (e.g. datasets)")
+    files.set_defaults(handler=cmd_files)
+
+    cat = scoped("cat", "print a file of a scope, or an artifact version's bytes")
+    cat.add_argument("path", nargs="?", metavar="PATH", help="workspace-relative path")
+    cat.add_argument("--artifact", metavar="NAME", help="an artifact instead of a path")
+    cat.add_argument("--version", type=int, metavar="N", help="artifact version (default: latest)")
+    cat.set_defaults(handler=cmd_cat)
+
+    scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
+    scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
+    scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
+
+    export = scoped("export", "export a scope's files as a zip (per-file ceiling 25 MiB)")
+    export.add_argument("-o", "--output", required=True, metavar="FILE.zip", help="where to write the zip")
+    export.set_defaults(handler=cmd_export)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alphaagent`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "user", None) is not None:
+        from pydantic import TypeAdapter
+
+        from alphaagent.models.common import UserId
+
+        try:
+            TypeAdapter(UserId).validate_python(args.user)
+        except ValidationError:
+            return _fail("--user: 1-128 characters of letters, digits and . _ @ : -")
     try:
         code: int = args.handler(args)
+    except NotFoundError as exc:
+        return _fail(str(exc), EXIT_FAILED)
     except InvalidRequestError as exc:
         return _fail(str(exc))
     except AlphaAgentError as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
         return _fail("interrupted")
+    except BrokenPipeError:
+        # The reader went away (| head): stop quietly, as other command-line tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     return code
 
 

@@ -1,58 +1,102 @@
-"""``alphaagent demo``: a real analysis on real public data, run through the sandbox.
+"""``alphaagent demo`` (what ``make demo`` shows): the main job on the embedded default.
 
-The demo prepares a conversation scope under ``$ALPHAAGENT_HOME`` (default ``./.alphaagent``) with the
-DESIGN §4.2 folders, brings ``examples/penguins/penguins.csv`` into ``docs/``, runs
-``examples/penguins/analysis.py`` in the sandbox exactly as ``run_in_env`` would, then shows the
-result and where the files are.
+Two turns in one conversation on the local backend, with real public data shipped in
+``examples/penguins/`` (Palmer penguins, CC0):
+
+1. ``turn1.json``: the ``file`` connector brings ``penguins.csv`` into ``docs/``; pinned steps write
+   an aggregate (dataset), a histogram (PNG chart) and a Markdown report citing the source; all
+   three are registered as artifacts.
+2. The session is let expire (a 1-second idle timeout here, 15 minutes by default), then
+   ``turn2.json`` builds on the registered dataset ``species_summary`` v1 in a new session: files
+   and artifacts outlive sessions.
+
+Finally it lists where everything is: files, artifacts, sessions and the run history.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
+import sys
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
 
+from alphaagent.api import (
+    EXAMPLES_DIR,
+    AlphaAgent,
+    alphaagent_home,
+    connector_settings_from_env,
+    turn_settings_from_env,
+)
 from alphaagent.errors import InvalidRequestError
-from alphaagent.sandbox.supervisor import Sandbox, iter_result_lines
+from alphaagent.models.common import ConversationScope
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "penguins"
-SCOPE_FOLDERS = ("spec", "docs", "datasets", "charts", "reports", "work")
+DEMO_IDLE_TIMEOUT_S = 1
 
 
-def alphaagent_home() -> Path:
-    """``$ALPHAAGENT_HOME``, default ``./.alphaagent`` (DESIGN §1)."""
-    return Path(os.environ.get("ALPHAAGENT_HOME", ".alphaagent"))
+def _load(name: str, conversation_id: str) -> dict[str, Any]:
+    path = EXAMPLES_DIR / "penguins" / name
+    if not path.is_file():
+        raise InvalidRequestError(f"examples: {path} is missing (run the demo from a checkout)")
+    spec: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    spec["scope"] = {"conversation_id": conversation_id}
+    for item in spec.get("inputs", []):
+        if item.get("connector") == "file":
+            item["request"]["path"] = str(EXAMPLES_DIR.parent / item["request"]["path"])
+    return spec
 
 
 def run_demo(*, json_output: bool = False) -> int:
-    """Run the penguins analysis in a fresh demo conversation; return the CLI exit code."""
-    data, script = EXAMPLES / "penguins.csv", EXAMPLES / "analysis.py"
-    if not data.is_file() or not script.is_file():
-        raise InvalidRequestError(f"examples: {EXAMPLES} is missing (run the demo from a checkout)")
-    scope = alphaagent_home() / "conversations" / "demo"
-    if scope.exists():
-        shutil.rmtree(scope)
-    for folder in SCOPE_FOLDERS:
-        (scope / folder).mkdir(parents=True)
-    shutil.copyfile(data, scope / "docs" / "penguins.csv")
-    with Sandbox() as sandbox:
-        result = sandbox.run(script.read_text(encoding="utf-8"), cwd=scope)
-        # A second run in the same scope: a fresh process that sees only the files of the first.
-        check = sandbox.run(
-            "import pandas as pd\nprint(pd.read_csv('datasets/species_summary.csv').iloc[0].to_dict())",
-            cwd=scope,
-        )
+    """Run the two demo turns in a new conversation; return the CLI exit code."""
+    conversation_id = "penguins-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    scope = ConversationScope(conversation_id=conversation_id)
+    home = alphaagent_home()
+    turns = replace(turn_settings_from_env(), session_idle_timeout_s=DEMO_IDLE_TIMEOUT_S)
+    connectors = replace(connector_settings_from_env(), file_roots=(EXAMPLES_DIR,))
+
+    def say(message: str) -> None:
+        print(f"  {message}", file=sys.stderr, flush=True)
+
+    with AlphaAgent(home, connectors=connectors, turns=turns) as agent:
+        print(f"turn 1 in conversation {conversation_id}", file=sys.stderr)
+        first = agent.run_analysis(_load("turn1.json", conversation_id), progress=say)
+        time.sleep(DEMO_IDLE_TIMEOUT_S + 0.5)
+        print("turn 2, after the first session expired, building on species_summary v1", file=sys.stderr)
+        second = agent.run_analysis(_load("turn2.json", conversation_id), progress=say)
+        files = agent.files("demo", scope)
+        artifacts = agent.artifacts("demo", scope)
+        sessions = agent.sessions("demo", scope)
+        history = agent.history("demo", scope)
+    root = home / scope.key
     if json_output:
-        print(json.dumps({"scope": str(scope), "runs": [result.model_dump(), check.model_dump()]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "scope": str(root),
+                    "turns": [first.model_dump(mode="json"), second.model_dump(mode="json")],
+                    "files": [f.path for f in files],
+                    "sessions": [s.session_id for s in sessions],
+                    "runs": len(history),
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"scope: {scope}")
-        for line in iter_result_lines(result):
-            print(line)
-        print("\nsecond run, reading the first run's dataset:")
-        for line in iter_result_lines(check):
-            print(line)
-        print("\nfiles:")
-        for path in sorted(p for p in scope.rglob("*") if p.is_file()):
-            print(f"  {path}  ({path.stat().st_size} bytes)")
-    return 0 if result.status == check.status == "ok" else 1
+        for turn in (first, second):
+            print(
+                f"\nturn {turn.turn_id}: {turn.status} — {turn.summary or (turn.error and turn.error.value)}"
+            )
+            for artifact in turn.artifacts:
+                print(f"  {artifact.kind:8} {artifact.name} v{artifact.version}  {root / artifact.path}")
+            for citation in turn.citations:
+                print(f"  cites    {citation.source}")
+        print(f"\n{(root / 'reports/summary.md').read_text(encoding='utf-8')}")
+        print(f"where everything is ({root}):")
+        for info in files:
+            print(f"  {info.size_bytes:>9} B  {info.path}")
+        print(f"artifacts: {', '.join(f'{a.name} v{a.version}' for a in artifacts)}")
+        active = sum(s.is_active() for s in sessions)
+        print(f"sessions:  {len(sessions)} ({active} active): the files outlived the first")
+        print(f"runs:      {len(history)} (alphaagent history --user demo --conversation {conversation_id})")
+    return 0 if first.status == second.status == "completed" else 1

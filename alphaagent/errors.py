@@ -22,3 +22,22 @@ class SandboxError(AlphaAgentError):
 
 class RetryableError(AlphaAgentError):
     """A transient failure; the same request may succeed if retried."""
+
+
+class InvalidSpecError(InvalidRequestError):
+    """The analysis spec is malformed, too large, or names something that does not exist."""
+
+
+class NotFoundError(AlphaAgentError):
+    """The thing does not exist — or belongs to another user, which is answered identically.
+
+    The message never reveals which (DESIGN §4.7): it is built from what the caller asked for only.
+    """
+
+
+class ScopeBusyError(RetryableError):
+    """Another turn holds the scope's lease; retry after it ends or the lease expires."""
+
+
+class ArtifactError(InvalidRequestError):
+    """An artifact registration broke a rule (missing file, not a regular file, wrong type)."""

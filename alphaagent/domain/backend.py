@@ -1,0 +1,48 @@
+"""The adapters one process works with, bundled (a local backend or, later, the AWS one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from alphaagent.ports import EventBus, Executor, Store, Workspace
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """Limits of the ``file`` and ``http`` connectors (nothing is allowed unless listed).
+
+    - ``file_roots``: directories a ``file`` connector may read from (resolved; symlinks out refused).
+    - ``http_hosts``: host names an ``http`` connector may fetch from (exact match).
+    - ``max_bytes``: size cap of one fetched copy (default 25 MiB, the export ceiling).
+    - ``timeout_s``: network timeout of one fetch.
+    """
+
+    file_roots: tuple[Path, ...] = ()
+    http_hosts: tuple[str, ...] = ()
+    max_bytes: int = 25 * 2**20
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """Timing of turns, in seconds: the scope lease, how long a turn waits for a busy scope, and
+    the session timeouts of DESIGN §4.7 (15 minutes idle, 8 hours at most)."""
+
+    lock_lease_s: float = 60.0
+    lock_wait_s: float = 600.0
+    session_idle_timeout_s: int = 15 * 60
+    session_max_lifetime_s: int = 8 * 60 * 60
+
+
+@dataclass
+class Backend:
+    """Everything a turn needs: records, files, events and the code executor."""
+
+    store: Store
+    workspace: Workspace
+    bus: EventBus
+    executor: Executor
+    environments: tuple[str, ...] = ("builtin",)
+    connectors: ConnectorSettings = field(default_factory=ConnectorSettings)
+    turns: TurnSettings = field(default_factory=TurnSettings)

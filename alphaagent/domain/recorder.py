@@ -1,0 +1,98 @@
+"""The recorder: turns run, registration and session events into records.
+
+The same functions run in the AWS recorder Lambda (fed by EventBridge) and, locally, as a
+subscriber of the in-process bus.
+"""
+
+from __future__ import annotations
+
+from alphaagent.models.common import utcnow
+from alphaagent.models.events import CitationEmitted, Event, RunCompleted, RunFailed
+from alphaagent.models.records import Citation, RunRecord
+from alphaagent.models.run import RunResult
+from alphaagent.ports import Store
+from alphaagent.sandbox.capture import STORED_HISTORY_CAP_BYTES, truncate_text
+
+MAX_STORED_CODE_BYTES = 64 * 1024
+"""Code kept in a run record (the full code is in the turn's transcript)."""
+
+
+def run_record_from(detail: RunCompleted | RunFailed, code: str) -> RunRecord:
+    """A history record of a run, outputs truncated a second time to 16 KiB per stream
+    (DESIGN §4.3), keeping the true byte counts and marking the truncation."""
+    if isinstance(detail, RunFailed):
+        return RunRecord(
+            run_id=detail.run_id,
+            turn_id=detail.turn_id,
+            session_id=detail.session_id,
+            user_id=detail.user_id,
+            scope_key=detail.scope.key,
+            status="failed",
+            exit_code=None,
+            code=truncate_text(code, MAX_STORED_CODE_BYTES)[0],
+            stdout="",
+            stderr="",
+            stdout_bytes=0,
+            stderr_bytes=0,
+            stdout_truncated=False,
+            stderr_truncated=False,
+            error=detail.error,
+            reason=detail.error.value,
+            duration_ms=0,
+            files_changed=[],
+            created_at=utcnow(),
+        )
+    result = RunResult.model_validate(detail.result)
+    stdout, out_cut = truncate_text(result.stdout, STORED_HISTORY_CAP_BYTES)
+    stderr, err_cut = truncate_text(result.stderr, STORED_HISTORY_CAP_BYTES)
+    return RunRecord(
+        run_id=result.run_id,
+        turn_id=detail.turn_id,
+        session_id=detail.session_id,
+        user_id=detail.user_id,
+        scope_key=detail.scope.key,
+        status=result.status,
+        exit_code=result.exit_code,
+        code=truncate_text(code, MAX_STORED_CODE_BYTES)[0],
+        stdout=stdout,
+        stderr=stderr,
+        stdout_bytes=result.stdout_bytes,
+        stderr_bytes=result.stderr_bytes,
+        stdout_truncated=result.stdout_truncated or out_cut,
+        stderr_truncated=result.stderr_truncated or err_cut,
+        error=result.error,
+        reason=result.reason,
+        duration_ms=result.duration_ms,
+        files_changed=result.files_changed,
+        stdout_path=result.stdout_path,
+        stderr_path=result.stderr_path,
+        created_at=utcnow(),
+    )
+
+
+class Recorder:
+    """Persists what events report. ``handle`` is idempotent: a redelivered event changes nothing."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def handle(self, event: Event) -> None:
+        """Append the event to the log, then persist its record (runs and citations)."""
+        self.store.append_event(event)
+        detail = event.detail
+        if isinstance(detail, RunCompleted | RunFailed):
+            self.store.put_run(run_record_from(detail, detail.code))
+        elif isinstance(detail, CitationEmitted):
+            self.store.add_citation(
+                Citation(
+                    citation_id=detail.citation.citation_id,
+                    turn_id=detail.turn_id,
+                    scope_key=detail.scope.key,
+                    user_id=detail.user_id,
+                    source=detail.citation.source,
+                    locator=detail.citation.locator,
+                    quote=detail.citation.quote,
+                    claim=detail.citation.claim,
+                    created_at=event.time,
+                )
+            )

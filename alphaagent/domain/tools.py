@@ -1,0 +1,348 @@
+"""The five coder tools of DESIGN §4.6, written once and model-free.
+
+The steps driver calls them directly; the coder (issue 5) wraps each in an MCP tool that turns an
+``AlphaAgentError`` into an ``is_error`` result. Every call is scoped to one turn's
+``TurnContext``: its user, scope and session, so a tool can never reach another scope.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel
+
+from alphaagent.domain.artifacts import register_artifact as register_artifact_version
+from alphaagent.domain.backend import Backend
+from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
+from alphaagent.ids import new_ulid
+from alphaagent.models.common import ArtifactKind, PathRuleError, Scope, check_workspace_path, utcnow
+from alphaagent.models.events import ArtifactRegistered, CitationEmitted, Event, RunCompleted, RunFailed
+from alphaagent.models.records import ArtifactRef, ArtifactVersion, CitationRef, Session
+from alphaagent.models.run import RunError, RunLimits, RunResult
+from alphaagent.models.spec import Spec
+
+MAX_STORED_CODE_CHARS = 64 * 1024
+TEXT_SUFFIXES = (
+    ".txt",
+    ".md",
+    ".csv",
+    ".json",
+    ".html",
+    ".htm",
+    ".tsv",
+    ".py",
+    ".log",
+    ".xml",
+    ".yaml",
+    ".yml",
+)
+DEFAULT_PAGE_CHARS = 20_000
+MAX_PAGE_CHARS = 200_000
+
+
+class ToolError(InvalidRequestError):
+    """A tool call broke a rule; the message is written for the model and names the argument."""
+
+
+@dataclass
+class TurnContext:
+    """What the tools of one turn share: who, where, and what the turn has produced so far."""
+
+    backend: Backend
+    spec: Spec
+    turn_id: str
+    session: Session
+    progress: Callable[[str], None] = lambda _message: None
+    run_ids: list[str] = field(default_factory=list)
+    artifacts: list[ArtifactVersion] = field(default_factory=list)
+    citations: list[CitationRef] = field(default_factory=list)
+    fetched: list[str] = field(default_factory=list)
+
+    @property
+    def scope(self) -> Scope:
+        return self.spec.scope
+
+    @property
+    def user_id(self) -> str:
+        return self.spec.user_id
+
+    def publish(self, detail: Any) -> None:
+        self.backend.bus.publish(Event.of(detail, new_ulid()))
+
+
+# ----------------------------------------------------------------------------- run_in_env
+
+
+def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> RunResult:
+    """Run ``code`` in the scope's environment; the result of DESIGN §4.4 (a failure of the code is
+    data). Raises ``ToolError`` when the turn's run budget (``constraints.max_runs``) is spent or
+    the timeout is out of range, ``SandboxError`` when the platform fails (a ``RunFailed`` event is
+    recorded first)."""
+    constraints = ctx.spec.constraints
+    if len(ctx.run_ids) >= constraints.max_runs:
+        raise ToolError(
+            f"run budget spent: this turn allows {constraints.max_runs} runs (constraints.max_runs)"
+        )
+    limit = constraints.run_timeout_s if timeout_s is None else timeout_s
+    if not 0 < limit <= constraints.run_timeout_s:
+        raise ToolError(
+            f"timeout_s: must be > 0 and <= {constraints.run_timeout_s:g} (constraints.run_timeout_s)"
+        )
+    run_id = new_ulid()
+    ctx.run_ids.append(run_id)
+    ctx.backend.store.touch_session(ctx.session.session_id, utcnow())
+    workdir = ctx.backend.workspace.local_root(ctx.scope)
+    try:
+        result = ctx.backend.executor.run(workdir, code, limits=RunLimits(timeout_s=limit), run_id=run_id)
+    except SandboxError as exc:
+        ctx.publish(
+            RunFailed(
+                turn_id=ctx.turn_id,
+                scope=ctx.scope,
+                run_id=run_id,
+                session_id=ctx.session.session_id,
+                user_id=ctx.user_id,
+                code=code[:MAX_STORED_CODE_CHARS],
+                error=RunError(name=type(exc).__name__, value=str(exc), traceback=""),
+            )
+        )
+        raise
+    ctx.publish(
+        RunCompleted(
+            turn_id=ctx.turn_id,
+            scope=ctx.scope,
+            run_id=run_id,
+            session_id=ctx.session.session_id,
+            user_id=ctx.user_id,
+            status=result.status,
+            code=code[:MAX_STORED_CODE_CHARS],
+            result=result.model_dump(mode="json"),
+        )
+    )
+    return result
+
+
+# ----------------------------------------------------------------------------- read_document
+
+
+class DocumentPage(BaseModel):
+    """A page of a document's text: ``text`` starts at character ``offset``; ``total_chars`` is the
+    document's full length, so the caller can page on with ``offset + len(text)``."""
+
+    path: str
+    offset: int
+    text: str
+    total_chars: int
+    metadata: dict[str, Any]
+
+
+def _document_text(data: bytes, suffix: str) -> tuple[str, dict[str, Any]]:
+    if suffix == ".pdf":
+        try:
+            from pypdf import PdfReader  # type: ignore[import-not-found, unused-ignore]
+        except ImportError:
+            raise ToolError("PDF documents need the coder's dependencies (pypdf) installed") from None
+        reader = PdfReader(__import__("io").BytesIO(data))
+        pages = [page.extract_text() or "" for page in reader.pages]
+        return "\n\f".join(pages), {"type": "pdf", "pages": len(pages)}
+    if suffix in (".html", ".htm"):
+        from html.parser import HTMLParser
+
+        parts: list[str] = []
+
+        class _Text(HTMLParser):
+            def handle_data(self, chunk: str) -> None:
+                parts.append(chunk)
+
+        _Text().feed(data.decode("utf-8", "replace"))
+        return "".join(parts), {"type": "html"}
+    if suffix in TEXT_SUFFIXES or not suffix:
+        return data.decode("utf-8", "replace"), {"type": suffix.lstrip(".") or "text"}
+    raise ToolError(f"cannot read {suffix} documents as text; read txt, md, csv, json, html or pdf")
+
+
+def read_document(
+    ctx: TurnContext, path: str, offset: int = 0, limit: int = DEFAULT_PAGE_CHARS
+) -> DocumentPage:
+    """A page of a document in the scope, by character ``offset`` and ``limit`` (max 200,000)."""
+    normal = _scope_path(ctx, path)
+    if offset < 0 or not 0 < limit <= MAX_PAGE_CHARS:
+        raise ToolError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE_CHARS}")
+    try:
+        data = ctx.backend.workspace.read_bytes(ctx.scope, normal)
+    except FileNotFoundError:
+        raise ToolError(f"path {normal!r}: no such document in this scope") from None
+    text, metadata = _document_text(data, PurePosixPath(normal).suffix.lower())
+    metadata["size_bytes"] = len(data)
+    return DocumentPage(
+        path=normal,
+        offset=offset,
+        text=text[offset : offset + limit],
+        total_chars=len(text),
+        metadata=metadata,
+    )
+
+
+# ----------------------------------------------------------------------------- connector_fetch
+
+
+class FetchedCopy(BaseModel):
+    """A point-in-time copy in ``docs/``: path, size in bytes, media type, when it was fetched."""
+
+    path: str
+    bytes: int
+    type: str
+    fetched_at: str
+    source: str
+
+
+def _safe_name(name: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name).strip("._") or "document"
+    return cleaned[:120]
+
+
+def _fetch_file(ctx: TurnContext, request: dict[str, Any]) -> tuple[bytes, str, str]:
+    settings = ctx.backend.connectors
+    raw = request.get("path")
+    if not isinstance(raw, str) or not raw:
+        raise ToolError("request.path: the file connector needs an absolute 'path'")
+    requested = Path(raw)
+    real = requested.resolve()
+    roots = [root.resolve() for root in settings.file_roots]
+    if not any(real == root or root in real.parents for root in roots):
+        raise ToolError(f"request.path: {raw} is outside the file connector's allowed directories")
+    if not real.is_file():
+        raise ToolError(f"request.path: {raw} is not a file")
+    size = real.stat().st_size
+    if size > settings.max_bytes:
+        raise ToolError(
+            f"request.path: {raw} is {size} bytes, over the connector cap of {settings.max_bytes}"
+        )
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(settings.max_bytes + 1)
+    return data, request.get("name") or real.name, f"file://{real}"
+
+
+def _fetch_http(ctx: TurnContext, request: dict[str, Any]) -> tuple[bytes, str, str]:
+    settings = ctx.backend.connectors
+    url = request.get("url")
+    if not isinstance(url, str):
+        raise ToolError("request.url: the http connector needs a 'url'")
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ToolError("request.url: must be an http or https URL")
+    if parsed.hostname not in settings.http_hosts:
+        raise ToolError(f"request.url: host {parsed.hostname} is not in the http connector's allowlist")
+    try:
+        with urllib.request.urlopen(url, timeout=settings.timeout_s) as response:  # noqa: S310 - scheme checked
+            data = response.read(settings.max_bytes + 1)
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise ToolError(f"request.url: fetching {url} failed: {exc}") from None
+    if len(data) > settings.max_bytes:
+        raise ToolError(f"request.url: the response is over the connector cap of {settings.max_bytes} bytes")
+    name = request.get("name") or PurePosixPath(parsed.path).name or parsed.hostname
+    return data, name, url
+
+
+def connector_fetch(ctx: TurnContext, connector: str, request: dict[str, Any]) -> FetchedCopy:
+    """Fetch through a configured connector into ``docs/`` (a point-in-time copy).
+
+    ``file``: ``{"path": absolute path, "name"?}`` inside an allowed directory. ``http``: ``{"url",
+    "name"?}`` on an allowed host. Both are capped in size (``ConnectorSettings.max_bytes``).
+    """
+    fetchers = {"file": _fetch_file, "http": _fetch_http}
+    if connector not in fetchers:
+        raise ToolError(f"connector: unknown connector {connector!r} (available: {', '.join(fetchers)})")
+    data, name, source = fetchers[connector](ctx, request)
+    path = f"docs/{_safe_name(str(name))}"
+    _scope_path(ctx, path)
+    ctx.backend.workspace.write_bytes(ctx.scope, path, data)
+    ctx.fetched.append(path)
+    media = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    return FetchedCopy(path=path, bytes=len(data), type=media, fetched_at=utcnow().isoformat(), source=source)
+
+
+# ----------------------------------------------------------------------------- register_artifact
+
+
+def register_artifact(
+    ctx: TurnContext, kind: ArtifactKind, path: str, name: str | None = None, description: str | None = None
+) -> ArtifactRef:
+    """Register a file of the scope as the next version of an artifact; ``ArtifactRegistered`` is
+    published. Raises ``ArtifactError`` naming the path when it breaks a rule."""
+    version = register_artifact_version(
+        ctx.backend.store,
+        ctx.backend.workspace,
+        scope=ctx.scope,
+        user_id=ctx.user_id,
+        turn_id=ctx.turn_id,
+        kind=kind,
+        path=path,
+        name=name,
+        description=description,
+    )
+    ctx.artifacts.append(version)
+    ctx.publish(
+        ArtifactRegistered(
+            turn_id=ctx.turn_id,
+            scope=ctx.scope,
+            user_id=ctx.user_id,
+            artifact=version.ref(),
+            description=description,
+        )
+    )
+    return version.ref()
+
+
+# ----------------------------------------------------------------------------- emit_citation
+
+
+def emit_citation(
+    ctx: TurnContext,
+    source: str,
+    locator: str | None = None,
+    quote: str | None = None,
+    claim: str | None = None,
+) -> CitationRef:
+    """Cite a source: a file of this scope (``docs/x.pdf``) or a URL fetched by a connector."""
+    if not source or len(source) > 2048:
+        raise ToolError("source: give a file of this scope or a URL (1-2048 characters)")
+    if "://" not in source:
+        normal = _scope_path(ctx, source)
+        if ctx.backend.workspace.stat(ctx.scope, normal) is None:
+            raise ToolError(f"source: {normal!r} is not a file of this scope")
+        source = normal
+    for value, label in ((locator, "locator"), (quote, "quote"), (claim, "claim")):
+        if value is not None and len(value) > 4000:
+            raise ToolError(f"{label}: at most 4000 characters")
+    citation = CitationRef(citation_id=new_ulid(), source=source, locator=locator, quote=quote, claim=claim)
+    ctx.citations.append(citation)
+    ctx.publish(CitationEmitted(turn_id=ctx.turn_id, scope=ctx.scope, user_id=ctx.user_id, citation=citation))
+    return citation
+
+
+def _scope_path(ctx: TurnContext, path: str) -> str:
+    try:
+        return check_workspace_path(path, prefix=ctx.scope.key + "/")
+    except PathRuleError as exc:
+        raise ToolError(f"path {path!r}: {exc}") from None
+
+
+def tool_error_text(exc: AlphaAgentError) -> str:
+    """The readable text of a failed tool call, as the model sees it."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def as_json(model: BaseModel) -> str:
+    """A tool result as compact JSON text."""
+    return json.dumps(model.model_dump(mode="json"), ensure_ascii=False)

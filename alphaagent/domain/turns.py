@@ -1,0 +1,363 @@
+"""The turn driver (DESIGN §3, steps 3–8, in-process) and the steps driver for pinned code.
+
+lock the scope (a lease that expires) -> prepare (claim, session, ``spec/{turn_id}.json``, inputs
+into ``docs/``) -> code (pinned steps, or the coder) -> finalize (turn record, result JSON,
+``TurnCompleted``/``TurnFailed``) -> unlock. The AWS state machine performs the same steps with the
+same functions.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import PurePosixPath
+
+from alphaagent.domain.artifacts import KIND_FOLDERS
+from alphaagent.domain.backend import Backend
+from alphaagent.domain.sessions import session_for_turn
+from alphaagent.domain.tools import (
+    ToolError,
+    TurnContext,
+    connector_fetch,
+    emit_citation,
+    register_artifact,
+    run_in_env,
+)
+from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError, ScopeBusyError
+from alphaagent.ids import new_ulid
+from alphaagent.models.common import ConversationScope, NodeScope, Scope, utcnow
+from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
+from alphaagent.models.records import Turn, TurnResult
+from alphaagent.models.run import RunError
+from alphaagent.models.spec import (
+    ConnectorInput,
+    DatasetInput,
+    DocumentInput,
+    NodeArtifactInput,
+    Spec,
+    SpecOutput,
+)
+
+Coder = Callable[[TurnContext], str]
+"""Writes and runs code for a spec without steps; returns the turn's summary (issue 5)."""
+
+Progress = Callable[[str], None]
+
+
+def scope_label(scope: Scope) -> str:
+    """How a scope is named in messages: built only from what the caller gave."""
+    if isinstance(scope, ConversationScope):
+        return f"conversation {scope.conversation_id}"
+    return f"workflow {scope.workflow_execution_id} node {scope.node_id}"
+
+
+def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> None:
+    """Refuse, before anything is written, a spec this backend cannot run."""
+    if spec.environment_id not in backend.environments:
+        available = ", ".join(backend.environments)
+        raise InvalidSpecError(
+            f"environment_id: unknown environment {spec.environment_id!r} (available: {available})"
+        )
+    if spec.steps is None and coder is None:
+        raise InvalidSpecError(
+            "steps: this spec has no pinned steps and no model is configured; set ANTHROPIC_API_KEY"
+            " (or CLAUDE_CODE_USE_BEDROCK=1 with AWS_REGION) so the coder can write the code, or add steps"
+        )
+    for i, item in enumerate(spec.inputs):
+        if isinstance(item, NodeArtifactInput) and not isinstance(spec.scope, NodeScope):
+            raise InvalidSpecError(f"inputs[{i}]: node_artifact inputs need a workflow node scope")
+        if isinstance(item, ConnectorInput) and item.connector not in ("file", "http"):
+            raise InvalidSpecError(
+                f"inputs[{i}].connector: unknown connector {item.connector!r} (available: file, http)"
+            )
+
+
+class _Lease:
+    """The scope's lease, renewed in the background while the turn runs (a crashed turn's lease
+    simply expires, so it never blocks the scope for longer than ``lease_s``)."""
+
+    def __init__(self, backend: Backend, scope_key: str, holder: str) -> None:
+        self.backend, self.scope_key, self.holder = backend, scope_key, holder
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> None:
+        settings = self.backend.turns
+        deadline = time.monotonic() + settings.lock_wait_s
+        delay = 0.05
+        while not self.backend.store.acquire_lock(
+            self.scope_key, self.holder, utcnow(), settings.lock_lease_s
+        ):
+            if time.monotonic() >= deadline:
+                raise ScopeBusyError(f"{self.scope_key}: another turn is running there; try again later")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        self._thread = threading.Thread(target=self._renew, name=f"lease-{self.holder}", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        lease = self.backend.turns.lock_lease_s
+        while not self._stop.wait(lease / 3):
+            self.backend.store.renew_lock(self.scope_key, self.holder, utcnow(), lease)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.backend.store.release_lock(self.scope_key, self.holder)
+
+
+def run_turn(
+    backend: Backend, spec: Spec, *, coder: Coder | None = None, progress: Progress | None = None
+) -> TurnResult:
+    """Run one turn of ``spec`` end to end and return its result (also stored and published).
+
+    Raises ``InvalidSpecError`` for a spec this backend cannot run (nothing written),
+    ``NotFoundError`` when the scope belongs to another user (the same answer as for a scope that
+    cannot be found), ``ScopeBusyError`` when the scope stays locked. A failing step or coder ends
+    the turn as ``failed`` (a result, not an exception).
+    """
+    say = progress or (lambda _message: None)
+    check_spec_against(backend, spec, coder)
+    scope, user_id = spec.scope, spec.user_id
+    owner = backend.store.owner_of(scope.owner_key)
+    if owner is not None and owner != user_id:
+        raise NotFoundError(f"{scope_label(scope)} not found")
+    turn_id = spec.turn_id or new_ulid()
+    existing = backend.store.get_turn(user_id, turn_id)
+    if existing is not None:
+        if existing.result is not None:
+            return existing.result  # a duplicate delivery: acknowledged, never a second turn
+        raise ScopeBusyError(f"turn {turn_id} is already running")
+    lease = _Lease(backend, scope.key, turn_id)
+    lease.acquire()
+    try:
+        return _locked_turn(backend, spec, turn_id, coder, say)
+    finally:
+        lease.release()
+
+
+def _locked_turn(
+    backend: Backend, spec: Spec, turn_id: str, coder: Coder | None, say: Progress
+) -> TurnResult:
+    scope, user_id, store = spec.scope, spec.user_id, backend.store
+    now = utcnow()
+    if store.claim_owner(scope.owner_key, user_id, now) != user_id:
+        raise NotFoundError(f"{scope_label(scope)} not found")
+    _fail_abandoned_turns(backend, scope, user_id, turn_id)
+    backend.workspace.ensure_scope(scope)
+    session, created = session_for_turn(
+        store,
+        backend.bus,
+        user_id=user_id,
+        scope=scope,
+        turn_id=turn_id,
+        now=now,
+        idle_timeout_s=backend.turns.session_idle_timeout_s,
+        max_lifetime_s=backend.turns.session_max_lifetime_s,
+    )
+    if created:
+        say(f"session {session.session_id[:8]}… started")
+    turn = Turn(
+        turn_id=turn_id,
+        user_id=user_id,
+        scope_key=scope.key,
+        session_id=session.session_id,
+        status="running",
+        goal=spec.goal,
+        started_at=now,
+    )
+    if not store.create_turn(turn):
+        raise ScopeBusyError(f"turn {turn_id} exists already")
+    backend.bus.publish(
+        Event.of(
+            TurnStarted(turn_id=turn_id, scope=scope, user_id=user_id, session_id=session.session_id),
+            new_ulid(),
+        )
+    )
+    spec_with_id = spec.model_copy(update={"turn_id": turn_id})
+    backend.workspace.write_bytes(
+        scope, f"spec/{turn_id}.json", spec_with_id.model_dump_json(indent=2).encode()
+    )
+    ctx = TurnContext(backend=backend, spec=spec_with_id, turn_id=turn_id, session=session, progress=say)
+    deadline = time.monotonic() + spec.constraints.turn_timeout_s
+    try:
+        _prepare_inputs(ctx)
+        if spec.steps is not None:
+            summary = _run_steps(ctx, deadline)
+        else:
+            assert coder is not None
+            summary = coder(ctx)
+        result = TurnResult(
+            turn_id=turn_id,
+            status="completed",
+            summary=summary,
+            artifacts=[a.ref() for a in ctx.artifacts],
+            citations=list(ctx.citations),
+            run_ids=list(ctx.run_ids),
+        )
+    except _StepFailed as failure:
+        result = _failed(ctx, failure.error, failure.step)
+    except AlphaAgentError as exc:
+        result = _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
+    return _finalize(backend, turn, result)
+
+
+class _StepFailed(Exception):
+    def __init__(self, step: str, error: RunError) -> None:
+        super().__init__(error.value)
+        self.step, self.error = step, error
+
+
+def _failed(ctx: TurnContext, error: RunError, step: str | None) -> TurnResult:
+    return TurnResult(
+        turn_id=ctx.turn_id,
+        status="failed",
+        summary="",
+        artifacts=[a.ref() for a in ctx.artifacts],
+        citations=list(ctx.citations),
+        run_ids=list(ctx.run_ids),
+        error=error,
+        failed_step=step,
+    )
+
+
+def _finalize(backend: Backend, turn: Turn, result: TurnResult) -> TurnResult:
+    scope = _scope_of(turn)
+    backend.workspace.write_bytes(
+        scope, f"work/turns/{turn.turn_id}/result.json", result.model_dump_json(indent=2).encode()
+    )
+    turn.status = result.status
+    turn.finished_at = utcnow()
+    turn.result = result
+    backend.store.finish_turn(turn)
+    if result.status == "completed":
+        detail: TurnCompleted | TurnFailed = TurnCompleted(
+            turn_id=turn.turn_id, scope=scope, user_id=turn.user_id, result=result
+        )
+    else:
+        assert result.error is not None
+        detail = TurnFailed(
+            turn_id=turn.turn_id, scope=scope, user_id=turn.user_id, error=result.error, result=result
+        )
+    backend.bus.publish(Event.of(detail, new_ulid()))
+    return result
+
+
+def _scope_of(turn: Turn) -> Scope:
+    from alphaagent.models.common import scope_from_key
+
+    return scope_from_key(turn.scope_key)
+
+
+def _fail_abandoned_turns(backend: Backend, scope: Scope, user_id: str, turn_id: str) -> None:
+    """Turns still ``running`` when we hold the lease were abandoned (their process died and the
+    lease expired): record them as failed, so no status stays ``running`` forever."""
+    for stale in backend.store.list_turns(user_id, scope.key):
+        if stale.status == "running" and stale.turn_id != turn_id:
+            error = RunError(
+                name="TurnAbandoned", value="the turn's process stopped and its lease expired", traceback=""
+            )
+            _finalize(backend, stale, TurnResult(turn_id=stale.turn_id, status="failed", error=error))
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def _prepare_inputs(ctx: TurnContext) -> None:
+    """Bring the spec's declared inputs into ``docs/`` (DESIGN §3 step 4)."""
+    workspace, store, scope = ctx.backend.workspace, ctx.backend.store, ctx.scope
+    for i, item in enumerate(ctx.spec.inputs):
+        if isinstance(item, DocumentInput):
+            if workspace.stat(scope, item.path) is None:
+                raise InvalidSpecError(f"inputs[{i}].path: {item.path!r} is not a file of this scope")
+            ctx.fetched.append(item.path)
+        elif isinstance(item, DatasetInput):
+            found = store.get_artifact(ctx.user_id, scope.key, item.name, item.version)
+            if found is None or found.kind != "dataset":
+                wanted = f"{item.name} v{item.version}" if item.version else item.name
+                raise InvalidSpecError(f"inputs[{i}]: no registered dataset {wanted} in this scope")
+            suffix = PurePosixPath(found.path).suffix
+            target = f"docs/{found.name}.v{found.version}{suffix}"
+            workspace.write_bytes(scope, target, workspace.read_blob(found.sha256))
+            ctx.fetched.append(target)
+        elif isinstance(item, ConnectorInput):
+            try:
+                copy = connector_fetch(ctx, item.connector, item.request)
+            except ToolError as exc:
+                raise InvalidSpecError(f"inputs[{i}].{exc}") from None
+            ctx.progress(f"fetched {copy.path} ({copy.bytes} bytes) from {copy.source}")
+        elif isinstance(item, NodeArtifactInput):
+            assert isinstance(scope, NodeScope)
+            source = NodeScope(workflow_execution_id=scope.workflow_execution_id, node_id=item.node_id)
+            found = store.get_artifact(ctx.user_id, source.key, item.artifact, item.version)
+            if found is None:
+                raise InvalidSpecError(f"inputs[{i}]: node {item.node_id} has no artifact {item.artifact}")
+            target = f"docs/{item.node_id}/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
+            workspace.write_bytes(scope, target, workspace.read_blob(found.sha256))
+            ctx.fetched.append(target)
+            ctx.progress(f"copied {item.node_id}/{found.name} v{found.version} to {target}")
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _run_steps(ctx: TurnContext, deadline: float) -> str:
+    """Run pinned steps in order through ``run_in_env``; register every declared output; cite the
+    inputs the steps were given. The first failing step fails the turn with its error."""
+    steps = ctx.spec.steps or []
+    for i, step in enumerate(steps, start=1):
+        if time.monotonic() >= deadline:
+            error = RunError(name="TurnTimeout", value="constraints.turn_timeout_s exceeded", traceback="")
+            raise _StepFailed(step.title, error)
+        ctx.progress(f"step {i}/{len(steps)}: {step.title}")
+        result = run_in_env(ctx, step.code)
+        ctx.progress(f"step {i}/{len(steps)}: {result.status} in {result.duration_ms} ms")
+        if result.status != "ok":
+            error = result.error or RunError(
+                name="RunFailed", value=result.reason or result.status, traceback=""
+            )
+            raise _StepFailed(step.title, error)
+    for i, output in enumerate(ctx.spec.outputs):
+        path = output.path or _default_output_path(ctx, i, output)
+        try:
+            ref = register_artifact(ctx, output.kind, path, name=output.name, description=output.description)
+        except AlphaAgentError as exc:
+            raise _StepFailed(
+                f"outputs[{i}]", RunError(name=type(exc).__name__, value=f"outputs[{i}]: {exc}", traceback="")
+            ) from None
+        ctx.progress(f"registered {ref.kind} {ref.name} v{ref.version} ({ref.path})")
+    for path in ctx.fetched:
+        emit_citation(ctx, path, claim="input of this turn's pinned steps")
+    registered = ", ".join(f"{a.name} v{a.version}" for a in ctx.artifacts) or "nothing"
+    return f"{len(steps)} step(s) ran; registered {registered}."
+
+
+def _default_output_path(ctx: TurnContext, index: int, output: SpecOutput) -> str:
+    folder = KIND_FOLDERS[output.kind]
+    matches = [
+        f.path
+        for f in ctx.backend.workspace.list_files(ctx.scope, folder)
+        if PurePosixPath(f.path).stem == output.name
+    ]
+    if len(matches) != 1:
+        found = "none" if not matches else ", ".join(matches)
+        raise _StepFailed(
+            f"outputs[{index}]",
+            RunError(
+                name="ArtifactError",
+                value=(
+                    f"outputs[{index}].path: not given, and no single file named"
+                    f" {output.name}.* in {folder}/ (found {found})"
+                ),
+                traceback="",
+            ),
+        )
+    return matches[0]
+
+
+def result_json(result: TurnResult) -> str:
+    """A turn result as indented JSON (the CLI's ``--json``)."""
+    return json.dumps(result.model_dump(mode="json"), indent=2)

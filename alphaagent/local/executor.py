@@ -1,0 +1,36 @@
+"""``run_in_env`` on the local backend: the sandbox, in-process, one warm zygote per environment."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from alphaagent.models.run import RunLimits, RunResult
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
+
+
+class SandboxExecutor:
+    """Runs code in a lazily started ``Sandbox`` (the zygote starts on the first run, ~1.5 s)."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self._config = config or SandboxConfig()
+        self._sandbox: Sandbox | None = None
+        self._lock = threading.Lock()
+
+    def run(
+        self, workdir: Path, code: str, *, limits: RunLimits, run_id: str, network: bool = False
+    ) -> RunResult:
+        """Run ``code`` with ``workdir`` as its working directory (see ``Sandbox.run``)."""
+        with self._lock:
+            if self._sandbox is None:
+                self._sandbox = Sandbox(self._config)
+            sandbox = self._sandbox
+        return sandbox.run(code, cwd=workdir, limits=limits, network=network, run_id=run_id)
+
+    def close(self) -> None:
+        """Stop the zygote."""
+        with self._lock:
+            if self._sandbox is not None:
+                self._sandbox.close()
+                self._sandbox = None

@@ -1,0 +1,123 @@
+"""Identifiers and scopes (DESIGN §4.1, §4.2): the vocabulary every other contract uses."""
+
+from __future__ import annotations
+
+import unicodedata
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
+
+UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._@:-]{1,128}$")]
+"""Opaque user id: 1–128 chars of ``[A-Za-z0-9._@:-]`` (DESIGN §4.1)."""
+
+ConversationId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,80}$")]
+WorkflowExecutionId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,80}$")]
+NodeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,80}$")]
+Ulid = Annotated[str, StringConstraints(pattern=r"^[0-9A-HJKMNP-TV-Z]{26}$")]
+"""A ULID: 26 Crockford base32 characters (turn and run ids)."""
+
+EnvironmentId = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+"""1–32 chars of ``[a-z0-9-]`` starting with a letter; ``builtin`` is the default."""
+
+ArtifactName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]
+"""1–64 chars of ``[a-z0-9][a-z0-9._-]*``."""
+
+SessionId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{22,64}$")]
+"""At least 128 random bits, URL-safe base64 (``secrets.token_urlsafe(24)``: 192 bits)."""
+
+MAX_KEY_BYTES = 1024
+"""S3's maximum object key length in UTF-8 bytes (DESIGN §4.2)."""
+
+SCOPE_FOLDERS = ("spec", "docs", "datasets", "charts", "reports", "work")
+"""The six folders of every scope (DESIGN §4.2)."""
+
+
+class PathRuleError(ValueError):
+    """A workspace path broke a rule of DESIGN §4.2; the message names the rule."""
+
+
+def check_workspace_path(path: str, *, prefix: str = "") -> str:
+    """Validate and NFC-normalise a workspace-relative path handed in by code, the coder or a user.
+
+    Rejected (``PathRuleError``): empty; absolute; ``..`` or ``.`` segments; NUL or other control
+    characters; a backslash; leading, trailing or doubled ``/``; a key (``prefix`` + path) over
+    1,024 UTF-8 bytes. Percent-encoding is not decoded: ``..%2F`` is a literal name.
+    """
+    if not isinstance(path, str) or path == "":
+        raise PathRuleError("path must not be empty")
+    normal = unicodedata.normalize("NFC", path)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in normal):
+        raise PathRuleError("path must not contain NUL or control characters")
+    if normal.startswith("/"):
+        raise PathRuleError("path must be relative to the scope (no leading '/')")
+    if "\\" in normal:
+        raise PathRuleError("path must use '/' as separator (no '\\')")
+    if normal.endswith("/") or "//" in normal:
+        raise PathRuleError("path must not contain empty segments (trailing or doubled '/')")
+    if any(part in ("..", ".") for part in normal.split("/")):
+        raise PathRuleError("path must stay inside the scope ('.' and '..' segments are not allowed)")
+    if len((prefix + normal).encode("utf-8")) > MAX_KEY_BYTES:
+        raise PathRuleError(f"path is too long: the full key exceeds {MAX_KEY_BYTES} UTF-8 bytes")
+    return normal
+
+
+WorkspacePath = Annotated[str, AfterValidator(check_workspace_path)]
+
+
+class ConversationScope(BaseModel):
+    """A conversation: ``conversations/{conversation_id}/``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversation_id: ConversationId
+
+    @property
+    def key(self) -> str:
+        """The scope's prefix in the bucket and under ``$ALPHAAGENT_HOME``, without a trailing '/'."""
+        return f"conversations/{self.conversation_id}"
+
+    @property
+    def owner_key(self) -> str:
+        """What ownership is claimed on: the conversation."""
+        return self.key
+
+
+class NodeScope(BaseModel):
+    """One node of a workflow run: ``workflows/{workflow_execution_id}/nodes/{node_id}/``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workflow_execution_id: WorkflowExecutionId
+    node_id: NodeId
+
+    @property
+    def key(self) -> str:
+        """The scope's prefix, without a trailing '/'."""
+        return f"workflows/{self.workflow_execution_id}/nodes/{self.node_id}"
+
+    @property
+    def owner_key(self) -> str:
+        """What ownership is claimed on: the whole workflow execution (its nodes share an owner)."""
+        return f"workflows/{self.workflow_execution_id}"
+
+
+Scope = ConversationScope | NodeScope
+
+
+def scope_from_key(key: str) -> Scope:
+    """Inverse of ``Scope.key``; raises ``ValueError`` for anything else."""
+    parts = key.split("/")
+    if len(parts) == 2 and parts[0] == "conversations":
+        return ConversationScope(conversation_id=parts[1])
+    if len(parts) == 4 and parts[0] == "workflows" and parts[2] == "nodes":
+        return NodeScope(workflow_execution_id=parts[1], node_id=parts[3])
+    raise ValueError(f"not a scope key: {key!r}")
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (every timestamp in records and events)."""
+    return datetime.now(UTC)
+
+
+ArtifactKind = Literal["dataset", "chart", "report"]

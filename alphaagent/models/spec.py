@@ -1,0 +1,165 @@
+"""The analysis spec (DESIGN §4.5): what an orchestrating agent or a workflow hands over."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from alphaagent.errors import InvalidSpecError
+from alphaagent.models.common import (
+    ArtifactKind,
+    ArtifactName,
+    ConversationScope,
+    EnvironmentId,
+    NodeId,
+    NodeScope,
+    Ulid,
+    UserId,
+    WorkspacePath,
+)
+
+MAX_SPEC_BYTES = 64 * 1024
+"""A spec serialises to at most 64 KiB (DESIGN §4.5): it travels inside SQS messages (256 KiB) and
+Step Functions state (256 KiB) with room for the envelope."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DocumentInput(_Strict):
+    """A document already in the scope (uploaded), made available under ``docs/``."""
+
+    kind: Literal["document"]
+    path: WorkspacePath
+
+
+class DatasetInput(_Strict):
+    """A dataset registered in this scope; ``version`` omitted means the latest."""
+
+    kind: Literal["dataset"]
+    name: ArtifactName
+    version: int | None = Field(None, ge=1)
+
+
+class ConnectorInput(_Strict):
+    """A point-in-time copy fetched through a configured connector (``file``, ``http``, ``s3``)."""
+
+    kind: Literal["connector"]
+    connector: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+    request: dict[str, Any]
+
+
+class NodeArtifactInput(_Strict):
+    """An artifact of another node of the same workflow execution (an explicit, recorded copy)."""
+
+    kind: Literal["node_artifact"]
+    node_id: NodeId
+    artifact: ArtifactName
+    version: int | None = Field(None, ge=1)
+
+
+SpecInput = Annotated[
+    DocumentInput | DatasetInput | ConnectorInput | NodeArtifactInput, Field(discriminator="kind")
+]
+
+
+class SpecOutput(_Strict):
+    """An output the turn must register; ``path`` defaults to the kind's folder + name."""
+
+    kind: ArtifactKind
+    name: ArtifactName
+    description: str | None = Field(None, max_length=2000)
+    path: WorkspacePath | None = None
+
+
+class Step(_Strict):
+    """Pinned code: steps run in order without a model."""
+
+    title: str = Field(min_length=1, max_length=200)
+    code: str = Field(min_length=1)
+
+
+class Constraints(_Strict):
+    """Bounds of one turn. ``max_runs`` counts run_in_env calls; timeouts are seconds."""
+
+    max_runs: int = Field(20, ge=1, le=500)
+    run_timeout_s: float = Field(60.0, gt=0, le=900)
+    turn_timeout_s: float = Field(900.0, gt=0, le=86_400)
+
+
+class Spec(_Strict):
+    """The analysis spec. ``scope`` is a conversation or one node of a workflow run."""
+
+    spec_version: Literal[1]
+    turn_id: Ulid | None = None
+    user_id: UserId
+    scope: ConversationScope | NodeScope
+    environment_id: EnvironmentId = "builtin"
+    goal: str = Field(min_length=1, max_length=16_000)
+    inputs: list[SpecInput] = Field(default_factory=list, max_length=100)
+    outputs: list[SpecOutput] = Field(default_factory=list, max_length=100)
+    steps: list[Step] | None = Field(None, min_length=1, max_length=100)
+    constraints: Constraints = Field(default_factory=Constraints)
+
+    @model_validator(mode="after")
+    def _unique_output_names(self) -> Spec:
+        names = [o.name for o in self.outputs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"output names must be unique: {', '.join(duplicates)}")
+        return self
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part in (
+            "document",
+            "dataset",
+            "connector",
+            "node_artifact",
+            "function-after[check_workspace_path(), str]",
+        ):
+            continue  # the discriminator's branch name is noise to a reader
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "spec"
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming the first offending field and its rule, e.g. ``inputs[2].path: ...``."""
+    first = exc.errors()[0]
+    message = str(first["msg"])
+    message = message.removeprefix("Value error, ")
+    return f"{_location(tuple(first['loc']))}: {message}"
+
+
+def parse_spec(raw: bytes | str) -> Spec:
+    """Parse and validate a spec's JSON. Raises ``InvalidSpecError`` with one line naming the field.
+
+    Checks, in order: size (at most 64 KiB of UTF-8), UTF-8, JSON, then the model.
+    """
+    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    if len(data) > MAX_SPEC_BYTES:
+        raise InvalidSpecError(
+            f"spec: {len(data)} bytes is larger than the {MAX_SPEC_BYTES // 1024} KiB limit"
+        )
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidSpecError(f"spec: not valid UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidSpecError(
+            f"spec: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    if not isinstance(document, dict):
+        raise InvalidSpecError("spec: must be a JSON object")
+    try:
+        return Spec.model_validate(document)
+    except ValidationError as exc:
+        raise InvalidSpecError(describe_validation_error(exc)) from None

@@ -1,0 +1,617 @@
+"""Behaviour of the local record store (SQLite): ownership inside every read, session expiry,
+guarded turn transitions, idempotent writes, artifact versioning under concurrency, and lease locks."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from alphaagent.errors import AlphaAgentError
+from alphaagent.ids import new_ulid
+from alphaagent.local.store import SCHEMA_VERSION, SqliteStore, StoreError, StoreSchemaError
+from alphaagent.models.common import ConversationScope
+from alphaagent.models.events import Event, TurnStarted
+from alphaagent.models.records import (
+    ArtifactVersion,
+    Citation,
+    RunRecord,
+    Session,
+    Turn,
+    TurnResult,
+)
+from alphaagent.ports import Store
+
+T0 = datetime(2025, 3, 1, 9, 0, 0, tzinfo=UTC)
+CONV = "conversations/c1"
+ALICE = "alice@example.com"
+BOB = "bob@example.com"
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "home" / "state.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[SqliteStore]:
+    with SqliteStore(db_path) as opened:
+        yield opened
+
+
+def minutes(n: float) -> timedelta:
+    return timedelta(minutes=n)
+
+
+def make_session(session_id: str = "s" * 32, *, user_id: str = ALICE, created_at: datetime = T0) -> Session:
+    return Session(
+        session_id=session_id, user_id=user_id, scope_key=CONV, created_at=created_at, last_used_at=created_at
+    )
+
+
+def make_turn(turn_id: str, *, user_id: str = ALICE, status: str = "running") -> Turn:
+    return Turn.model_validate(
+        {
+            "turn_id": turn_id,
+            "user_id": user_id,
+            "scope_key": CONV,
+            "session_id": "s" * 32,
+            "status": status,
+            "goal": "revenue by region",
+            "started_at": T0,
+        }
+    )
+
+
+def finished(turn: Turn, status: str, summary: str) -> Turn:
+    return turn.model_copy(
+        update={
+            "status": status,
+            "finished_at": T0 + minutes(2),
+            "result": TurnResult.model_validate(
+                {"turn_id": turn.turn_id, "status": status, "summary": summary}
+            ),
+        }
+    )
+
+
+def make_run(
+    run_id: str, *, status: str = "ok", created_at: datetime = T0, user_id: str = ALICE
+) -> RunRecord:
+    return RunRecord(
+        run_id=run_id,
+        turn_id="T1",
+        session_id="s" * 32,
+        user_id=user_id,
+        scope_key=CONV,
+        status=status,
+        exit_code=0,
+        code="print(1)",
+        stdout="1\n",
+        stderr="",
+        stdout_bytes=2,
+        stderr_bytes=0,
+        stdout_truncated=False,
+        stderr_truncated=False,
+        error=None,
+        reason=None,
+        duration_ms=12,
+        files_changed=[],
+        created_at=created_at,
+    )
+
+
+def make_artifact(
+    name: str = "revenue", *, scope_key: str = CONV, turn_id: str = "T1", artifact_id: str | None = None
+) -> ArtifactVersion:
+    return ArtifactVersion(
+        artifact_id=artifact_id or new_ulid(),
+        scope_key=scope_key,
+        kind="dataset",
+        name=name,
+        version=0,
+        path=f"datasets/{name}.csv",
+        sha256="ab" * 32,
+        size_bytes=10,
+        metadata={"rows": 3},
+        turn_id=turn_id,
+        user_id=ALICE,
+        created_at=T0,
+    )
+
+
+def make_event(event_id: str, turn_id: str = "T1", *, at: datetime = T0) -> Event:
+    detail = TurnStarted(
+        turn_id=turn_id, scope=ConversationScope(conversation_id="c1"), user_id=ALICE, session_id="s"
+    )
+    return Event.of(detail, event_id).model_copy(update={"time": at})
+
+
+def dump(path: Path) -> list[str]:
+    with sqlite3.connect(path) as raw:
+        return list(raw.iterdump())
+
+
+# schema
+
+
+def test_schema_is_created_on_first_open_and_records_survive_a_reopen(db_path: Path) -> None:
+    # Given a store opened on a path whose folder does not exist yet, holding one claimed conversation
+    first = SqliteStore(db_path)
+    first.claim_owner(CONV, ALICE, T0)
+    first.close()
+
+    # When it is opened again
+    with SqliteStore(db_path) as again:
+        owner = again.owner_of(CONV)
+
+    # Then the claim is still there and the file carries the current schema version
+    assert owner == ALICE
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {
+        "owners",
+        "sessions",
+        "turns",
+        "runs",
+        "artifact_versions",
+        "citations",
+        "locks",
+        "events",
+    } <= tables
+
+
+def test_the_database_runs_in_wal_mode(store: SqliteStore) -> None:
+    # Given an opened store / When the journal mode is read by another connection
+    with sqlite3.connect(store.path) as raw:
+        mode = raw.execute("PRAGMA journal_mode").fetchone()[0]
+
+    # Then readers and the writer do not block each other
+    assert mode == "wal"
+
+
+def test_a_database_from_a_newer_alphaagent_is_refused_and_left_untouched(db_path: Path) -> None:
+    # Given a database whose schema version is ahead of this code
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("CREATE TABLE future (x)")
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    before = db_path.read_bytes()
+
+    # When it is opened
+    with pytest.raises(StoreSchemaError, match=r"schema version 2.*newer alphaagent") as caught:
+        SqliteStore(db_path)
+
+    # Then the error is one of ours, names the file, and the file is byte for byte as it was
+    assert isinstance(caught.value, AlphaAgentError)
+    assert str(db_path) in str(caught.value)
+    assert db_path.read_bytes() == before
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error(db_path: Path) -> None:
+    # Given a file with text in it
+    db_path.parent.mkdir(parents=True)
+    db_path.write_text("not a database " * 100)
+
+    # When / Then opening it says so
+    with pytest.raises(AlphaAgentError, match="cannot use the store"):
+        SqliteStore(db_path)
+
+
+def test_a_closed_store_refuses_further_use(db_path: Path) -> None:
+    # Given a store that was used, then closed
+    store = SqliteStore(db_path)
+    store.claim_owner(CONV, ALICE, T0)
+    store.close()
+
+    # When it is used again / Then it says it is closed
+    with pytest.raises(StoreError, match="is closed"):
+        store.owner_of(CONV)
+
+
+def test_sqlite_store_satisfies_the_store_protocol(store: SqliteStore) -> None:
+    # Given / When the store is used where a Store is expected / Then it offers every method
+    as_port: Store = store
+    names = [name for name in vars(Store) if not name.startswith("_")]
+    assert all(callable(getattr(as_port, name)) for name in names)
+
+
+# ownership
+
+
+def test_first_claim_wins_and_a_second_claim_returns_the_first_owner(store: SqliteStore) -> None:
+    # Given nobody owns the conversation
+    assert store.owner_of(CONV) is None
+
+    # When Alice claims it, then Bob does
+    first = store.claim_owner(CONV, ALICE, T0)
+    second = store.claim_owner(CONV, BOB, T0 + minutes(1))
+
+    # Then Alice owns it, and Bob is told so
+    assert (first, second) == (ALICE, ALICE)
+    assert store.owner_of(CONV) == ALICE
+
+
+# sessions
+
+
+def test_a_session_is_active_until_its_idle_timeout(store: SqliteStore) -> None:
+    # Given a session created at T0 with the default 15 minute idle timeout
+    store.create_session(make_session())
+
+    # When it is looked up just before and at the idle expiry
+    before = store.active_session(ALICE, CONV, T0 + minutes(14.99))
+    at_expiry = store.active_session(ALICE, CONV, T0 + minutes(15))
+
+    # Then it is active before and expired at the timeout
+    assert before is not None and before.session_id == "s" * 32
+    assert at_expiry is None
+
+
+def test_touching_extends_the_idle_timer_but_not_the_maximum_lifetime(store: SqliteStore) -> None:
+    # Given a session used every 10 minutes for almost 8 hours
+    store.create_session(make_session())
+    for step in range(1, 48):
+        store.touch_session("s" * 32, T0 + minutes(10 * step))
+    last_touch = T0 + minutes(470)
+
+    # When it is looked up shortly after the last touch, and again at 8 hours
+    still = store.active_session(ALICE, CONV, last_touch + minutes(5))
+    at_lifetime = store.active_session(ALICE, CONV, T0 + timedelta(hours=8))
+
+    # Then it is active, then expired by its maximum lifetime although it was used 10 minutes ago
+    assert still is not None and still.last_used_at == last_touch
+    assert at_lifetime is None
+
+
+def test_active_session_never_refreshes_the_idle_timer(store: SqliteStore) -> None:
+    # Given a session last used at T0
+    store.create_session(make_session())
+
+    # When it is read repeatedly as active
+    for offset in (1, 5, 10, 14):
+        assert store.active_session(ALICE, CONV, T0 + minutes(offset)) is not None
+
+    # Then last_used_at is unchanged and it still expires 15 minutes after T0
+    stored = store.get_session(ALICE, "s" * 32)
+    assert stored is not None and stored.last_used_at == T0
+    assert store.active_session(ALICE, CONV, T0 + minutes(16)) is None
+
+
+def test_touch_never_moves_the_idle_timer_back(store: SqliteStore) -> None:
+    # Given a session touched at T0 + 10 min
+    store.create_session(make_session())
+    store.touch_session("s" * 32, T0 + minutes(10))
+
+    # When a late, out-of-order touch carries an earlier time
+    store.touch_session("s" * 32, T0 + minutes(3))
+
+    # Then the later time stands
+    stored = store.get_session(ALICE, "s" * 32)
+    assert stored is not None and stored.last_used_at == T0 + minutes(10)
+
+
+def test_the_most_recent_live_session_is_returned_and_an_ended_one_never(store: SqliteStore) -> None:
+    # Given an older and a newer session of Alice in the scope, and a session of Bob
+    store.create_session(make_session("a" * 32))
+    store.create_session(make_session("b" * 32, created_at=T0 + minutes(1)))
+    store.create_session(make_session("c" * 32, user_id=BOB, created_at=T0 + minutes(2)))
+
+    # When the newer one is ended
+    newest = store.active_session(ALICE, CONV, T0 + minutes(3))
+    store.end_session("b" * 32, T0 + minutes(3))
+    after_end = store.active_session(ALICE, CONV, T0 + minutes(4))
+
+    # Then the newest live session of Alice is returned each time, and both remain listed
+    assert newest is not None and newest.session_id == "b" * 32
+    assert after_end is not None and after_end.session_id == "a" * 32
+    assert [s.session_id for s in store.list_sessions(ALICE, CONV)] == ["a" * 32, "b" * 32]
+    ended = store.get_session(ALICE, "b" * 32)
+    assert ended is not None and ended.ended_at == T0 + minutes(3)
+
+
+def test_timestamps_come_back_timezone_aware_in_utc(store: SqliteStore) -> None:
+    # Given a session created with a naive time and one with a Berlin time (UTC+1 in March)
+    naive = datetime(2025, 3, 1, 9, 0, 0)
+    berlin = datetime(2025, 3, 1, 12, 0, 0, tzinfo=ZoneInfo("Europe/Berlin"))
+    store.create_session(make_session("a" * 32, created_at=naive))
+    store.create_session(make_session("b" * 32, created_at=berlin))
+
+    # When they are read back
+    first, second = store.get_session(ALICE, "a" * 32), store.get_session(ALICE, "b" * 32)
+
+    # Then both are aware UTC datetimes for the same instants
+    assert first is not None and second is not None
+    assert first.created_at == T0 and first.created_at.utcoffset() == timedelta(0)
+    assert second.created_at == T0 + timedelta(hours=2) and second.created_at.utcoffset() == timedelta(0)
+
+
+# turns
+
+
+def test_a_duplicate_turn_is_refused_and_a_terminal_status_never_regresses(store: SqliteStore) -> None:
+    # Given a running turn
+    assert store.create_turn(make_turn("T1")) is True
+
+    # When the same spec is delivered again, the turn completes, then a late failure arrives
+    duplicate = store.create_turn(make_turn("T1").model_copy(update={"goal": "something else"}))
+    completed = store.finish_turn(finished(make_turn("T1"), "completed", "done"))
+    late_failure = store.finish_turn(finished(make_turn("T1"), "failed", "late"))
+
+    # Then only the first creation and the first finish took effect
+    assert (duplicate, completed, late_failure) == (False, True, False)
+    turn = store.get_turn(ALICE, "T1")
+    assert turn is not None
+    assert (turn.status, turn.goal) == ("completed", "revenue by region")
+    assert turn.result is not None and turn.result.summary == "done"
+    assert turn.finished_at == T0 + minutes(2)
+    assert [t.turn_id for t in store.list_turns(ALICE, CONV)] == ["T1"]
+
+
+def test_finishing_an_unknown_turn_or_with_a_running_status_does_nothing(store: SqliteStore) -> None:
+    # Given no turn T9 / When it is finished / Then nothing is stored
+    assert store.finish_turn(finished(make_turn("T9"), "failed", "x")) is False
+    assert store.get_turn(ALICE, "T9") is None
+    # And "running" is not a terminal status
+    store.create_turn(make_turn("T1"))
+    with pytest.raises(ValueError, match="terminal status"):
+        store.finish_turn(make_turn("T1"))
+
+
+# runs
+
+
+def test_put_run_is_idempotent_on_run_id(store: SqliteStore) -> None:
+    # Given a run recorded once, and an older run
+    store.put_run(make_run("R2", created_at=T0 + minutes(1)))
+    store.put_run(make_run("R1"))
+
+    # When the same run is recorded again with a different status (a redelivered destination record)
+    store.put_run(make_run("R2", status="error", created_at=T0 + minutes(1)))
+
+    # Then there is one record per run id, the latest copy, oldest run first
+    runs = store.list_runs(ALICE, CONV)
+    assert [(r.run_id, r.status) for r in runs] == [("R1", "ok"), ("R2", "error")]
+    assert store.get_run(ALICE, "R2") == make_run("R2", status="error", created_at=T0 + minutes(1))
+
+
+# artifacts
+
+
+def test_versions_count_up_per_scope_and_name_with_a_stable_artifact_id(store: SqliteStore) -> None:
+    # Given Alice owns the conversation
+    store.claim_owner(CONV, ALICE, T0)
+    store.claim_owner("conversations/c2", ALICE, T0)
+
+    # When "revenue" is registered three times, "costs" once, and "revenue" once in another scope
+    revenue = [store.add_artifact_version(make_artifact(turn_id=f"T{i}")) for i in (1, 2, 3)]
+    costs = store.add_artifact_version(make_artifact("costs", turn_id="T1"))
+    elsewhere = store.add_artifact_version(make_artifact(scope_key="conversations/c2", turn_id="T4"))
+
+    # Then versions are 1, 2, 3 with one artifact id, and the other name and scope start at 1
+    assert [a.version for a in revenue] == [1, 2, 3]
+    assert len({a.artifact_id for a in revenue}) == 1
+    assert (costs.version, elsewhere.version) == (1, 1)
+    assert len({revenue[0].artifact_id, costs.artifact_id, elsewhere.artifact_id}) == 3
+    # And the latest resolves, a named version resolves, a missing one does not
+    assert store.get_artifact(ALICE, CONV, "revenue", None) == revenue[2]
+    assert store.get_artifact(ALICE, CONV, "revenue", 2) == revenue[1]
+    assert store.get_artifact(ALICE, CONV, "revenue", 4) is None
+    assert [(a.name, a.version) for a in store.list_artifacts(ALICE, CONV)] == [
+        ("costs", 1),
+        ("revenue", 1),
+        ("revenue", 2),
+        ("revenue", 3),
+    ]
+    assert [(a.name, a.version) for a in store.artifacts_of_turn("T1")] == [("revenue", 1), ("costs", 1)]
+
+
+def test_artifacts_of_a_workflow_node_are_readable_by_the_workflow_owner_only(store: SqliteStore) -> None:
+    # Given Alice owns workflow execution E and registered an artifact in its node n1
+    node = "workflows/E/nodes/n1"
+    store.claim_owner("workflows/E", ALICE, T0)
+    stored = store.add_artifact_version(make_artifact(scope_key=node))
+
+    # When each user reads it / Then only Alice sees it
+    assert store.get_artifact(ALICE, node, "revenue", None) == stored
+    assert store.get_artifact(BOB, node, "revenue", None) is None
+    assert store.list_artifacts(BOB, node) == []
+
+
+def _register_many(path: Path, count: int) -> None:
+    with SqliteStore(path) as own:
+        for _ in range(count):
+            own.add_artifact_version(make_artifact())
+
+
+def test_concurrent_registrations_from_threads_get_distinct_gap_free_versions(store: SqliteStore) -> None:
+    # Given one store shared by 8 threads
+    store.claim_owner(CONV, ALICE, T0)
+    errors: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            for _ in range(10):
+                store.add_artifact_version(make_artifact())
+        except BaseException as error:
+            errors.append(error)
+
+    # When each registers the same artifact 10 times at once
+    threads = [threading.Thread(target=register) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    # Then the versions are exactly 1..80, under one artifact id
+    assert errors == []
+    versions = store.list_artifacts(ALICE, CONV)
+    assert [a.version for a in versions] == list(range(1, 81))
+    assert len({a.artifact_id for a in versions}) == 1
+
+
+def _register_inherited(store: SqliteStore, count: int) -> None:
+    # Runs in a forked child: the parent's store object must open its own connection here.
+    for _ in range(count):
+        store.add_artifact_version(make_artifact())
+
+
+def test_concurrent_registrations_from_processes_get_distinct_gap_free_versions(store: SqliteStore) -> None:
+    # Given a store already used by this process, and 4 forked processes (2 with a store inherited
+    # through fork, 2 opening their own, like the CLI next to a running turn)
+    store.claim_owner(CONV, ALICE, T0)
+    store.add_artifact_version(make_artifact())
+    context = multiprocessing.get_context("fork")
+    workers: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+        (_register_inherited, (store, 15)),
+        (_register_inherited, (store, 15)),
+        (_register_many, (store.path, 15)),
+        (_register_many, (store.path, 15)),
+    ]
+    processes = [context.Process(target=target, args=args) for target, args in workers]
+
+    # When they all register the same artifact at once, while this process does too
+    for process in processes:
+        process.start()
+    for _ in range(5):
+        store.add_artifact_version(make_artifact())
+    for process in processes:
+        process.join(timeout=60)
+
+    # Then every process succeeded and the versions are exactly 1..66, with no duplicate
+    assert [process.exitcode for process in processes] == [0, 0, 0, 0]
+    versions = [a.version for a in store.list_artifacts(ALICE, CONV)]
+    assert versions == list(range(1, 67))
+
+
+# citations
+
+
+def test_citations_are_listed_per_turn_once_each(store: SqliteStore) -> None:
+    # Given two citations of T1, one delivered twice, and one of T2
+    def citation(citation_id: str, turn_id: str) -> Citation:
+        return Citation(
+            citation_id=citation_id,
+            turn_id=turn_id,
+            scope_key=CONV,
+            user_id=ALICE,
+            source="docs/report.pdf",
+            locator="p. 3",
+            created_at=T0,
+        )
+
+    for citation_id, turn_id in (("C1", "T1"), ("C2", "T1"), ("C1", "T1"), ("C3", "T2")):
+        store.add_citation(citation(citation_id, turn_id))
+
+    # When T1's citations are listed / Then each appears once, in emission order
+    assert store.citations_of_turn("T1") == [citation("C1", "T1"), citation("C2", "T1")]
+
+
+# locks
+
+
+def test_a_lease_is_exclusive_until_it_expires_and_only_its_holder_renews_or_releases_it(
+    store: SqliteStore,
+) -> None:
+    # Given turn A holds the scope's lease for 60 s
+    assert store.acquire_lock(CONV, "turn-A", T0, 60) is True
+
+    # When turn B contends while it is live / Then it is refused, and B cannot renew or release it
+    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=30), 60) is False
+    assert store.renew_lock(CONV, "turn-B", T0 + timedelta(seconds=30), 60) is False
+    store.release_lock(CONV, "turn-B")
+    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=31), 60) is False
+
+    # When A renews at 50 s / Then its lease runs to 110 s
+    assert store.renew_lock(CONV, "turn-A", T0 + timedelta(seconds=50), 60) is True
+    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=100), 60) is False
+
+    # When the lease expires / Then B takes it over, and A has lost it
+    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=110), 60) is True
+    assert store.renew_lock(CONV, "turn-A", T0 + timedelta(seconds=111), 60) is False
+    store.release_lock(CONV, "turn-A")
+    assert store.acquire_lock(CONV, "turn-C", T0 + timedelta(seconds=112), 60) is False
+
+    # When B releases it / Then it is free at once
+    store.release_lock(CONV, "turn-B")
+    assert store.acquire_lock(CONV, "turn-C", T0 + timedelta(seconds=113), 60) is True
+
+
+def test_locks_of_different_scopes_are_independent(store: SqliteStore) -> None:
+    # Given / When two turns lock two scopes / Then both succeed
+    assert store.acquire_lock(CONV, "turn-A", T0, 60) is True
+    assert store.acquire_lock("conversations/c2", "turn-B", T0, 60) is True
+
+
+def test_an_expired_lease_cannot_be_renewed_even_if_nobody_took_it(store: SqliteStore) -> None:
+    # Given A's 60 s lease / When A renews at 61 s / Then it is lost, but A may acquire it again
+    store.acquire_lock(CONV, "turn-A", T0, 60)
+    assert store.renew_lock(CONV, "turn-A", T0 + timedelta(seconds=61), 60) is False
+    assert store.acquire_lock(CONV, "turn-A", T0 + timedelta(seconds=61), 60) is True
+
+
+# events
+
+
+def test_events_are_appended_once_per_event_id_and_listed_oldest_first(store: SqliteStore) -> None:
+    # Given three events of two turns, one of them delivered twice
+    later = make_event("E2", "T1", at=T0 + minutes(1))
+    earlier = make_event("E1", "T1", at=T0)
+    other = make_event("E3", "T2", at=T0 + minutes(2))
+    for event in (later, earlier, later, other):
+        store.append_event(event)
+
+    # When the log is listed / Then each event appears once, in time order, with its typed detail
+    assert [e.event_id for e in store.list_events()] == ["E1", "E2", "E3"]
+    of_t1 = store.list_events("T1")
+    assert of_t1 == [earlier, later]
+    assert isinstance(of_t1[0].detail, TurnStarted) and of_t1[0].detail.session_id == "s"
+
+
+# ownership in every read (DESIGN §4.7, case ISO-01)
+
+
+def test_another_users_records_are_answered_exactly_like_missing_ones(store: SqliteStore) -> None:
+    # Given Alice owns a conversation with a session, a turn, a run and an artifact
+    store.claim_owner(CONV, ALICE, T0)
+    store.create_session(make_session())
+    store.create_turn(make_turn("T1"))
+    store.put_run(make_run("R1"))
+    store.add_artifact_version(make_artifact())
+    before = dump(store.path)
+
+    # When Bob asks for each of them, and for ids that do not exist
+    reads: list[tuple[Any, Any]] = [
+        (store.get_session(BOB, "s" * 32), store.get_session(BOB, "x" * 32)),
+        (store.active_session(BOB, CONV, T0), store.active_session(BOB, "conversations/none", T0)),
+        (store.list_sessions(BOB, CONV), store.list_sessions(BOB, "conversations/none")),
+        (store.get_turn(BOB, "T1"), store.get_turn(BOB, "T404")),
+        (store.list_turns(BOB, CONV), store.list_turns(BOB, "conversations/none")),
+        (store.get_run(BOB, "R1"), store.get_run(BOB, "R404")),
+        (store.list_runs(BOB, CONV), store.list_runs(BOB, "conversations/none")),
+        (store.get_artifact(BOB, CONV, "revenue", None), store.get_artifact(BOB, CONV, "nothing", None)),
+        (
+            store.get_artifact(BOB, CONV, "revenue", 1),
+            store.get_artifact(BOB, "conversations/none", "revenue", 1),
+        ),
+        (store.list_artifacts(BOB, CONV), store.list_artifacts(BOB, "conversations/none")),
+    ]
+
+    # Then each answer is identical to the nonexistent one (None or []), Alice still sees her
+    # records, and the reads changed nothing in the database
+    for as_other_user, as_missing in reads:
+        assert as_other_user == as_missing
+        assert as_other_user in (None, [])
+    assert store.get_session(ALICE, "s" * 32) is not None
+    assert store.get_turn(ALICE, "T1") is not None
+    assert store.get_run(ALICE, "R1") is not None
+    assert store.get_artifact(ALICE, CONV, "revenue", None) is not None
+    assert dump(store.path) == before
