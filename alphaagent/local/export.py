@@ -108,7 +108,7 @@ class ExportReport:
         scope_key: the exported scope's key (``conversations/c1``).
         max_file_bytes: the per-file ceiling applied, in bytes (inclusive).
         included: files in the archive, sorted by path.
-        omitted: files left out, sorted by path; never empty of a file that was listed and not included.
+        omitted: files left out, sorted by path: every listed file that is not in the archive is here.
         archive_names: workspace path → entry name in the archive, for every included file.
         total_bytes: the sum of the included files' sizes, in bytes (uncompressed).
         archive_bytes: the size of the archive file, in bytes.
@@ -130,7 +130,7 @@ class ExportReport:
         return {
             "manifest_version": MANIFEST_VERSION,
             "scope": self.scope_key,
-            "exported_at": self.exported_at.isoformat().replace("+00:00", "Z"),
+            "exported_at": _iso(self.exported_at),
             "max_file_bytes": self.max_file_bytes,
             "ceiling_rule": (
                 f"files of at most {self.max_file_bytes} bytes are included; larger files are omitted "
@@ -163,7 +163,7 @@ class ExportReport:
         lines = [
             "alphaagent workspace export",
             f"scope: {self.scope_key}",
-            f"exported at: {self.manifest()['exported_at']}",
+            f"exported at: {_iso(self.exported_at)}",
             f"per-file ceiling: {ceiling:,} bytes ({ceiling / MiB:g} MiB); a file of exactly this size is "
             "included, larger files are omitted and listed below",
             "",
@@ -287,6 +287,10 @@ def _copy_file(
                 entry.write(chunk)
                 remaining -= len(chunk)
     return IncludedFile(info.path, size - remaining)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _current_size(reader: BinaryIO | IO[bytes], listed: int) -> int:

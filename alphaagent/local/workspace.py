@@ -220,31 +220,25 @@ class LocalWorkspace:
         parts = self._parts(scope, path)
         with self._scope_dir(scope) as root:
             source = safefs.open_regular(root, parts)
-        try:
-            with self._home(create=True) as home:
-                tmp_dir = safefs.open_dir(home, (BLOBS_DIR, "tmp"), create=True)
-                try:
-                    tmp_name, tmp_fd = safefs.create_temp(tmp_dir)
-                    try:
-                        try:
-                            digest, size = safefs.copy_and_hash(source, tmp_fd)
-                            os.fchmod(tmp_fd, 0o444)
-                            os.fsync(tmp_fd)
-                        finally:
-                            os.close(tmp_fd)
-                        shard = safefs.open_dir(home, (BLOBS_DIR, "sha256", digest[:2]), create=True)
-                        try:
-                            if safefs.publish_once(tmp_dir, tmp_name, shard, digest):
-                                os.fsync(shard)
-                        finally:
-                            os.close(shard)
-                    finally:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(tmp_name, dir_fd=tmp_dir)
-                finally:
-                    os.close(tmp_dir)
-        finally:
-            os.close(source)
+        # Callbacks run last-in first-out: the temporary copy is removed (if it was not moved into
+        # place) before its folder is closed, and every descriptor is closed on every path.
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(os.close, source)
+            home = cleanup.enter_context(self._home(create=True))
+            tmp_dir = safefs.open_dir(home, (BLOBS_DIR, "tmp"), create=True)
+            cleanup.callback(os.close, tmp_dir)
+            tmp_name, tmp_fd = safefs.create_temp(tmp_dir)
+            cleanup.callback(_unlink_if_present, tmp_name, tmp_dir)
+            try:
+                digest, size = safefs.copy_and_hash(source, tmp_fd)
+                os.fchmod(tmp_fd, 0o444)
+                os.fsync(tmp_fd)
+            finally:
+                os.close(tmp_fd)
+            shard = safefs.open_dir(home, (BLOBS_DIR, "sha256", digest[:2]), create=True)
+            cleanup.callback(os.close, shard)
+            if safefs.publish_once(tmp_dir, tmp_name, shard, digest):
+                os.fsync(shard)  # the new name is durable before an artifact version points at it
         return digest, size
 
     def read_blob(self, sha256: str) -> bytes:
@@ -292,6 +286,11 @@ class LocalWorkspace:
             yield fd
         finally:
             os.close(fd)
+
+
+def _unlink_if_present(name: str, dir_fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def _addressable(path: str, key_prefix: str) -> bool:
