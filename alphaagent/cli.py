@@ -16,13 +16,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, NotFoundError
 from alphaagent.models.common import ConversationScope, NodeScope, Scope
 from alphaagent.models.run import RunLimits
+
+if TYPE_CHECKING:
+    from alphaagent.api import AlphaAgent
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
@@ -119,7 +122,13 @@ def _scope_from(args: argparse.Namespace, *, required: bool = True) -> Scope | N
     return None
 
 
-def _agent(args: argparse.Namespace) -> Any:
+def _required_scope(args: argparse.Namespace) -> Scope:
+    scope = _scope_from(args)
+    assert scope is not None  # _scope_from raises when a required scope is missing
+    return scope
+
+
+def _agent(args: argparse.Namespace) -> AlphaAgent:
     from alphaagent.api import AlphaAgent
 
     return AlphaAgent()
@@ -171,7 +180,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_files(args: argparse.Namespace) -> int:
-    scope = _scope_from(args)
+    scope = _required_scope(args)
     with _agent(args) as agent:
         files = agent.files(args.user, scope, args.prefix or "")
     data = [
@@ -182,7 +191,7 @@ def cmd_files(args: argparse.Namespace) -> int:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    scope = _scope_from(args)
+    scope = _required_scope(args)
     with _agent(args) as agent:
         if args.artifact:
             _version, data = agent.artifact(args.user, scope, args.artifact, args.version)
@@ -196,7 +205,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    scope = _scope_from(args)
+    scope = _required_scope(args)
     with _agent(args) as agent:
         runs = agent.history(args.user, scope)
     lines: list[str] = []
@@ -213,7 +222,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_artifacts(args: argparse.Namespace) -> int:
-    scope = _scope_from(args)
+    scope = _required_scope(args)
     with _agent(args) as agent:
         versions = agent.artifacts(args.user, scope)
     lines = [
@@ -225,7 +234,7 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    scope = _scope_from(args)
+    scope = _required_scope(args)
     with _agent(args) as agent:
         sessions = agent.sessions(args.user, scope)
     lines = []
@@ -239,14 +248,20 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    scope = _scope_from(args)
+    scope = _required_scope(args)
     out = Path(args.output)
     if out.is_dir():
         raise InvalidRequestError(f"-o: {out} is a directory; give a file name ending in .zip")
     with _agent(args) as agent:
         report = agent.export(args.user, scope, out)
     lines = [f"wrote {report.path}: {len(report.included)} files, {report.total_bytes} bytes"]
-    lines.extend(f"omitted {o.name} ({o.size_bytes} bytes): {o.reason}" for o in report.omitted)
+    for omitted in report.omitted:
+        why = (
+            f"over the {report.max_file_bytes} byte ceiling"
+            if omitted.reason == "too_large"
+            else omitted.reason
+        )
+        lines.append(f"omitted {omitted.path} ({omitted.size_bytes} bytes): {why}")
     _emit(args, report.manifest(), lines)
     return EXIT_OK
 
