@@ -81,7 +81,9 @@ class AlphaAgent:
         self.workspace = LocalWorkspace(self.home)
         self.bus = InProcessBus()
         self.bus.subscribe(Recorder(self.store).handle)
-        self.executor = SandboxExecutor(sandbox)
+        # Runs must not see the other scopes under home, nor the supervisor's home directory.
+        hidden = (str(Path.home()), str(self.home.resolve()))
+        self.executor = SandboxExecutor(sandbox or SandboxConfig(hidden_paths=hidden))
         self.coder = coder
         self.backend = Backend(
             store=self.store,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -57,6 +58,9 @@ class SandboxConfig(BaseModel):
       cap: shorter output is kept whole in the run record).
     - ``use_cgroup``: bound processes with a pids cgroup when running as root (RLIMIT_NPROC does not
       apply to uid 0).
+    - ``hidden_paths``: directories a run must not see at the ``namespaces`` level (covered by an
+      empty tmpfs): by default the supervisor's home (``~/.ssh``, ``~/.aws``...); the local backend
+      adds its data directory, where the other conversations live.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -77,9 +81,11 @@ class SandboxConfig(BaseModel):
     use_cgroup: bool = True
     max_tree_entries: int = Field(100_000, ge=100)
     zygote_start_timeout_s: float = Field(120.0, gt=0)
+    spawn_timeout_s: float = Field(15.0, gt=0)
     redact_env: tuple[str, ...] = DEFAULT_REDACT_ENV
     extra_env: dict[str, str] = {}
     threads: int = Field(1, ge=1, le=64)
+    hidden_paths: tuple[str, ...] = Field(default_factory=lambda: (str(Path.home()),))
 
     @field_validator("extra_env")
     @classmethod

@@ -227,10 +227,23 @@ class Sandbox:
             if self._ctl is None:
                 raise SandboxError("the sandbox is closed")
             payload = [json.dumps(message).encode()]
-            if fds:
-                self._ctl.sendmsg(payload, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(_fd_array(fds)))])
-            else:
-                self._ctl.sendmsg(payload)
+            try:
+                if fds:
+                    self._ctl.sendmsg(
+                        payload, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(_fd_array(fds)))]
+                    )
+                else:
+                    self._ctl.sendmsg(payload)
+            except OSError as exc:
+                self._abandon_zygote()
+                raise SandboxError(f"the zygote is gone ({exc}); it will be restarted") from exc
+
+    def _abandon_zygote(self) -> None:
+        """Kill a zygote that died or stopped answering; ``start()`` makes a new one next time."""
+        zygote = self._zygote
+        if zygote is not None and zygote.poll() is None:
+            with contextlib.suppress(OSError):
+                zygote.kill()
 
     # ------------------------------------------------------------------ runs
 
@@ -277,6 +290,8 @@ class Sandbox:
             "cwd": str(workdir),
             "tmp_dir": str(scratch / "tmp"),
             "shm_bytes": 64 * 2**20,
+            "network": network,
+            "hidden_paths": list(self.config.hidden_paths),
             "env": child_environment(self.config, tmp_dir=tmp_dir),
             "limits": _rlimits(limits),
         }
@@ -335,9 +350,11 @@ class Sandbox:
 
     def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None]:
         try:
-            message = channel.events.get(timeout=self.config.zygote_start_timeout_s)
+            message = channel.events.get(timeout=self.config.spawn_timeout_s)
         except queue.Empty as exc:
-            raise SandboxError(f"run {run_id}: the zygote did not answer the spawn request") from exc
+            # Stopped (SIGSTOP by a run of the same uid) or wedged: replace it on the next run.
+            self._abandon_zygote()
+            raise SandboxError(f"run {run_id}: the zygote did not answer; it will be restarted") from exc
         if message["event"] == "spawned":
             return int(message["pid"]), message.get("cgroup")
         raise SandboxError(f"run {run_id}: {message.get('message', 'the zygote died')}")
@@ -407,8 +424,9 @@ class Sandbox:
                         open_fds.discard(fd)
                         continue
                     if fd == status_fd:
-                        if len(status_buf) < 1 << 20:
-                            status_buf += chunk
+                        status_buf += chunk
+                        if len(status_buf) > 1 << 20:  # flooded by the code: keep the head and the tail
+                            status_buf = status_buf[: 1 << 16] + b"\n" + status_buf[-(1 << 16) :]
                         continue
                     if outcome.kill_reason == "output_limit":
                         continue  # what is still in flight after the kill is not counted
@@ -461,24 +479,58 @@ class Sandbox:
         return None
 
     def _exclusive_cleanup(self, run_id: str, channel: _RunChannel) -> None:
-        """Exclusive mode: kill every other process of the uid and wipe the shared scratch paths."""
+        """Exclusive mode: kill every other process of the uid and wipe the shared scratch paths.
+
+        The zygote does the sweep (it knows its spares); if it is gone (a run killed it), the
+        supervisor sweeps itself, sparing only its own ancestors."""
+        swept = False
         self._channels[run_id] = channel
         try:
             self._send({"op": "sweep_uid", "id": run_id})
             deadline = time.monotonic() + 5
-            while (left := deadline - time.monotonic()) > 0:
-                try:
-                    if channel.events.get(timeout=left)["event"] in ("swept", "zygote_died"):
-                        break
-                except queue.Empty:
+            while not swept and (left := deadline - time.monotonic()) > 0:
+                event = channel.events.get(timeout=left)["event"]
+                swept = event == "swept"
+                if event == "zygote_died":
                     break
+        except (SandboxError, queue.Empty):
+            pass
         finally:
             self._channels.pop(run_id, None)
-        keep = {self._scratch_root} if self._scratch_root else set()
+        if not swept:
+            _sweep_uid_except_ancestors()
+        keep = {Path(k) for k in self.config.wipe_keep}
+        if self._scratch_root is not None:
+            keep.add(self._scratch_root)
         for root in self.config.wipe_paths:
-            _wipe_contents(
-                Path(root), keep={Path(k) for k in keep} | {Path(k) for k in self.config.wipe_keep}
-            )
+            _wipe_contents(Path(root), keep=keep)
+
+
+def _sweep_uid_except_ancestors() -> None:
+    """Kill every process of our uid except this process and its ancestors (never as root)."""
+    uid = os.getuid()
+    if uid == 0:
+        return
+    keep, pid = {os.getpid()}, os.getpid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        keep.add(pid)
+    for _ in range(50):
+        victims = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in keep:
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{name}").st_uid == uid:
+                        victims.append(int(name))
+        if not victims:
+            return
+        for victim in victims:
+            _signal(victim, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 @dataclass
@@ -555,14 +607,43 @@ def _diagnose_hang(pid: int) -> str | None:
 
 
 def _parse_status(data: bytes) -> dict[str, Any] | None:
-    for line in reversed(data.decode("utf-8", "replace").splitlines()):
+    """The child's report, read defensively: the status pipe is writable by the user's code.
+
+    Only the child writes before its ``started`` line, so a ``setup_error`` counts only before it;
+    after it, the last well-formed ``done`` line counts. Anything malformed is ignored, so forged or
+    broken lines can make a run look failed, never make ``run()`` raise.
+    """
+    started, report = False, None
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
             message = json.loads(line)
         except ValueError:
             continue
-        if isinstance(message, dict) and message.get("phase") in ("done", "setup_error"):
-            return message
-    return None
+        if not isinstance(message, dict):
+            continue
+        phase = message.get("phase")
+        if phase == "started":
+            started = True
+        elif phase == "setup_error" and not started:
+            return {"phase": "setup_error", "message": str(message.get("message"))[:2000]}
+        elif phase == "done" and started and _well_formed_done(message):
+            report = message
+    return report
+
+
+def _well_formed_done(message: dict[str, Any]) -> bool:
+    error = message.get("error")
+    error_ok = error is None or (
+        isinstance(error, dict) and all(isinstance(error.get(k), str) for k in ("name", "value", "traceback"))
+    )
+    numbers_ok = all(isinstance(message.get(k, 0), int | float) for k in ("cpu_s", "maxrss_kb"))
+    return (
+        isinstance(message.get("exit_code"), int)
+        and not isinstance(message.get("exit_code"), bool)
+        and error_ok
+        and numbers_ok
+        and all(isinstance(message.get(k, False), bool) for k in ("memory_error", "interrupted"))
+    )
 
 
 def _rlimits(limits: RunLimits) -> dict[str, int]:

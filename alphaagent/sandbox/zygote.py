@@ -45,6 +45,7 @@ import gc
 import io
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -58,6 +59,7 @@ STATUS_FD = 3
 MAX_MESSAGE = 1 << 16
 MAX_ERROR_VALUE_CHARS = 16 * 1024
 MAX_TRACEBACK_CHARS = 64 * 1024
+MAX_ERROR_NAME_CHARS = 200
 CODE_FILENAME = "<code>"
 
 # Linux constants (include/uapi/linux/sched.h, prctl.h, mount.h, capability.h).
@@ -76,12 +78,26 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECBIT_ALL_LOCKED_NOROOT = (
     0x2F  # NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED
 )
+MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
+_MOUNT_OPTION_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -131,17 +147,54 @@ def _enter_namespaces(network: bool) -> None:
     uid, gid = os.geteuid(), os.getegid()
     flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | (0 if network else CLONE_NEWNET)
     _check(_libc.unshare(flags), "unshare")
+    # A non-dumpable process's /proc/self files belong to root: an ordinary user could not write
+    # its own id maps. This process holds nothing secret; dumpable is cleared again right after.
+    _prctl(PR_SET_DUMPABLE, 1)
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    _prctl(PR_SET_DUMPABLE, 0)
 
 
 def _prepare_namespace_init(network: bool) -> None:
-    """In the first process of the new pid namespace: private mounts, its own /proc, loopback up."""
+    """In the first process of the new pid namespace: private mounts, its own read-only /proc, every
+    other mount read-only (the run gets write access to its scope, /tmp and /dev/shm only, at
+    request time), loopback up."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+    for point, flags in _mount_table():
+        if point == "/proc" or point.startswith("/proc/"):
+            continue
+        try:
+            _mount("none", point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
+        except SetupError as exc:
+            if not os.path.exists(point):
+                continue  # hidden under another mount: unreachable anyway
+            raise SetupError(f"cannot make {point} read-only: {exc}") from None
     if not network:
         _loopback_up()
+
+
+def _mount_table() -> list[tuple[str, int]]:
+    """(mount point, its per-mount flags) for every mount this process sees, parents first."""
+    table = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            flags = sum(_MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
+            table.append((point, flags))
+    return sorted(set(table), key=lambda entry: entry[0].count("/") if entry[0] != "/" else 0)
+
+
+def _mount_flags_of(path: str) -> int:
+    """The per-mount flags of the mount holding ``path`` (the longest mount point above it)."""
+    best, flags = "", 0
+    for point, point_flags in _mount_table():
+        prefix = point.rstrip("/") + "/"
+        if (path == point or path.startswith(prefix) or point == "/") and len(point) >= len(best):
+            best, flags = point, point_flags
+    return flags
 
 
 def _loopback_up() -> None:
@@ -381,31 +434,53 @@ def _interpreter_paths() -> tuple[str, ...]:
     )
 
 
-def _private_tmp_and_shm(tmp_dir: str, shm_bytes: int, keep: tuple[str, ...]) -> None:
-    """Give the run its own /tmp (the run's scratch directory) and /dev/shm (a capped tmpfs).
+def _private_view(req: dict[str, Any], network: bool) -> None:
+    """The run's view of the filesystem (everything else is read-only since the spare was made):
 
-    Directories in ``keep`` (the working directory, the interpreter's prefix and module paths) may
-    live under either mount point: they are held open first and bound back at the same path inside
-    the new mounts (so a working directory under /tmp shows its parent folders in the run's /tmp).
+    - its own /tmp (the run's scratch directory) and /dev/shm (a capped tmpfs);
+    - ``hidden_paths`` (the supervisor's home, the backend's data directory) and, without network,
+      /run and /var/run (unix sockets of host services) covered by empty tmpfs;
+    - the working directory bound back read-write at its own path, and the interpreter's prefixes
+      and module paths bound back read-only where they were hidden.
     """
-    hidden = [os.path.realpath(p) for p in keep]
-    hidden = [p for p in hidden if p.startswith(("/tmp/", "/dev/shm/")) or p in ("/tmp", "/dev/shm")]
-    # Bind the outermost directories only: binding /tmp/x also brings /tmp/x/.venv back.
-    outermost = sorted({p for p in hidden if not any(p.startswith(q + "/") for q in hidden if q != p)})
-    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in outermost}
-    _mount(tmp_dir, "/tmp", None, MS_BIND | MS_REC)
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes}")
-    for path, fd in held.items():
+    cwd = os.path.realpath(req["cwd"])
+    readable = [os.path.realpath(p) for p in _interpreter_paths()]
+    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in {cwd, *readable}}
+    _mount(req["tmp_dir"], "/tmp", None, MS_BIND | MS_REC)
+    _mount("none", "/tmp", None, MS_BIND | MS_REMOUNT | _mount_flags_of("/tmp"))  # its source is read-only
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']}")
+    covered = ["/tmp", "/dev/shm"]
+    for hidden in [*req.get("hidden_paths", []), *([] if network else ["/run", "/var/run"])]:
+        real = os.path.realpath(hidden)
+        if os.path.isdir(real) and not os.path.islink(hidden) and real not in covered:
+            _mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
+            covered.append(real)
+
+    def is_covered(path: str) -> bool:
+        return any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered)
+
+    # Bind back the outermost hidden directories only: binding /tmp/x also brings /tmp/x/.venv.
+    lost = sorted(p for p in held if is_covered(p))
+    for path in lost:
+        if any(path.startswith(q + "/") for q in lost if q != path) and path != cwd:
+            continue
         os.makedirs(path, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        _mount(f"/proc/self/fd/{held[path]}", path, None, MS_BIND | MS_REC)
+    if cwd not in lost:
+        _mount(cwd, cwd, None, MS_BIND | MS_REC)
+    # The working directory is the one place the run may write outside /tmp and /dev/shm.
+    _mount("none", cwd, None, MS_BIND | MS_REMOUNT | _mount_flags_of(cwd))
+    for fd in held.values():
         os.close(fd)
+    for hidden_dir in covered[2:]:  # the empty covers themselves are not writable either
+        _mount("none", hidden_dir, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     os.setsid()
     cwd = req["cwd"]
     if namespaced:
-        _private_tmp_and_shm(req["tmp_dir"], req["shm_bytes"], keep=(cwd, *_interpreter_paths()))
+        _private_view(req, network=req.get("network", False))
     os.chdir(cwd)
     os.umask(0o022)
     limits = dict(req["limits"])
@@ -442,21 +517,29 @@ def _format_error(exc: BaseException) -> dict[str, Any]:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == _ZYGOTE_FILE:
         tb = tb.tb_next
-    lines = traceback.format_exception(type(exc), exc, tb)
-    text = "".join(lines)
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except BaseException:
+        text = "<the traceback could not be formatted>"
     if len(text) > MAX_TRACEBACK_CHARS:
         text = "[... earlier frames omitted ...]\n" + text[-MAX_TRACEBACK_CHARS:]
-    try:
-        value = str(exc)
-    except Exception:
-        value = "<exception str() failed>"
+    value = _safe_str(exc)
     if len(value) > MAX_ERROR_VALUE_CHARS:
         value = value[:MAX_ERROR_VALUE_CHARS] + " [... truncated ...]"
-    name = type(exc).__qualname__
-    module = type(exc).__module__
+    name = _safe_str(type(exc).__qualname__)
+    module = _safe_str(type(exc).__module__)
     if module not in ("builtins", "__main__"):
         name = f"{module}.{name}"
-    return {"name": name, "value": value, "traceback": text}
+    return {"name": name[:MAX_ERROR_NAME_CHARS], "value": value, "traceback": text}
+
+
+def _safe_str(value: object) -> str:
+    """``str(value)``, or a placeholder when its ``__str__`` raises (user objects may)."""
+    try:
+        text = str(value)
+    except BaseException:
+        return f"<{type(value).__name__} whose str() failed>"
+    return text if isinstance(text, str) else "<not a string>"
 
 
 def _run_user_code(req: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
@@ -486,9 +569,10 @@ def _run_user_code(req: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
             outcome["exit_code"] = exc.code & 0xFF or 1
             outcome["error"] = {"name": "SystemExit", "value": str(exc.code), "traceback": ""}
         else:
-            print(exc.code, file=sys.stderr)
+            value = _safe_str(exc.code)
+            print(value, file=sys.stderr)
             outcome["exit_code"] = 1
-            outcome["error"] = {"name": "SystemExit", "value": str(exc.code), "traceback": ""}
+            outcome["error"] = {"name": "SystemExit", "value": value, "traceback": ""}
     except MemoryError as exc:
         reserve.close()
         main.__dict__.clear()
@@ -502,35 +586,50 @@ def _run_user_code(req: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
 
 
 def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> None:
-    """Runs in the forked child with descriptors 0-3 in place; never returns."""
+    """Runs in the forked child with descriptors 0-3 in place; never returns.
+
+    Whatever the user code leaves behind (signal handlers, timers, monkeypatched modules), this
+    process ends here: the reporting phase blocks every signal and uses functions bound at import,
+    and any escape still ends in ``os._exit``, never back in the zygote's code.
+    """
+    code = 127
     try:
-        _setup_child(req, namespaced)
-    except BaseException as exc:
-        _report({"phase": "setup_error", "message": f"{type(exc).__name__}: {exc}"})
-        os._exit(127)
-    try:
-        outcome = _run_user_code(req, warm)
-    except BaseException as exc:  # reading the code file failed, or the interpreter is in trouble
-        outcome = {"phase": "setup_error", "message": f"{type(exc).__name__}: {exc}"}
-    for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            _setup_child(req, namespaced)
+        except BaseException as exc:
+            _report({"phase": "setup_error", "message": f"{type(exc).__name__}: {exc}"})
+            return
+        _report({"phase": "started"})  # a setup_error after this line is forged by the code: ignored
+        try:
+            outcome = _run_user_code(req, warm)
+        except BaseException as exc:
+            outcome = {"phase": "done", "exit_code": 1, "error": _format_error(exc)}
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS)
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        try:
+            _kill_own_descendants()
+            outcome.update(_usage())
         except BaseException:
-            pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _kill_own_descendants()
-    outcome.update(_usage())
-    for fd in (0, 1, 2):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _report(outcome)
-    try:
-        os.close(STATUS_FD)  # the supervisor has everything now; process teardown happens after
-    except OSError:
-        pass
-    os._exit(int(outcome.get("exit_code", 127)) if outcome["phase"] == "done" else 127)
+            pass  # the code broke os or resource in its own process; the zygote sweeps what is left
+        for fd in (0, 1, 2):
+            try:
+                _os_close(fd)
+            except OSError:
+                pass
+        _report(outcome)
+        code = int(outcome.get("exit_code", 1)) & 0xFF
+    finally:
+        _os_exit(code)
+
+
+_signal = signal
+_ALL_SIGNALS = set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
+_os_close, _os_exit, _os_write, _dumps = os.close, os._exit, os.write, json.dumps
 
 
 def _usage() -> dict[str, float]:
@@ -543,10 +642,15 @@ def _usage() -> dict[str, float]:
 
 
 def _report(message: dict[str, Any]) -> None:
-    data = (json.dumps(message) + "\n").encode()
+    """One JSON line on the status pipe, with functions bound at import (user code may have
+    replaced ``json.dumps`` or ``os.write`` in its own process)."""
+    try:
+        data = (_dumps(message) + "\n").encode()
+    except BaseException:
+        data = b'{"phase": "done", "exit_code": 1, "error": null}\n'
     try:
         while data:
-            data = data[os.write(STATUS_FD, data) :]
+            data = data[_os_write(STATUS_FD, data) :]
     except OSError:
         pass
 
@@ -956,6 +1060,9 @@ def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def main() -> None:
+    # Not dumpable, so are the spares forked from it: a run of the same uid cannot read or write
+    # their memory through /proc/<pid>/mem (the next run would start from what it wrote).
+    _prctl(PR_SET_DUMPABLE, 0)
     config = json.loads(sys.argv[1])
     zygote = Zygote(config)
     loaded, errors = _preload(list(config.get("preload", [])))

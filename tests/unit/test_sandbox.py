@@ -322,7 +322,7 @@ def test_child_environment_is_rebuilt_from_an_allowlist(
         "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
         "PYTHONUNBUFFERED", "MPLBACKEND", "MPLCONFIGDIR", "TERM", "NO_COLOR", "OMP_NUM_THREADS",
         "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-        "ARROW_NUM_THREADS",
+        "ARROW_NUM_THREADS", "ARROW_DEFAULT_MEMORY_POOL",
     } | ({"OPENBLAS_CORETYPE"} & set(os.environ)) | ({"OPENBLAS_L2_SIZE"} & set(os.environ)) | (
         {"TZ"} & set(os.environ)
     )  # fmt: skip
