@@ -110,6 +110,10 @@ class Store(Protocol):
     def get_turn(self, user_id: str, turn_id: str) -> Turn | None:
         """A turn of ``user_id``, or None."""
 
+    def turn_id_taken(self, turn_id: str) -> bool:
+        """True when a turn with this id exists for any user (turn ids are global idempotency
+        keys, like a Step Functions execution name); used only to refuse a reused id."""
+
     def list_turns(self, user_id: str, scope_key: str) -> list[Turn]:
         """The user's turns in a scope, oldest first."""
 

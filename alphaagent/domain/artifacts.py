@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import unquote
 
 from alphaagent.errors import ArtifactError
 from alphaagent.ids import new_ulid
@@ -22,6 +23,8 @@ KIND_SUFFIXES: dict[str, tuple[str, ...]] = {
 """File types each artifact kind accepts (issue 3 §9)."""
 
 KIND_FOLDERS: dict[str, str] = {"dataset": "datasets", "chart": "charts", "report": "reports"}
+ARTIFACT_FOLDERS = ("datasets", "charts", "reports", "work")
+"""Where a registered file may live (case PATH-03): never spec/ (the platform's) nor docs/ (inputs)."""
 PREVIEW_ROWS = 5
 MAX_DATASET_PROFILE_BYTES = 256 * 2**20
 """Datasets larger than this are registered without schema, row count or preview (reading them whole
@@ -41,10 +44,15 @@ def check_artifact_path(workspace: Workspace, scope: Scope, kind: ArtifactKind, 
     Raises ``ArtifactError`` naming the path: breaks a §4.2 rule, is missing, is a directory, a
     symlink or another non-regular file, or its type does not fit ``kind``.
     """
+    inside = "path must stay inside this scope's datasets/, charts/, reports/ or work/"
+    if unquote(path) != path:
+        raise ArtifactError(f"path {path!r}: percent-encoding is not decoded in paths; {inside}")
     try:
         normal = check_workspace_path(path, prefix=scope.key + "/")
     except PathRuleError as exc:
-        raise ArtifactError(f"path {path!r}: {exc}; it must stay inside this scope's folders") from None
+        raise ArtifactError(f"path {path!r}: {exc}; {inside}") from None
+    if normal.split("/", 1)[0] not in ARTIFACT_FOLDERS or "/" not in normal:
+        raise ArtifactError(f"path {normal!r}: {inside}")
     if workspace.stat(scope, normal) is None:
         raise ArtifactError(f"path {normal!r}: no regular file there (missing, a directory or a symlink)")
     suffix = PurePosixPath(normal).suffix.lower()

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from alphaagent.domain.artifacts import register_artifact as register_artifact_version
-from alphaagent.domain.backend import Backend
+from alphaagent.domain.backend import Backend, ConnectorSettings
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ArtifactKind, PathRuleError, Scope, check_workspace_path, utcnow
@@ -210,8 +210,7 @@ def _safe_name(name: str) -> str:
     return cleaned[:120]
 
 
-def _fetch_file(ctx: TurnContext, request: dict[str, Any]) -> tuple[bytes, str, str]:
-    settings = ctx.backend.connectors
+def _fetch_file(settings: ConnectorSettings, request: dict[str, Any]) -> tuple[bytes, str, str]:
     raw = request.get("path")
     if not isinstance(raw, str) or not raw:
         raise ToolError("request.path: the file connector needs an absolute 'path'")
@@ -233,8 +232,7 @@ def _fetch_file(ctx: TurnContext, request: dict[str, Any]) -> tuple[bytes, str, 
     return data, request.get("name") or real.name, f"file://{real}"
 
 
-def _fetch_http(ctx: TurnContext, request: dict[str, Any]) -> tuple[bytes, str, str]:
-    settings = ctx.backend.connectors
+def _fetch_http(settings: ConnectorSettings, request: dict[str, Any]) -> tuple[bytes, str, str]:
     url = request.get("url")
     if not isinstance(url, str):
         raise ToolError("request.url: the http connector needs a 'url'")
@@ -254,22 +252,33 @@ def _fetch_http(ctx: TurnContext, request: dict[str, Any]) -> tuple[bytes, str, 
     return data, name, url
 
 
+def fetch(settings: ConnectorSettings, connector: str, request: dict[str, Any]) -> tuple[str, bytes, str]:
+    """Fetch through a connector into memory: ``(docs/ path it will get, bytes, source)``; nothing
+    is written. Raises ``ToolError`` naming the request field for anything not allowed."""
+    fetchers = {"file": _fetch_file, "http": _fetch_http}
+    if connector not in fetchers:
+        raise ToolError(f"connector: unknown connector {connector!r} (available: {', '.join(fetchers)})")
+    data, name, source = fetchers[connector](settings, request)
+    return f"docs/{_safe_name(str(name))}", data, source
+
+
+def save_fetched(ctx: TurnContext, path: str, data: bytes, source: str) -> FetchedCopy:
+    """Write a fetched copy into the scope's ``docs/``."""
+    _scope_path(ctx, path)
+    ctx.backend.workspace.write_bytes(ctx.scope, path, data)
+    ctx.fetched.append(path)
+    media = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    return FetchedCopy(path=path, bytes=len(data), type=media, fetched_at=utcnow().isoformat(), source=source)
+
+
 def connector_fetch(ctx: TurnContext, connector: str, request: dict[str, Any]) -> FetchedCopy:
     """Fetch through a configured connector into ``docs/`` (a point-in-time copy).
 
     ``file``: ``{"path": absolute path, "name"?}`` inside an allowed directory. ``http``: ``{"url",
     "name"?}`` on an allowed host. Both are capped in size (``ConnectorSettings.max_bytes``).
     """
-    fetchers = {"file": _fetch_file, "http": _fetch_http}
-    if connector not in fetchers:
-        raise ToolError(f"connector: unknown connector {connector!r} (available: {', '.join(fetchers)})")
-    data, name, source = fetchers[connector](ctx, request)
-    path = f"docs/{_safe_name(str(name))}"
-    _scope_path(ctx, path)
-    ctx.backend.workspace.write_bytes(ctx.scope, path, data)
-    ctx.fetched.append(path)
-    media = mimetypes.guess_type(path)[0] or "application/octet-stream"
-    return FetchedCopy(path=path, bytes=len(data), type=media, fetched_at=utcnow().isoformat(), source=source)
+    path, data, source = fetch(ctx.backend.connectors, connector, request)
+    return save_fetched(ctx, path, data, source)
 
 
 # ----------------------------------------------------------------------------- register_artifact

@@ -20,8 +20,8 @@ from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
     ToolError,
     TurnContext,
-    connector_fetch,
     emit_citation,
+    fetch,
     register_artifact,
     run_in_env,
 )
@@ -127,22 +127,40 @@ def run_turn(
         raise NotFoundError(f"{scope_label(scope)} not found")
     turn_id = spec.turn_id or new_ulid()
     existing = backend.store.get_turn(user_id, turn_id)
-    if existing is not None:
-        if existing.result is not None:
-            return existing.result  # a duplicate delivery: acknowledged, never a second turn
-        raise ScopeBusyError(f"turn {turn_id} is already running")
-    lease = _Lease(backend, scope.key, turn_id)
+    if existing is not None and existing.result is not None:
+        return existing.result  # a duplicate delivery: acknowledged, never a second turn
+    if existing is None and backend.store.turn_id_taken(turn_id):
+        # Turn ids are global idempotency keys (ULIDs: unguessable). Another user's id is refused
+        # before anything is written; nothing of that turn is revealed.
+        raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")
+    # Each attempt holds the lease under its own name, so a duplicate of a running turn waits for
+    # it instead of sharing (and then releasing) its lease.
+    lease = _Lease(backend, scope.key, f"{turn_id}/{new_ulid()}")
     lease.acquire()
     try:
+        existing = backend.store.get_turn(user_id, turn_id)
+        if existing is not None:
+            if existing.result is not None:
+                return existing.result
+            # Still "running" while we hold the lease: its process died and its lease expired.
+            return _finalize(backend, existing, _abandoned(existing.turn_id))
         return _locked_turn(backend, spec, turn_id, coder, say)
     finally:
         lease.release()
+
+
+def _abandoned(turn_id: str) -> TurnResult:
+    error = RunError(
+        name="TurnAbandoned", value="the turn's process stopped and its lease expired", traceback=""
+    )
+    return TurnResult(turn_id=turn_id, status="failed", error=error)
 
 
 def _locked_turn(
     backend: Backend, spec: Spec, turn_id: str, coder: Coder | None, say: Progress
 ) -> TurnResult:
     scope, user_id, store = spec.scope, spec.user_id, backend.store
+    inputs = _resolve_inputs(backend, spec)  # before anything is written: a bad input leaves nothing
     now = utcnow()
     if store.claim_owner(scope.owner_key, user_id, now) != user_id:
         raise NotFoundError(f"{scope_label(scope)} not found")
@@ -184,7 +202,7 @@ def _locked_turn(
     ctx = TurnContext(backend=backend, spec=spec_with_id, turn_id=turn_id, session=session, progress=say)
     deadline = time.monotonic() + spec.constraints.turn_timeout_s
     try:
-        _prepare_inputs(ctx)
+        _bring_inputs(ctx, inputs)
         if spec.steps is not None:
             summary = _run_steps(ctx, deadline)
         else:
@@ -257,48 +275,64 @@ def _fail_abandoned_turns(backend: Backend, scope: Scope, user_id: str, turn_id:
     lease expired): record them as failed, so no status stays ``running`` forever."""
     for stale in backend.store.list_turns(user_id, scope.key):
         if stale.status == "running" and stale.turn_id != turn_id:
-            error = RunError(
-                name="TurnAbandoned", value="the turn's process stopped and its lease expired", traceback=""
-            )
-            _finalize(backend, stale, TurnResult(turn_id=stale.turn_id, status="failed", error=error))
+            _finalize(backend, stale, _abandoned(stale.turn_id))
 
 
 # ----------------------------------------------------------------------------- prepare
 
 
-def _prepare_inputs(ctx: TurnContext) -> None:
-    """Bring the spec's declared inputs into ``docs/`` (DESIGN §3 step 4)."""
-    workspace, store, scope = ctx.backend.workspace, ctx.backend.store, ctx.scope
-    for i, item in enumerate(ctx.spec.inputs):
+class _Input:
+    """A declared input, resolved: where it goes in ``docs/`` and what to put there (``None``: a
+    document already in the scope, used in place)."""
+
+    def __init__(self, path: str, data: bytes | None, note: str) -> None:
+        self.path, self.data, self.note = path, data, note
+
+
+def _resolve_inputs(backend: Backend, spec: Spec) -> list[_Input]:
+    """Check and fetch every declared input into memory; raise ``InvalidSpecError`` naming
+    ``inputs[i]`` for the first that is missing, not allowed or too large. Nothing is written."""
+    workspace, store, scope, user_id = backend.workspace, backend.store, spec.scope, spec.user_id
+    owned = store.owner_of(scope.owner_key) == user_id
+    resolved: list[_Input] = []
+    for i, item in enumerate(spec.inputs):
         if isinstance(item, DocumentInput):
-            if workspace.stat(scope, item.path) is None:
+            if not owned or workspace.stat(scope, item.path) is None:
                 raise InvalidSpecError(f"inputs[{i}].path: {item.path!r} is not a file of this scope")
-            ctx.fetched.append(item.path)
+            resolved.append(_Input(item.path, None, f"using {item.path}"))
         elif isinstance(item, DatasetInput):
-            found = store.get_artifact(ctx.user_id, scope.key, item.name, item.version)
+            found = store.get_artifact(user_id, scope.key, item.name, item.version) if owned else None
             if found is None or found.kind != "dataset":
                 wanted = f"{item.name} v{item.version}" if item.version else item.name
                 raise InvalidSpecError(f"inputs[{i}]: no registered dataset {wanted} in this scope")
-            suffix = PurePosixPath(found.path).suffix
-            target = f"docs/{found.name}.v{found.version}{suffix}"
-            workspace.write_bytes(scope, target, workspace.read_blob(found.sha256))
-            ctx.fetched.append(target)
+            target = f"docs/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
+            note = f"copied dataset {found.name} v{found.version}"
+            resolved.append(_Input(target, workspace.read_blob(found.sha256), note))
         elif isinstance(item, ConnectorInput):
             try:
-                copy = connector_fetch(ctx, item.connector, item.request)
+                target, data, source = fetch(backend.connectors, item.connector, item.request)
             except ToolError as exc:
                 raise InvalidSpecError(f"inputs[{i}].{exc}") from None
-            ctx.progress(f"fetched {copy.path} ({copy.bytes} bytes) from {copy.source}")
+            resolved.append(_Input(target, data, f"fetched {len(data)} bytes from {source}"))
         elif isinstance(item, NodeArtifactInput):
             assert isinstance(scope, NodeScope)
-            source = NodeScope(workflow_execution_id=scope.workflow_execution_id, node_id=item.node_id)
-            found = store.get_artifact(ctx.user_id, source.key, item.artifact, item.version)
+            source_scope = NodeScope(workflow_execution_id=scope.workflow_execution_id, node_id=item.node_id)
+            found = store.get_artifact(user_id, source_scope.key, item.artifact, item.version)
             if found is None:
                 raise InvalidSpecError(f"inputs[{i}]: node {item.node_id} has no artifact {item.artifact}")
             target = f"docs/{item.node_id}/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
-            workspace.write_bytes(scope, target, workspace.read_blob(found.sha256))
-            ctx.fetched.append(target)
-            ctx.progress(f"copied {item.node_id}/{found.name} v{found.version} to {target}")
+            note = f"copied {item.node_id}/{found.name} v{found.version}"
+            resolved.append(_Input(target, workspace.read_blob(found.sha256), note))
+    return resolved
+
+
+def _bring_inputs(ctx: TurnContext, inputs: list[_Input]) -> None:
+    """Write the resolved inputs into ``docs/`` (DESIGN §3 step 4)."""
+    for item in inputs:
+        if item.data is not None:
+            ctx.backend.workspace.write_bytes(ctx.scope, item.path, item.data)
+        ctx.fetched.append(item.path)
+        ctx.progress(f"{item.note} -> {item.path}")
 
 
 # ----------------------------------------------------------------------------- steps

@@ -388,6 +388,10 @@ class SqliteStore:
         )
         return None if row is None else _turn(row)
 
+    def turn_id_taken(self, turn_id: str) -> bool:
+        """True when any user has a turn with this id (turn ids are global idempotency keys)."""
+        return self._read_one("SELECT 1 FROM turns WHERE turn_id = ?", (turn_id,)) is not None
+
     def list_turns(self, user_id: str, scope_key: str) -> list[Turn]:
         """The user's turns in a scope, oldest (by ``started_at``) first."""
         rows = self._read_all(

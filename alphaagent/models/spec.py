@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.common import (
@@ -104,13 +104,14 @@ class Spec(_Strict):
     steps: list[Step] | None = Field(None, min_length=1, max_length=100)
     constraints: Constraints = Field(default_factory=Constraints)
 
-    @model_validator(mode="after")
-    def _unique_output_names(self) -> Spec:
-        names = [o.name for o in self.outputs]
+    @field_validator("outputs")
+    @classmethod
+    def _unique_output_names(cls, outputs: list[SpecOutput]) -> list[SpecOutput]:
+        names = [o.name for o in outputs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"output names must be unique: {', '.join(duplicates)}")
-        return self
+        return outputs
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

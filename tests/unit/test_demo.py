@@ -15,7 +15,11 @@ def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
     env = {**os.environ, "ALPHAAGENT_HOME": str(tmp_path / "home")}
     # When the demo runs
     done = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "demo", "--json"], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "alphaagent.cli", "demo", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     # Then both turns complete, with the dataset, chart and report of the real analysis
     assert done.returncode == 0, done.stderr
@@ -30,7 +34,11 @@ def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
     assert [c["source"] for c in first["citations"]] == ["docs/penguins.csv"]
     scope = Path(report["scope"])
     rows = {row["species"]: row for row in csv.DictReader((scope / "datasets/species_summary.csv").open())}
-    assert {name: int(row["count"]) for name, row in rows.items()} == {"Adelie": 151, "Chinstrap": 68, "Gentoo": 123}
+    assert {name: int(row["count"]) for name, row in rows.items()} == {
+        "Adelie": 151,
+        "Chinstrap": 68,
+        "Gentoo": 123,
+    }
     assert (scope / "charts/body_mass.png").read_bytes().startswith(b"\x89PNG")
     assert "Gentoo penguins are the heaviest" in (scope / "reports/summary.md").read_text()
     # And the second turn, in a new session, built on the registered dataset
