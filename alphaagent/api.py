@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +86,14 @@ class AlphaAgent:
         hidden = (str(Path.home()), str(self.home.resolve()))
         self.executor = SandboxExecutor(sandbox or SandboxConfig(hidden_paths=hidden))
         self.coder = coder
+        connectors = connectors or connector_settings_from_env()
+        connectors = replace(connectors, forbidden_roots=(*connectors.forbidden_roots, self.home))
         self.backend = Backend(
             store=self.store,
             workspace=self.workspace,
             bus=self.bus,
             executor=self.executor,
-            connectors=connectors or connector_settings_from_env(),
+            connectors=connectors,
             turns=turns or turn_settings_from_env(),
         )
 

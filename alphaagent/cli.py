@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import BaseModel, ValidationError
 
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, NotFoundError
-from alphaagent.models.common import ConversationScope, NodeScope, Scope
+from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope
 from alphaagent.models.run import RunLimits
 
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
+    from alphaagent.domain.turns import Coder
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
@@ -33,7 +34,7 @@ _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"alphaagent: error: {message}\n")
+        self.exit(EXIT_USAGE, f"alphaagent: error: {message} (see {self.prog} --help)\n")
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
@@ -68,17 +69,20 @@ def _limits_from(args: argparse.Namespace) -> RunLimits:
 
 
 def _read_input(source: str, what: str) -> bytes:
+    limit = 4 * 2**20 + 1  # above both the 4 MiB code limit and the 64 KiB spec limit
     if source == "-":
-        return sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(limit)
+        if len(data) >= limit:
+            raise InvalidRequestError(f"standard input: larger than the {what} size limit")
+        return data
     path = Path(source)
     if path.is_dir():
         raise InvalidRequestError(f"{source}: is a directory, not a file")
     if not path.is_file():
         raise InvalidRequestError(f"{source}: no such file")
-    data = path.read_bytes()
-    if what == "spec" and len(data) > 64 * 1024 * 4:
-        raise InvalidRequestError(f"{source}: far larger than the 64 KiB spec limit")
-    return data
+    if path.stat().st_size >= limit:
+        raise InvalidRequestError(f"{source}: larger than the {what} size limit")
+    return path.read_bytes()
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -101,12 +105,12 @@ def _scope_from(args: argparse.Namespace, *, required: bool = True) -> Scope | N
     conversation = getattr(args, "conversation", None)
     workflow, node = getattr(args, "workflow", None), getattr(args, "node", None)
     try:
-        if conversation and (workflow or node):
+        if conversation is not None and (workflow is not None or node is not None):
             raise InvalidRequestError("give --conversation, or --workflow with --node, not both")
-        if conversation:
+        if conversation is not None:
             return ConversationScope(conversation_id=conversation)
-        if workflow or node:
-            if not (workflow and node):
+        if workflow is not None or node is not None:
+            if workflow is None or node is None:
                 raise InvalidRequestError("--workflow and --node go together")
             return NodeScope(workflow_execution_id=workflow, node_id=node)
     except ValidationError as exc:
@@ -128,10 +132,32 @@ def _required_scope(args: argparse.Namespace) -> Scope:
     return scope
 
 
-def _agent(args: argparse.Namespace) -> AlphaAgent:
+def _agent(args: argparse.Namespace, *, with_coder: bool = False) -> AlphaAgent:
     from alphaagent.api import AlphaAgent
 
-    return AlphaAgent()
+    return AlphaAgent(coder=_coder() if with_coder else None)
+
+
+def _coder() -> Coder | None:
+    """The model-backed coder when a model is configured (``coder.settings``) and the ``coder``
+    extra is installed; otherwise ``None`` (a spec without steps is then refused, naming what to set)."""
+    try:
+        from coder.settings import coder_settings
+    except ImportError:
+        return None
+    settings = coder_settings()
+    if settings is None:
+        return None
+    try:
+        from coder.agent import make_coder
+    except ImportError:
+        print(
+            "alphaagent: a model is configured but the coder is not installed"
+            " (pip install 'alphaagent[coder]')",
+            file=sys.stderr,
+        )
+        return None
+    return make_coder(settings)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -139,16 +165,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from alphaagent.models.spec import parse_spec
 
     raw = _read_input(args.spec, "spec")
-    spec = parse_spec(raw)
-    updates: dict[str, Any] = {}
-    if args.user:
-        updates["user_id"] = args.user
+    overrides: dict[str, Any] = {}
+    if args.user is not None:
+        overrides["user_id"] = args.user
     scope = _scope_from(args, required=False)
     if scope is not None:
-        updates["scope"] = scope
-    if updates:
-        spec = parse_spec(spec.model_copy(update=updates).model_dump_json())
-    with _agent(args) as agent:
+        overrides["scope"] = scope.model_dump()
+    spec = parse_spec(raw, overrides)
+    with _agent(args, with_coder=spec.steps is None) as agent:
         result = agent.run_analysis(
             spec, progress=lambda message: print(message, file=sys.stderr, flush=True)
         )
@@ -191,6 +215,8 @@ def cmd_files(args: argparse.Namespace) -> int:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
+    if args.json:
+        raise InvalidRequestError("cat: --json is not supported; cat prints the bytes (see artifacts --json)")
     scope = _required_scope(args)
     with _agent(args) as agent:
         if args.artifact:
@@ -212,9 +238,14 @@ def cmd_history(args: argparse.Namespace) -> int:
     for run in runs:
         when = f"{run.created_at:%Y-%m-%d %H:%M:%S}"
         lines.append(f"run {run.run_id}  turn {run.turn_id}  {run.status}  {run.duration_ms} ms  {when}")
-        lines.extend(f"  | {line}" for line in run.code.splitlines()[:3])
-        if run.stdout:
-            lines.extend(f"  > {line}" for line in run.stdout.rstrip("\n").splitlines()[-5:])
+        code_lines = run.code.splitlines()
+        lines.extend(f"  | {line}" for line in code_lines[:3])
+        if len(code_lines) > 3:
+            lines.append(f"  | ... ({len(code_lines) - 3} more lines; --json for all)")
+        out_lines = run.stdout.rstrip("\n").splitlines() if run.stdout else []
+        if len(out_lines) > 5:
+            lines.append(f"  > ... ({len(out_lines) - 5} earlier lines; --json for all)")
+        lines.extend(f"  > {line}" for line in out_lines[-5:])
         if run.error:
             lines.append(f"  ! {run.error.name}: {run.error.value}")
     _emit(args, _dump(runs), lines or ["no runs"])
@@ -252,6 +283,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise InvalidRequestError(f"-o: {out} is a directory; give a file name ending in .zip")
+    if not out.parent.is_dir():
+        raise InvalidRequestError(f"-o: the folder {out.parent} does not exist")
     with _agent(args) as agent:
         report = agent.export(args.user, scope, out)
     lines = [f"wrote {report.path}: {len(report.included)} files, {report.total_bytes} bytes"]
@@ -262,7 +295,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             else omitted.reason
         )
         lines.append(f"omitted {omitted.path} ({omitted.size_bytes} bytes): {why}")
-    _emit(args, report.manifest(), lines)
+    _emit(args, {"path": str(report.path), **report.manifest()}, lines)
     return EXIT_OK
 
 
@@ -270,7 +303,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="alphaagent", description="The code-execution plane for AI agents (local backend).")
+    parser = _Parser(
+        prog="alphaagent",
+        description="The code-execution plane for AI agents (local backend).",
+        epilog="See alphaagent COMMAND --help.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     default_user = os.environ.get("ALPHAAGENT_USER", "local")
 
@@ -296,7 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     turn = scoped("run", "run an analysis spec end to end (progress on stderr)")
     turn.add_argument("spec", metavar="SPEC.json", help="the spec ('-' reads standard input)")
-    turn.set_defaults(handler=cmd_run, user=None)
+    turn.set_defaults(handler=cmd_run)
+    for action in turn._actions:
+        if action.dest == "user":
+            action.default = None
+            action.help = "replaces (or supplies) the spec's user_id"
+        elif action.dest in ("conversation", "workflow"):
+            action.help = f"{action.help}; replaces (or supplies) the spec's scope"
 
     demo = sub.add_parser("demo", help="run the demo analysis on the embedded default")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -344,10 +387,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
         return _fail("interrupted")
+    except (PathRuleError, ValidationError) as exc:
+        return _fail(str(exc).splitlines()[0])
     except BrokenPipeError:
         # The reader went away (| head): stop quietly, as other command-line tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+    except (OSError, ValueError, RecursionError, OverflowError, UnicodeError) as exc:
+        # Input this code did not foresee: one line, never a traceback (DESIGN: bad input gets a
+        # clear error). Set ALPHAAGENT_DEBUG=1 to see the traceback.
+        if os.environ.get("ALPHAAGENT_DEBUG"):
+            raise
+        return _fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}")
     return code
 
 

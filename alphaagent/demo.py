@@ -92,11 +92,12 @@ def run_demo(*, json_output: bool = False) -> int:
             for citation in turn.citations:
                 print(f"  cites    {citation.source}")
         print(f"\n{(root / 'reports/summary.md').read_text(encoding='utf-8')}")
+        print((root / "reports/followup.md").read_text(encoding="utf-8"))
         print(f"where everything is ({root}):")
         for info in files:
             print(f"  {info.size_bytes:>9} B  {info.path}")
         print(f"artifacts: {', '.join(f'{a.name} v{a.version}' for a in artifacts)}")
-        active = sum(s.is_active() for s in sessions)
-        print(f"sessions:  {len(sessions)} ({active} active): the files outlived the first")
-        print(f"runs:      {len(history)} (alphaagent history --user demo --conversation {conversation_id})")
+        print(f"sessions:  {len(sessions)}: the first expired before turn 2; its files carried over")
+        command = f".venv/bin/alphaagent history --user demo --conversation {conversation_id}"
+        print(f"runs:      {len(history)} ({command})")
     return 0 if first.status == second.status == "completed" else 1

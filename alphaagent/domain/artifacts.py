@@ -26,9 +26,15 @@ KIND_FOLDERS: dict[str, str] = {"dataset": "datasets", "chart": "charts", "repor
 ARTIFACT_FOLDERS = ("datasets", "charts", "reports", "work")
 """Where a registered file may live (case PATH-03): never spec/ (the platform's) nor docs/ (inputs)."""
 PREVIEW_ROWS = 5
-MAX_DATASET_PROFILE_BYTES = 256 * 2**20
-"""Datasets larger than this are registered without schema, row count or preview (reading them whole
-to profile them would cost the turn too much memory)."""
+MAX_DATASET_PROFILE_BYTES = 32 * 2**20
+"""csv/json/xlsx datasets larger than this are registered without schema, row count or preview:
+parsing them whole in the backend's process would cost it ~10x their size in memory."""
+MAX_PARQUET_PROFILE_BYTES = 256 * 2**20
+"""Parquet is described from its footer, but the blob is still read into memory to find it."""
+MAX_PARQUET_PREVIEW_GROUP_BYTES = 256 * 2**20
+"""A parquet preview decompresses the first row group: only when its footer says it is this small."""
+MAX_PROFILE_COLUMNS = 200
+MAX_PREVIEW_CELL_CHARS = 200
 
 
 def artifact_name_for(path: str) -> str:
@@ -62,26 +68,60 @@ def check_artifact_path(workspace: Workspace, scope: Scope, kind: ArtifactKind, 
     return normal
 
 
+def _clip(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_PREVIEW_CELL_CHARS:
+        return value[:MAX_PREVIEW_CELL_CHARS] + "…"
+    return value
+
+
 def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
-    """Schema (column -> dtype), row count and the first rows of a dataset; {} if it cannot be read."""
-    if len(data) > MAX_DATASET_PROFILE_BYTES:
-        return {"profiled": False, "reason": "larger than the profiling limit"}
+    """Schema (column -> dtype), row count and the first rows of a dataset, bounded in size.
+
+    The file comes from untrusted code and is read in the backend's own process, so: parquet is
+    described from its footer only (never decompressed: no decompression bomb); csv, json and xlsx
+    are parsed only up to ``MAX_DATASET_PROFILE_BYTES``; at most ``MAX_PROFILE_COLUMNS`` columns and
+    ``PREVIEW_ROWS`` rows of cells clipped to ``MAX_PREVIEW_CELL_CHARS`` are kept.
+    """
     try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            parquet = pq.ParquetFile(io.BytesIO(data))
+            meta = parquet.metadata
+            result: dict[str, Any] = {
+                "profiled": True,
+                "schema": {
+                    str(f.name)[:200]: str(f.type) for f in list(parquet.schema_arrow)[:MAX_PROFILE_COLUMNS]
+                },
+                "row_count": meta.num_rows,
+            }
+            first_group = meta.row_group(0).total_byte_size if meta.num_row_groups else 0
+            if first_group <= MAX_PARQUET_PREVIEW_GROUP_BYTES:  # decompressed size, from the footer
+                columns = parquet.schema_arrow.names[:MAX_PROFILE_COLUMNS]
+                batch = next(parquet.iter_batches(batch_size=PREVIEW_ROWS, columns=columns), None)
+                rows = batch.to_pylist() if batch is not None else []
+                result["preview"] = json.loads(
+                    json.dumps([{k: _clip(v) for k, v in r.items()} for r in rows], default=str)
+                )
+            return result
+        if len(data) > MAX_DATASET_PROFILE_BYTES:
+            return {"profiled": False, "reason": f"larger than {MAX_DATASET_PROFILE_BYTES // 2**20} MiB"}
         import pandas as pd
 
-        reader = {
-            ".csv": pd.read_csv,
-            ".parquet": pd.read_parquet,
-            ".json": pd.read_json,
-            ".xlsx": pd.read_excel,
-        }[suffix]
+        reader = {".csv": pd.read_csv, ".json": pd.read_json, ".xlsx": pd.read_excel}[suffix]
         frame = reader(io.BytesIO(data))
     except Exception as exc:  # a dataset we cannot parse is still registered, with the reason
         return {"profiled": False, "reason": f"{type(exc).__name__}: {exc}"[:500]}
-    preview = json.loads(frame.head(PREVIEW_ROWS).to_json(orient="records", date_format="iso"))
+    head = frame.iloc[:PREVIEW_ROWS, :MAX_PROFILE_COLUMNS]
+    preview = [
+        {str(k): _clip(v) for k, v in row.items()}
+        for row in json.loads(head.to_json(orient="records", date_format="iso"))
+    ]
     return {
         "profiled": True,
-        "schema": {str(col): str(dtype) for col, dtype in frame.dtypes.items()},
+        "schema": {
+            str(col)[:200]: str(dtype) for col, dtype in list(frame.dtypes.items())[:MAX_PROFILE_COLUMNS]
+        },
         "row_count": len(frame),
         "preview": preview,
     }
@@ -110,7 +150,12 @@ def register_artifact(
     sha256, size = workspace.put_blob(scope, normal)
     metadata: dict[str, Any] = {}
     if kind == "dataset":
-        metadata = dataset_metadata(workspace.read_blob(sha256), PurePosixPath(normal).suffix.lower())
+        suffix = PurePosixPath(normal).suffix.lower()
+        limit = MAX_PARQUET_PROFILE_BYTES if suffix == ".parquet" else MAX_DATASET_PROFILE_BYTES
+        if size > limit:
+            metadata = {"profiled": False, "reason": f"larger than {limit // 2**20} MiB"}
+        else:
+            metadata = dataset_metadata(workspace.read_blob(sha256), suffix)
     return store.add_artifact_version(
         ArtifactVersion(
             artifact_id=new_ulid(),

@@ -13,13 +13,15 @@ class ConnectorSettings:
     """Limits of the ``file`` and ``http`` connectors (nothing is allowed unless listed).
 
     - ``file_roots``: directories a ``file`` connector may read from (resolved; symlinks out refused).
-    - ``http_hosts``: host names an ``http`` connector may fetch from (exact match).
+    - ``http_hosts``: host names an ``http`` connector may fetch from (exact match), redirects included.
+    - ``forbidden_roots``: never readable, even inside a file root (the backend's data directory).
     - ``max_bytes``: size cap of one fetched copy (default 25 MiB, the export ceiling).
     - ``timeout_s``: network timeout of one fetch.
     """
 
     file_roots: tuple[Path, ...] = ()
     http_hosts: tuple[str, ...] = ()
+    forbidden_roots: tuple[Path, ...] = ()
     max_bytes: int = 25 * 2**20
     timeout_s: float = 30.0
 

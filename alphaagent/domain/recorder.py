@@ -70,6 +70,44 @@ def run_record_from(detail: RunCompleted | RunFailed, code: str) -> RunRecord:
     )
 
 
+MAX_EVENT_FILES = 1000
+"""Paths of ``files_changed`` kept in a run event (the run result given to the coder has them all)."""
+
+
+def history_view(result: RunResult) -> RunResult:
+    """The result as events and records carry it: outputs cut to the stored-history cap (16 KiB per
+    stream), ``files_changed`` to 1,000 paths (``files.truncated`` says so), so an event stays far
+    below EventBridge's 256 KiB and a record below DynamoDB's 400 KB (case PER-01)."""
+    stdout, out_cut = truncate_text(result.stdout, STORED_HISTORY_CAP_BYTES)
+    stderr, err_cut = truncate_text(result.stderr, STORED_HISTORY_CAP_BYTES)
+    files = result.files
+    many = len(result.files_changed) > MAX_EVENT_FILES
+    if (
+        many
+        or len(files.created) + len(files.modified) + len(files.deleted) + len(files.skipped)
+        > MAX_EVENT_FILES
+    ):
+        files = files.model_copy(
+            update={
+                "created": files.created[:MAX_EVENT_FILES],
+                "modified": files.modified[:MAX_EVENT_FILES],
+                "deleted": files.deleted[:MAX_EVENT_FILES],
+                "skipped": files.skipped[:MAX_EVENT_FILES],
+                "truncated": True,
+            }
+        )
+    return result.model_copy(
+        update={
+            "stdout": stdout,
+            "stderr": stderr,
+            "stdout_truncated": result.stdout_truncated or out_cut,
+            "stderr_truncated": result.stderr_truncated or err_cut,
+            "files_changed": result.files_changed[:MAX_EVENT_FILES],
+            "files": files,
+        }
+    )
+
+
 class Recorder:
     """Persists what events report. ``handle`` is idempotent: a redelivered event changes nothing."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,7 +23,8 @@ from pydantic import BaseModel
 
 from alphaagent.domain.artifacts import register_artifact as register_artifact_version
 from alphaagent.domain.backend import Backend, ConnectorSettings
-from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
+from alphaagent.domain.recorder import history_view
+from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError, ScopeBusyError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ArtifactKind, PathRuleError, Scope, check_workspace_path, utcnow
 from alphaagent.models.events import ArtifactRegistered, CitationEmitted, Event, RunCompleted, RunFailed
@@ -66,6 +68,14 @@ class TurnContext:
     artifacts: list[ArtifactVersion] = field(default_factory=list)
     citations: list[CitationRef] = field(default_factory=list)
     fetched: list[str] = field(default_factory=list)
+    origins: dict[str, str] = field(default_factory=dict)  # docs/ path -> where it came from
+    lease_held: Callable[[], bool] = lambda: True
+
+    def check_lease(self) -> None:
+        """Raise ``ScopeBusyError`` once the turn has lost its scope lease (fencing: no run or
+        registration of a turn another turn has already taken over)."""
+        if not self.lease_held():
+            raise ScopeBusyError(f"turn {self.turn_id} lost its lease on {self.scope.key}")
 
     @property
     def scope(self) -> Scope:
@@ -87,6 +97,7 @@ def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> R
     data). Raises ``ToolError`` when the turn's run budget (``constraints.max_runs``) is spent or
     the timeout is out of range, ``SandboxError`` when the platform fails (a ``RunFailed`` event is
     recorded first)."""
+    ctx.check_lease()
     constraints = ctx.spec.constraints
     if len(ctx.run_ids) >= constraints.max_runs:
         raise ToolError(
@@ -125,7 +136,7 @@ def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> R
             user_id=ctx.user_id,
             status=result.status,
             code=code[:MAX_STORED_CODE_CHARS],
-            result=result.model_dump(mode="json"),
+            result=history_view(result).model_dump(mode="json"),
         )
     )
     return result
@@ -214,11 +225,21 @@ def _fetch_file(settings: ConnectorSettings, request: dict[str, Any]) -> tuple[b
     raw = request.get("path")
     if not isinstance(raw, str) or not raw:
         raise ToolError("request.path: the file connector needs an absolute 'path'")
+    if "\x00" in raw:
+        raise ToolError("request.path: must not contain NUL")
     requested = Path(raw)
     real = requested.resolve()
+    if any(
+        real == hidden.resolve() or hidden.resolve() in real.parents for hidden in settings.forbidden_roots
+    ):
+        raise ToolError(f"request.path: {raw} is inside the platform's data directory")
     roots = [root.resolve() for root in settings.file_roots]
     if not any(real == root or root in real.parents for root in roots):
-        raise ToolError(f"request.path: {raw} is outside the file connector's allowed directories")
+        allowed = ", ".join(str(r) for r in roots) or "none configured"
+        raise ToolError(
+            f"request.path: {raw} resolves to {real}, outside the file connector's allowed"
+            f" directories ({allowed}; set ALPHAAGENT_FILE_ROOTS)"
+        )
     if not real.is_file():
         raise ToolError(f"request.path: {raw} is not a file")
     size = real.stat().st_size
@@ -232,24 +253,48 @@ def _fetch_file(settings: ConnectorSettings, request: dict[str, Any]) -> tuple[b
     return data, request.get("name") or real.name, f"file://{real}"
 
 
+def _allowed_url(settings: ConnectorSettings, url: str, field: str) -> urllib.parse.SplitResult:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ToolError(f"{field}: must be an http or https URL")
+    if parsed.hostname not in settings.http_hosts:
+        raise ToolError(f"{field}: host {parsed.hostname} is not in the http connector's allowlist")
+    return parsed
+
+
 def _fetch_http(settings: ConnectorSettings, request: dict[str, Any]) -> tuple[bytes, str, str]:
     url = request.get("url")
     if not isinstance(url, str):
         raise ToolError("request.url: the http connector needs a 'url'")
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ToolError("request.url: must be an http or https URL")
-    if parsed.hostname not in settings.http_hosts:
-        raise ToolError(f"request.url: host {parsed.hostname} is not in the http connector's allowlist")
     try:
-        with urllib.request.urlopen(url, timeout=settings.timeout_s) as response:  # noqa: S310 - scheme checked
-            data = response.read(settings.max_bytes + 1)
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        parsed = _allowed_url(settings, url, "request.url")
+    except ValueError:
+        raise ToolError("request.url: not a valid URL") from None
+
+    class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+        # A redirect is a new request: it must pass the allowlist too (no SSRF by 302).
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            _allowed_url(settings, newurl, "request.url (redirect)")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    opener = urllib.request.build_opener(_CheckedRedirects)
+    deadline = time.monotonic() + settings.timeout_s
+    chunks, size = [], 0
+    try:
+        with opener.open(url, timeout=settings.timeout_s) as response:
+            while chunk := response.read(1 << 16):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > settings.max_bytes:
+                    raise ToolError(
+                        f"request.url: the response is over the connector cap of {settings.max_bytes} bytes"
+                    )
+                if time.monotonic() > deadline:
+                    raise ToolError(f"request.url: the fetch took longer than {settings.timeout_s:g} s")
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
         raise ToolError(f"request.url: fetching {url} failed: {exc}") from None
-    if len(data) > settings.max_bytes:
-        raise ToolError(f"request.url: the response is over the connector cap of {settings.max_bytes} bytes")
-    name = request.get("name") or PurePosixPath(parsed.path).name or parsed.hostname
-    return data, name, url
+    name = request.get("name") or PurePosixPath(parsed.path).name or parsed.hostname or "document"
+    return b"".join(chunks), name, url
 
 
 def fetch(settings: ConnectorSettings, connector: str, request: dict[str, Any]) -> tuple[str, bytes, str]:
@@ -289,6 +334,7 @@ def register_artifact(
 ) -> ArtifactRef:
     """Register a file of the scope as the next version of an artifact; ``ArtifactRegistered`` is
     published. Raises ``ArtifactError`` naming the path when it breaks a rule."""
+    ctx.check_lease()
     version = register_artifact_version(
         ctx.backend.store,
         ctx.backend.workspace,

@@ -27,7 +27,7 @@ from alphaagent.domain.tools import (
 )
 from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ConversationScope, NodeScope, Scope, utcnow
+from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope, utcnow
 from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
 from alphaagent.models.records import Turn, TurnResult
 from alphaagent.models.run import RunError
@@ -82,6 +82,7 @@ class _Lease:
         self.backend, self.scope_key, self.holder = backend, scope_key, holder
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.lost = False
 
     def acquire(self) -> None:
         settings = self.backend.turns
@@ -100,7 +101,13 @@ class _Lease:
     def _renew(self) -> None:
         lease = self.backend.turns.lock_lease_s
         while not self._stop.wait(lease / 3):
-            self.backend.store.renew_lock(self.scope_key, self.holder, utcnow(), lease)
+            if not self.backend.store.renew_lock(self.scope_key, self.holder, utcnow(), lease):
+                self.lost = True  # paused past the lease (a sleeping laptop): another turn may own it
+                return
+
+    def held(self) -> bool:
+        """False once a renewal failed: the turn must not run, register or finish any more."""
+        return not self.lost
 
     def release(self) -> None:
         self._stop.set()
@@ -127,7 +134,10 @@ def run_turn(
         raise NotFoundError(f"{scope_label(scope)} not found")
     turn_id = spec.turn_id or new_ulid()
     existing = backend.store.get_turn(user_id, turn_id)
+    if existing is not None and existing.scope_key != scope.key:
+        raise InvalidSpecError(f"turn_id: already used in another scope ({existing.scope_key}); leave it out")
     if existing is not None and existing.result is not None:
+        say(f"turn {turn_id} was already delivered; showing its result (nothing ran)")
         return existing.result  # a duplicate delivery: acknowledged, never a second turn
     if existing is None and backend.store.turn_id_taken(turn_id):
         # Turn ids are global idempotency keys (ULIDs: unguessable). Another user's id is refused
@@ -144,7 +154,7 @@ def run_turn(
                 return existing.result
             # Still "running" while we hold the lease: its process died and its lease expired.
             return _finalize(backend, existing, _abandoned(existing.turn_id))
-        return _locked_turn(backend, spec, turn_id, coder, say)
+        return _locked_turn(backend, spec, turn_id, coder, say, lease)
     finally:
         lease.release()
 
@@ -157,7 +167,7 @@ def _abandoned(turn_id: str) -> TurnResult:
 
 
 def _locked_turn(
-    backend: Backend, spec: Spec, turn_id: str, coder: Coder | None, say: Progress
+    backend: Backend, spec: Spec, turn_id: str, coder: Coder | None, say: Progress, lease: _Lease
 ) -> TurnResult:
     scope, user_id, store = spec.scope, spec.user_id, backend.store
     inputs = _resolve_inputs(backend, spec)  # before anything is written: a bad input leaves nothing
@@ -196,12 +206,18 @@ def _locked_turn(
         )
     )
     spec_with_id = spec.model_copy(update={"turn_id": turn_id})
-    backend.workspace.write_bytes(
-        scope, f"spec/{turn_id}.json", spec_with_id.model_dump_json(indent=2).encode()
+    ctx = TurnContext(
+        backend=backend,
+        spec=spec_with_id,
+        turn_id=turn_id,
+        session=session,
+        progress=say,
+        lease_held=lease.held,
     )
-    ctx = TurnContext(backend=backend, spec=spec_with_id, turn_id=turn_id, session=session, progress=say)
     deadline = time.monotonic() + spec.constraints.turn_timeout_s
     try:
+        spec_json = spec_with_id.model_dump_json(indent=2).encode()
+        backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec_json)
         _bring_inputs(ctx, inputs)
         if spec.steps is not None:
             summary = _run_steps(ctx, deadline)
@@ -218,8 +234,11 @@ def _locked_turn(
         )
     except _StepFailed as failure:
         result = _failed(ctx, failure.error, failure.step)
-    except AlphaAgentError as exc:
+    except (AlphaAgentError, PathRuleError, OSError) as exc:
         result = _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
+    if not lease.held():
+        # Another turn took the scope after our lease lapsed and recorded this one as abandoned.
+        raise ScopeBusyError(f"turn {turn_id} lost its lease on {scope.key} and was recorded as abandoned")
     return _finalize(backend, turn, result)
 
 
@@ -243,14 +262,19 @@ def _failed(ctx: TurnContext, error: RunError, step: str | None) -> TurnResult:
 
 
 def _finalize(backend: Backend, turn: Turn, result: TurnResult) -> TurnResult:
+    """Record the turn's end: the record first (it must never stay ``running``), then the result
+    file (best effort: the code may have broken ``work/``), then the event."""
     scope = _scope_of(turn)
-    backend.workspace.write_bytes(
-        scope, f"work/turns/{turn.turn_id}/result.json", result.model_dump_json(indent=2).encode()
-    )
     turn.status = result.status
     turn.finished_at = utcnow()
     turn.result = result
     backend.store.finish_turn(turn)
+    try:
+        backend.workspace.ensure_scope(scope)
+        payload = result.model_dump_json(indent=2).encode()
+        backend.workspace.write_bytes(scope, f"work/turns/{turn.turn_id}/result.json", payload)
+    except (PathRuleError, OSError):
+        pass  # the record and the event carry the result; the file is a convenience copy
     if result.status == "completed":
         detail: TurnCompleted | TurnFailed = TurnCompleted(
             turn_id=turn.turn_id, scope=scope, user_id=turn.user_id, result=result
@@ -285,8 +309,8 @@ class _Input:
     """A declared input, resolved: where it goes in ``docs/`` and what to put there (``None``: a
     document already in the scope, used in place)."""
 
-    def __init__(self, path: str, data: bytes | None, note: str) -> None:
-        self.path, self.data, self.note = path, data, note
+    def __init__(self, path: str, data: bytes | None, note: str, blob: str | None = None) -> None:
+        self.path, self.data, self.note, self.blob = path, data, note, blob
 
 
 def _resolve_inputs(backend: Backend, spec: Spec) -> list[_Input]:
@@ -307,13 +331,13 @@ def _resolve_inputs(backend: Backend, spec: Spec) -> list[_Input]:
                 raise InvalidSpecError(f"inputs[{i}]: no registered dataset {wanted} in this scope")
             target = f"docs/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
             note = f"copied dataset {found.name} v{found.version}"
-            resolved.append(_Input(target, workspace.read_blob(found.sha256), note))
+            resolved.append(_Input(target, None, note, blob=found.sha256))  # copied one at a time later
         elif isinstance(item, ConnectorInput):
             try:
                 target, data, source = fetch(backend.connectors, item.connector, item.request)
             except ToolError as exc:
                 raise InvalidSpecError(f"inputs[{i}].{exc}") from None
-            resolved.append(_Input(target, data, f"fetched {len(data)} bytes from {source}"))
+            resolved.append(_Input(target, data, f"fetched from {source}"))
         elif isinstance(item, NodeArtifactInput):
             assert isinstance(scope, NodeScope)
             source_scope = NodeScope(workflow_execution_id=scope.workflow_execution_id, node_id=item.node_id)
@@ -322,16 +346,18 @@ def _resolve_inputs(backend: Backend, spec: Spec) -> list[_Input]:
                 raise InvalidSpecError(f"inputs[{i}]: node {item.node_id} has no artifact {item.artifact}")
             target = f"docs/{item.node_id}/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
             note = f"copied {item.node_id}/{found.name} v{found.version}"
-            resolved.append(_Input(target, workspace.read_blob(found.sha256), note))
+            resolved.append(_Input(target, None, note, blob=found.sha256))
     return resolved
 
 
 def _bring_inputs(ctx: TurnContext, inputs: list[_Input]) -> None:
     """Write the resolved inputs into ``docs/`` (DESIGN §3 step 4)."""
     for item in inputs:
-        if item.data is not None:
-            ctx.backend.workspace.write_bytes(ctx.scope, item.path, item.data)
+        data = item.data if item.blob is None else ctx.backend.workspace.read_blob(item.blob)
+        if data is not None:
+            ctx.backend.workspace.write_bytes(ctx.scope, item.path, data)
         ctx.fetched.append(item.path)
+        ctx.origins[item.path] = item.note
         ctx.progress(f"{item.note} -> {item.path}")
 
 
@@ -363,8 +389,8 @@ def _run_steps(ctx: TurnContext, deadline: float) -> str:
                 f"outputs[{i}]", RunError(name=type(exc).__name__, value=f"outputs[{i}]: {exc}", traceback="")
             ) from None
         ctx.progress(f"registered {ref.kind} {ref.name} v{ref.version} ({ref.path})")
-    for path in ctx.fetched:
-        emit_citation(ctx, path, claim="input of this turn's pinned steps")
+    for path, origin in ctx.origins.items():
+        emit_citation(ctx, path, claim=f"input of this turn's pinned steps ({origin})")
     registered = ", ".join(f"{a.name} v{a.version}" for a in ctx.artifacts) or "nothing"
     return f"{len(steps)} step(s) ran; registered {registered}."
 

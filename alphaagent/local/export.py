@@ -358,14 +358,20 @@ def assign_archive_names(paths: list[str]) -> dict[str, str]:
     folders: dict[str, str] = {"": ""}  # folder of a workspace path -> its folder in the archive
     names: dict[str, str] = {}
 
+    next_counter: dict[str, int] = {}  # (parent/segment).casefold() -> the next counter to try
+
     def claim(parent: str, segment: str, kind: str) -> str:
-        counter = 1
+        # Resume counting where the last collision on this name stopped: thousands of files that map
+        # to one safe name must not cost a quadratic search.
+        base = (f"{parent}/{segment}" if parent else segment).casefold()
+        counter = next_counter.get(base, 1)
         while True:
             candidate_segment = segment if counter == 1 else _with_counter(segment, counter)
             candidate = f"{parent}/{candidate_segment}" if parent else candidate_segment
             holder = taken.get(candidate.casefold())
             if holder is None:
                 taken[candidate.casefold()] = kind
+                next_counter[base] = counter + 1
                 return candidate
             if kind == "dir" and holder == "dir":
                 return candidate

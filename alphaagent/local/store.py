@@ -290,17 +290,19 @@ class SqliteStore:
 
     def touch_session(self, session_id: str, now: datetime) -> None:
         """Set ``last_used_at`` to ``now``, restarting the idle timer (never past the maximum
-        lifetime). A no-op for an ended or unknown session, or if ``now`` is not later than the
+        lifetime). A no-op for an ended, expired or unknown session, or if ``now`` is not later than the
         current ``last_used_at`` (concurrent turns may touch out of order; the timer never goes back)."""
         moment = _utc(now)
         with self._write() as db:
             row = db.execute(
-                "SELECT created_at, last_used_at, idle_timeout_s, max_lifetime_s FROM sessions "
+                "SELECT created_at, last_used_at, idle_timeout_s, max_lifetime_s, expires_at FROM sessions "
                 "WHERE session_id = ? AND ended_at IS NULL",
                 (session_id,),
             ).fetchone()
             if row is None or _from_iso(row["last_used_at"]) >= moment:
                 return
+            if _from_iso(row["expires_at"]) <= moment:
+                return  # expired already: a touch never brings a session back (the next turn replaces it)
             expires_at = _expires_at(
                 _from_iso(row["created_at"]), moment, int(row["idle_timeout_s"]), int(row["max_lifetime_s"])
             )

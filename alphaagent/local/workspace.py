@@ -30,6 +30,7 @@ import contextlib
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,8 +75,9 @@ class LocalWorkspace:
     def ensure_scope(self, scope: Scope) -> None:
         """Create the scope's root and its six folders (``SCOPE_FOLDERS``) if missing; idempotent.
 
-        A folder that user code replaced by a symlink or a file is left as it is (never followed or
-        removed); writes below it then fail with ``PathRuleError``.
+        A folder that user code replaced by a symlink, a file or anything else is moved aside (renamed
+        ``<folder>.displaced-<ns>``, never followed, never deleted) and made anew, so code cannot lock
+        a conversation out of its own ``spec/`` or ``work/``.
 
         Raises:
             PathRuleError: a component of the scope's own key (``conversations/{id}``) is a symlink or
@@ -83,6 +85,11 @@ class LocalWorkspace:
         """
         with self._scope_dir(scope, create=True) as root:
             for folder in SCOPE_FOLDERS:
+                info = safefs.lstat_at(root, [folder])
+                if info is not None and not stat.S_ISDIR(info.st_mode):
+                    os.rename(
+                        folder, f"{folder}.displaced-{time.time_ns()}", src_dir_fd=root, dst_dir_fd=root
+                    )
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(folder, 0o755, dir_fd=root)
 

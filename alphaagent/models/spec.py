@@ -124,6 +124,8 @@ def _location(loc: tuple[int | str, ...]) -> str:
             "dataset",
             "connector",
             "node_artifact",
+            "ConversationScope",
+            "NodeScope",
             "function-after[check_workspace_path(), str]",
         ):
             continue  # the discriminator's branch name is noise to a reader
@@ -135,15 +137,22 @@ def _location(loc: tuple[int | str, ...]) -> str:
 def describe_validation_error(exc: ValidationError) -> str:
     """One line naming the first offending field and its rule, e.g. ``inputs[2].path: ...``."""
     first = exc.errors()[0]
-    message = str(first["msg"])
-    message = message.removeprefix("Value error, ")
-    return f"{_location(tuple(first['loc']))}: {message}"
+    message = str(first["msg"]).removeprefix("Value error, ")
+    location = _location(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        message = "unknown field"
+        if len(first["loc"]) == 1:
+            message += f" (expected one of: {', '.join(Spec.model_fields)})"
+    elif location == "turn_id" and first["type"] == "string_pattern_mismatch":
+        message = "a 26-character ULID; leave it out to get a fresh one"
+    return f"{location}: {message}"
 
 
-def parse_spec(raw: bytes | str) -> Spec:
+def parse_spec(raw: bytes | str, overrides: dict[str, Any] | None = None) -> Spec:
     """Parse and validate a spec's JSON. Raises ``InvalidSpecError`` with one line naming the field.
 
-    Checks, in order: size (at most 64 KiB of UTF-8), UTF-8, JSON, then the model.
+    Checks, in order: size (at most 64 KiB of UTF-8), UTF-8, JSON, then the model. ``overrides``
+    (e.g. the CLI's ``--user`` and ``--conversation``) replace or supply top-level fields first.
     """
     data = raw.encode("utf-8") if isinstance(raw, str) else raw
     if len(data) > MAX_SPEC_BYTES:
@@ -158,8 +167,11 @@ def parse_spec(raw: bytes | str) -> Spec:
         raise InvalidSpecError(
             f"spec: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         ) from None
+    except (RecursionError, ValueError) as exc:  # absurd nesting, integers of thousands of digits
+        raise InvalidSpecError(f"spec: cannot be read ({type(exc).__name__})") from None
     if not isinstance(document, dict):
         raise InvalidSpecError("spec: must be a JSON object")
+    document.update(overrides or {})
     try:
         return Spec.model_validate(document)
     except ValidationError as exc:

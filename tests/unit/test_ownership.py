@@ -240,6 +240,7 @@ CLI_CASES = {
     for scope, forms in (("conversation", {"text": [], "json": ["--json"]}), ("node", {"text": []}))
     for name, command in READ_COMMANDS.items()
     for form, flags in forms.items()
+    if not (command[0] == "cat" and form == "json")  # cat prints bytes; it refuses --json up front
 }
 
 

@@ -827,7 +827,7 @@ def _bad_specs() -> dict[str, tuple[str, str, str]]:
         "malformed-json": ('{"spec_version": 1, "goal": ', "spec: not valid JSON", "line 1"),
         "not-an-object": ('["spec_version", 1]', "spec: must be a JSON object", ""),
         "over-64-kib": (text(goal="g" * 70_000), "spec: ", "64 KiB"),
-        "unknown-field": (text(colour="red"), "colour: ", "Extra inputs are not permitted"),
+        "unknown-field": (text(colour="red"), "colour: ", "unknown field (expected one of: spec_version"),
         "missing-goal": (json.dumps(without_goal), "goal: ", "required"),
         "bad-conversation-id": (text(scope={"conversation_id": "../other"}), "scope.", "conversation_id"),
         "unknown-environment": (text(environment_id="gpu-xl"), "environment_id: ", "'gpu-xl'"),
