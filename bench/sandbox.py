@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import psutil  # noqa: E402
 from jupyter_client.manager import start_new_kernel  # noqa: E402
+from machine import machine  # noqa: E402
 
 from alphaagent.errors import SandboxError  # noqa: E402
 from alphaagent.models.run import RunLimits  # noqa: E402
@@ -333,27 +333,6 @@ def bench_floods(workdir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[st
 
 
 # ---------------------------------------------------------------------------------------- report
-
-
-def machine(load_at_start: float) -> dict[str, Any]:
-    """CPU model, cores, memory, kernel, Python, whether we run as root, and the 1-minute load average
-    at the start and end of the benchmark (other work on the machine skews every figure)."""
-    cpu = "unknown"
-    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "root": os.geteuid() == 0,
-        "load_1m_start": round(load_at_start, 2),
-        "load_1m_end": round(os.getloadavg()[0], 2),
-    }
 
 
 def find(rows: list[Latency], runner: str, pattern: str, workload: str) -> Latency:

@@ -30,7 +30,6 @@ import io
 import json
 import math
 import os
-import platform
 import re
 import secrets
 import statistics
@@ -48,6 +47,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import psutil  # noqa: E402
+from machine import machine  # noqa: E402
 
 from alphaagent.api import EXAMPLES_DIR, AlphaAgent  # noqa: E402
 from alphaagent.domain.backend import ConnectorSettings  # noqa: E402
@@ -534,28 +534,6 @@ def bench_concurrency(home: Path, n: int) -> tuple[dict[str, Any], dict[str, Any
 
 
 # ---------------------------------------------------------------------------------------- report
-
-
-def machine(load_at_start: float) -> dict[str, Any]:
-    """CPU model, cores, memory, kernel, Python, whether we run as root, and the 1-minute load average
-    at the start and end of the benchmark (other work on the machine skews every figure). The same
-    figures as ``bench/sandbox.py``, kept here so this benchmark does not import that one's Jupyter."""
-    cpu = "unknown"
-    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "root": os.geteuid() == 0,
-        "load_1m_start": round(load_at_start, 2),
-        "load_1m_end": round(os.getloadavg()[0], 2),
-    }
 
 
 def sandbox_info(agent: AlphaAgent, first_turn: TurnTiming) -> dict[str, Any]:
