@@ -12,17 +12,17 @@ help: ## List the targets
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,coder,dev]'
 	@touch $@
 
-venv: $(STAMP) ## Create .venv with the package, the builtin environment and the dev tools (pinned)
+venv: $(STAMP) ## Create .venv with the package, the builtin environment, the coder and the dev tools (pinned)
 
 test: $(STAMP) ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q
 
 lint: $(STAMP) ## ruff + mypy
-	$(VENV)/bin/ruff check alphaagent tests bench
-	$(VENV)/bin/ruff format --check alphaagent tests bench
+	$(VENV)/bin/ruff check alphaagent coder tests bench
+	$(VENV)/bin/ruff format --check alphaagent coder tests bench
 	$(VENV)/bin/mypy
 
 demo: $(STAMP) ## Run the demo analysis on the embedded default (local backend)

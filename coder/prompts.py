@@ -1,0 +1,67 @@
+"""What the model reads: the system prompt, the spec rendered as the user prompt, and the turn limit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alphaagent.domain.artifacts import KIND_FOLDERS, KIND_SUFFIXES
+from alphaagent.models.spec import Constraints, Spec
+
+SYSTEM_PROMPT = """\
+You are the coder of alphaagent. You satisfy an analysis spec by writing Python and running it with \
+the tools of the alphaagent server; you have no other tools.
+
+- run_in_env runs your code as a fresh Python process in the scope's root folder: files persist \
+between runs, variables do not. There is no network. Work in small runs and read each result \
+before the next: look at the data first, then compute, then write the outputs. When a run fails, \
+read the traceback and fix the code.
+- The spec's inputs are in docs/ (read-only). Write outputs under datasets/ (csv, parquet, json, \
+xlsx), charts/ (png, svg) and reports/ (md, html, txt); scratch files go in work/.
+- Register every output the spec names with register_artifact, with the spec's kind and name.
+- Cite every document and dataset your answer relies on with emit_citation, with a locator or a \
+short quote where you can.
+- End with a concise summary for the person who asked: the answer with its key numbers, and what \
+you registered. No preamble."""
+
+
+def max_turns_for(constraints: Constraints) -> int:
+    """The model's turn limit (one turn = one model response): ``2 * max_runs + 10``.
+
+    ``constraints.max_runs`` bounds the runs themselves (``run_in_env`` refuses the next one); a
+    run costs one turn and a fix after reading its result at most one more, and the 10 leave room
+    to read documents, register outputs, cite and summarise. Past it the turn fails with
+    ``MaxTurnsError``.
+    """
+    return 2 * constraints.max_runs + 10
+
+
+def render_prompt(spec: Spec, inputs: Sequence[str]) -> str:
+    """The spec as the user prompt: goal, the input paths now in the scope, outputs, limits."""
+    lines = ["Goal:", spec.goal.strip(), ""]
+    if inputs:
+        lines.append("Inputs (read-only, in this scope):")
+        lines.extend(f"- {path}" for path in inputs)
+    else:
+        lines.append("Inputs: none declared.")
+    lines.append("")
+    if spec.outputs:
+        lines.append("Outputs to write and register (kind, name, file):")
+        for output in spec.outputs:
+            folder = KIND_FOLDERS[output.kind]
+            where = (
+                output.path
+                or f"{folder}/{output.name}.<{'|'.join(s.lstrip('.') for s in KIND_SUFFIXES[output.kind])}>"
+            )
+            line = f"- {output.kind} {output.name!r}: {where}"
+            if output.description:
+                line += f" — {output.description.strip()}"
+            lines.append(line)
+    else:
+        lines.append("Outputs: none required; register any dataset, chart or report your answer rests on.")
+    limits = spec.constraints
+    lines += [
+        "",
+        f"Limits: at most {limits.max_runs} runs of run_in_env, {limits.run_timeout_s:g} s per run,"
+        f" {limits.turn_timeout_s:g} s for the whole turn. Environment: {spec.environment_id}.",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""The coder's configuration: which model provider, which model, and the bounds of one turn's model use.
+
+Read from the environment once (``coder_settings()``, cached); tests build ``CoderSettings`` directly.
+
+Anthropic API::
+
+    ANTHROPIC_API_KEY=sk-ant-...            required
+    ANTHROPIC_BASE_URL=https://...          optional (a gateway; the tests point it at 127.0.0.1)
+    ALPHAAGENT_MODEL=claude-sonnet-4-5      optional (default: the CLI's default model)
+
+Amazon Bedrock::
+
+    CLAUDE_CODE_USE_BEDROCK=1
+    AWS_REGION=us-east-1                    required (or AWS_DEFAULT_REGION); credentials: the usual chain
+    ALPHAAGENT_MODEL=us.anthropic.claude-sonnet-4-5-20250929-v1:0   optional (a Bedrock model id)
+
+Both: ``CLAUDE_CODE_MAX_RETRIES`` (API retries per request; the CLI's default otherwise) and
+``ALPHAAGENT_MAX_BUDGET_USD`` (stop a turn that has spent this much on the model).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from coder.errors import ModelConfigError
+
+Provider = Literal["anthropic", "bedrock"]
+_TRUE = ("1", "true", "yes", "on")
+
+
+class CoderSettings(BaseModel):
+    """Where the model runs and how the CLI may use it.
+
+    - ``provider``: ``anthropic`` (needs ``anthropic_api_key``) or ``bedrock`` (needs ``aws_region``).
+    - ``model``: a model name or Bedrock model id; ``None`` lets the CLI choose its default.
+    - ``max_retries``: retries of one failing API request (HTTP 5xx, 529, 429) before the turn fails.
+    - ``max_budget_usd``: the model spend after which a turn stops (``BudgetExceededError``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: Provider
+    model: str | None = None
+    anthropic_api_key: SecretStr | None = None
+    anthropic_base_url: str | None = None
+    aws_region: str | None = None
+    max_retries: int | None = Field(None, ge=0, le=20)
+    max_budget_usd: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _provider_complete(self) -> CoderSettings:
+        if self.provider == "anthropic" and not self.anthropic_api_key:
+            raise ValueError("the Anthropic API needs ANTHROPIC_API_KEY")
+        if self.provider == "bedrock" and not self.aws_region:
+            raise ValueError("CLAUDE_CODE_USE_BEDROCK=1 needs AWS_REGION (or AWS_DEFAULT_REGION)")
+        return self
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> CoderSettings | None:
+        """The settings the environment describes; ``None`` when it configures no model.
+
+        Raises ``ModelConfigError`` naming the variable when a provider is chosen but incomplete or
+        a value is malformed.
+        """
+        bedrock = env.get("CLAUDE_CODE_USE_BEDROCK", "").strip().lower() in _TRUE
+        api_key = env.get("ANTHROPIC_API_KEY", "").strip()
+        if not bedrock and not api_key:
+            return None
+        values: dict[str, object] = {
+            "provider": "bedrock" if bedrock else "anthropic",
+            "model": env.get("ALPHAAGENT_MODEL") or None,
+            "anthropic_api_key": api_key or None,
+            "anthropic_base_url": env.get("ANTHROPIC_BASE_URL") or None,
+            "aws_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+        }
+        numbers = {"max_retries": "CLAUDE_CODE_MAX_RETRIES", "max_budget_usd": "ALPHAAGENT_MAX_BUDGET_USD"}
+        for field, name in numbers.items():
+            raw = env.get(name, "").strip()
+            if raw:
+                values[field] = raw
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            where = f"{numbers[field]}: " if field in numbers else ""
+            raise ModelConfigError(f"{where}{str(first['msg']).removeprefix('Value error, ')}") from None
+
+    def cli_env(self) -> dict[str, str]:
+        """The provider's variables for the Claude Code CLI (added over the inherited environment)."""
+        env: dict[str, str] = {}
+        if self.provider == "bedrock":
+            assert self.aws_region is not None  # checked by the validator
+            env["CLAUDE_CODE_USE_BEDROCK"] = "1"
+            env["AWS_REGION"] = self.aws_region
+        else:
+            assert self.anthropic_api_key is not None  # checked by the validator
+            env["CLAUDE_CODE_USE_BEDROCK"] = ""
+            env["ANTHROPIC_API_KEY"] = self.anthropic_api_key.get_secret_value()
+            if self.anthropic_base_url:
+                env["ANTHROPIC_BASE_URL"] = self.anthropic_base_url
+        if self.max_retries is not None:
+            env["CLAUDE_CODE_MAX_RETRIES"] = str(self.max_retries)
+        return env
+
+
+@lru_cache(maxsize=1)
+def coder_settings() -> CoderSettings | None:
+    """The process's coder settings, read from the environment once; ``None`` without a model.
+
+    Raises ``ModelConfigError`` for an incomplete configuration (e.g. Bedrock without a region).
+    """
+    return CoderSettings.from_env(os.environ)
+
+
+def model_configured() -> bool:
+    """Whether the environment configures a model (the Anthropic API or Bedrock)."""
+    return coder_settings() is not None

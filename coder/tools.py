@@ -1,0 +1,332 @@
+"""The five tools of the ``alphaagent`` MCP server (DESIGN §4.6), thin over ``alphaagent.domain.tools``.
+
+Each tool parses its arguments into a model, calls one domain function in a worker thread (runs
+block for seconds; the event loop must keep serving the CLI), and answers with text. Any failure —
+an ``AlphaAgentError`` from the domain, arguments that break the schema, or an unexpected
+exception — becomes an ``is_error`` result whose text names the problem; nothing is raised into the
+SDK. Calls of one turn are serialised, so the run budget and the turn's lists stay consistent even
+if the model asks for several tools at once.
+
+What the model gets back is capped at ``MODEL_TEXT_CHARS`` characters per call (head and tail kept,
+with a marker naming what was cut and where the whole text is); the full run result, within the
+DESIGN §4.3 caps, stays in the run record and the spill files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from claude_agent_sdk import SdkMcpTool, ToolAnnotations, create_sdk_mcp_server, tool
+from claude_agent_sdk.types import McpSdkServerConfig
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from alphaagent.domain import tools as domain
+from alphaagent.domain.tools import ToolError, TurnContext, tool_error_text
+from alphaagent.errors import AlphaAgentError
+from alphaagent.models.common import ArtifactKind
+from alphaagent.models.run import RunResult
+from alphaagent.sandbox.supervisor import iter_result_lines
+
+logger = logging.getLogger(__name__)
+
+SERVER_NAME = "alphaagent"
+TOOL_NAMES = ("run_in_env", "read_document", "connector_fetch", "register_artifact", "emit_citation")
+ALLOWED_TOOLS = tuple(f"mcp__{SERVER_NAME}__{name}" for name in TOOL_NAMES)
+"""The names the model sees (``mcp__<server>__<tool>``): the only tools of a coder turn."""
+
+MODEL_TEXT_CHARS = 30_000
+"""Characters of one tool result given to the model (~8k tokens): enough for a page of output or a
+document page, small enough that twenty runs fit in the context. Longer text keeps its head and
+tail; the middle is named with the spill file to page through with ``read_document``."""
+
+_RESULT_CHARS = MODEL_TEXT_CHARS + 10_000
+"""The last bound on a whole tool result: the clipped text plus its JSON (headers, run details)."""
+
+_INLINE_RESULT_CHARS = 2 * MODEL_TEXT_CHARS
+"""Told to the CLI (``maxResultSizeChars``) so it never swaps a result for a file the model cannot
+open (it has no file tools): every result we send is below it."""
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunInEnvArgs(_Args):
+    """Arguments of ``run_in_env``."""
+
+    code: str = Field(
+        min_length=1, description="Python source, run as a script (print what you want to see)."
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="Wall-clock limit in seconds; default and maximum: the spec's run_timeout_s."
+    )
+
+
+class ReadDocumentArgs(_Args):
+    """Arguments of ``read_document``."""
+
+    path: str = Field(
+        description="Workspace-relative path, e.g. docs/report.pdf or work/runs/<run_id>/stdout.txt."
+    )
+    offset: int = Field(0, ge=0, description="First character to return (0 = the start).")
+    limit: int = Field(
+        domain.DEFAULT_PAGE_CHARS,
+        ge=1,
+        le=MODEL_TEXT_CHARS,
+        description=f"Characters to return, at most {MODEL_TEXT_CHARS}.",
+    )
+
+
+class ConnectorFetchArgs(_Args):
+    """Arguments of ``connector_fetch``."""
+
+    connector: str = Field(description="'file' or 'http'.")
+    request: dict[str, Any] = Field(
+        description=(
+            'file: {"path": "/absolute/path", "name"?: "copy name"};'
+            ' http: {"url": "https://...", "name"?: "copy name"}.'
+        )
+    )
+
+
+class RegisterArtifactArgs(_Args):
+    """Arguments of ``register_artifact``."""
+
+    kind: ArtifactKind = Field(description="dataset, chart or report.")
+    path: str = Field(description="The file, e.g. datasets/mass.csv, charts/mass.png, reports/summary.md.")
+    name: str | None = Field(
+        None,
+        description=(
+            "The artifact's name (1-64 of a-z 0-9 . _ -); use the spec's output name."
+            " Default: from the file name."
+        ),
+    )
+    description: str | None = Field(None, max_length=2000, description="One sentence: what it contains.")
+
+
+class EmitCitationArgs(_Args):
+    """Arguments of ``emit_citation``."""
+
+    source: str = Field(
+        description="A file of this scope (docs/x.pdf, datasets/y.csv) or a URL fetched by a connector."
+    )
+    locator: str | None = Field(None, description="Where in the source: page, section, row or column.")
+    quote: str | None = Field(None, description="The passage relied on, verbatim and short.")
+    claim: str | None = Field(None, description="The statement of your answer this source supports.")
+
+
+# ----------------------------------------------------------------------------- rendering
+
+RESULT_HEADING = "result (stdout, stderr and the traceback are above):"
+
+
+def clip(text: str, limit: int = MODEL_TEXT_CHARS, where: str | None = None) -> str:
+    """``text`` within ``limit`` characters: head and tail kept, the middle replaced by a marker
+    that says how many characters were cut and, when given, where the whole text is."""
+    if len(text) <= limit:
+        return text
+    hint = f"; the whole text is in {where} (page through it with read_document)" if where else ""
+    marker = f"\n[... {{}} characters omitted{hint} ...]\n"
+    room = max(limit - len(marker) - 8, 0)
+    head, tail = text[: room * 2 // 3], text[len(text) - room // 3 :] if room // 3 else ""
+    return head + marker.format(len(text) - len(head) - len(tail)) + tail
+
+
+def render_run(result: RunResult) -> str:
+    """A run result for the model: the readable rendering (``alphaagent exec``'s, with the capture's
+    truncation markers), clipped to ``MODEL_TEXT_CHARS``, then the structured result (DESIGN §4.4)
+    as JSON without what is already shown above it (the two streams and the traceback)."""
+    readable = "\n".join(iter_result_lines(result))
+    spill = result.stdout_path if len(result.stdout) >= len(result.stderr) else result.stderr_path
+    details = result.model_dump(mode="json", exclude={"stdout": True, "stderr": True, "error": {"traceback"}})
+    return f"{clip(readable, where=spill)}\n\n{RESULT_HEADING}\n{json.dumps(details)}"
+
+
+def render_page(page: domain.DocumentPage) -> str:
+    """A document page: one JSON line of where it is in the document, then the text itself."""
+    end = page.offset + len(page.text)
+    header = {
+        "path": page.path,
+        "offset": page.offset,
+        "chars": len(page.text),
+        "total_chars": page.total_chars,
+        "next_offset": end if end < page.total_chars else None,
+        "metadata": page.metadata,
+    }
+    return f"{json.dumps(header, ensure_ascii=False)}\n\n{page.text}"
+
+
+# ----------------------------------------------------------------------------- the tools
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """What a tool call works on: the turn's context and its deadline (``time.monotonic()``)."""
+
+    ctx: TurnContext
+    deadline: float | None
+
+
+def _run_in_env(turn: _Turn, args: RunInEnvArgs) -> tuple[str, str]:
+    ctx, timeout = turn.ctx, args.timeout_s
+    if turn.deadline is not None:
+        # A run never outlives the turn: it gets at most the turn's remaining time.
+        remaining = turn.deadline - time.monotonic()
+        if remaining < 1:
+            raise ToolError("the turn's time (constraints.turn_timeout_s) is up: no more runs; summarise now")
+        run_limit = ctx.spec.constraints.run_timeout_s
+        if remaining < (timeout or run_limit) <= run_limit:
+            timeout = remaining
+    result = domain.run_in_env(ctx, args.code, timeout)
+    outcome = f"{result.status} (exit {result.exit_code}, {result.duration_ms} ms)"
+    return render_run(result), outcome
+
+
+def _read_document(turn: _Turn, args: ReadDocumentArgs) -> tuple[str, str]:
+    page = domain.read_document(turn.ctx, args.path, args.offset, args.limit)
+    return render_page(page), f"{page.path} [{page.offset}:{page.offset + len(page.text)}]"
+
+
+def _connector_fetch(turn: _Turn, args: ConnectorFetchArgs) -> tuple[str, str]:
+    copy = domain.connector_fetch(turn.ctx, args.connector, args.request)
+    return domain.as_json(copy), f"{copy.path} ({copy.bytes} bytes)"
+
+
+def _register_artifact(turn: _Turn, args: RegisterArtifactArgs) -> tuple[str, str]:
+    ref = domain.register_artifact(
+        turn.ctx, args.kind, args.path, name=args.name, description=args.description
+    )
+    return domain.as_json(ref), f"{ref.kind} {ref.name} v{ref.version} ({ref.path})"
+
+
+def _emit_citation(turn: _Turn, args: EmitCitationArgs) -> tuple[str, str]:
+    citation = domain.emit_citation(turn.ctx, args.source, args.locator, args.quote, args.claim)
+    return json.dumps({"citation_id": citation.citation_id}), citation.source
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    args: type[_Args]
+    call: Callable[[_Turn, Any], tuple[str, str]]
+
+
+def _descriptions(ctx: TurnContext) -> dict[str, str]:
+    limits, connectors = ctx.spec.constraints, ctx.backend.connectors
+    roots = ", ".join(str(root) for root in connectors.file_roots) or "none"
+    hosts = ", ".join(connectors.http_hosts) or "none"
+    return {
+        "run_in_env": (
+            "Run Python code in the analysis environment, with the scope's root folder (docs/, datasets/,"
+            " charts/, reports/, work/) as the working directory. Returns stdout, stderr, the traceback of"
+            " an error, and the files the run created or changed. Each call is a fresh process: save what"
+            f" later runs need to files. This turn allows {limits.max_runs} runs of at most"
+            f" {limits.run_timeout_s:g} s each; keep runs small and read each result before the next."
+        ),
+        "read_document": (
+            "Read a document of this scope as text: txt, md, csv, json, html or pdf. Returns a JSON line"
+            " (total_chars, next_offset, metadata such as the page count) and then the text; call again"
+            " with offset=next_offset for the next page. Also reads a run's full output from"
+            " work/runs/<run_id>/stdout.txt when the run result was cut."
+        ),
+        "connector_fetch": (
+            "Fetch a document through a connector and keep a point-in-time copy in docs/; returns its"
+            " path, size, media type and fetch time. Use it only for sources the spec did not already"
+            f" bring into docs/. 'file' reads an absolute path under: {roots}. 'http' fetches a URL on"
+            f" these hosts only: {hosts}."
+        ),
+        "register_artifact": (
+            "Register a file you wrote as an artifact of this turn (the next version if the name exists)."
+            " Register every output the spec names, with the spec's kind and name. datasets/: csv, parquet,"
+            " json, xlsx; charts/: png, svg, jpg, html; reports/: md, html, pdf, txt. Returns"
+            " artifact_id, name, version, path and sha256."
+        ),
+        "emit_citation": (
+            "Cite a source your answer relies on: a document in docs/, a dataset, or a fetched URL. Give"
+            " a locator (page, section, row) or a short verbatim quote, and the claim it supports."
+            " Returns the citation_id."
+        ),
+    }
+
+
+_SPECS = (
+    _Spec("run_in_env", RunInEnvArgs, _run_in_env),
+    _Spec("read_document", ReadDocumentArgs, _read_document),
+    _Spec("connector_fetch", ConnectorFetchArgs, _connector_fetch),
+    _Spec("register_artifact", RegisterArtifactArgs, _register_artifact),
+    _Spec("emit_citation", EmitCitationArgs, _emit_citation),
+)
+
+
+def input_schema(args: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema the model sees for an arguments model: pydantic's, without titles, and with an
+    optional field as its plain type (leaving it out means the default)."""
+
+    def simplify(node: Any) -> Any:
+        if isinstance(node, dict):
+            options = node.get("anyOf")
+            if isinstance(options, list) and {"type": "null"} in options and len(options) == 2:
+                (kept,) = [o for o in options if o != {"type": "null"}]
+                node = {**{k: v for k, v in node.items() if k not in ("anyOf", "default")}, **kept}
+            return {k: simplify(v) for k, v in node.items() if k != "title"}
+        if isinstance(node, list):
+            return [simplify(item) for item in node]
+        return node
+
+    schema: dict[str, Any] = simplify(args.model_json_schema())
+    schema["additionalProperties"] = False
+    return schema
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "is_error": True}
+
+
+def _argument_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "arguments"
+    return f"InvalidArguments: {field}: {first['msg']}"
+
+
+def alphaagent_tools(ctx: TurnContext, deadline: float | None = None) -> list[SdkMcpTool[Any]]:
+    """The five tools, bound to one turn's context; with a ``deadline`` (``time.monotonic()``), a
+    run's timeout is cut to the turn's remaining time. Every call is reported through
+    ``ctx.progress`` (``coder: <tool> -> <outcome>``)."""
+    turn = _Turn(ctx, deadline)
+    descriptions = _descriptions(ctx)
+    serial = anyio.Lock()
+    annotations = ToolAnnotations(maxResultSizeChars=_INLINE_RESULT_CHARS)
+
+    def bind(spec: _Spec) -> SdkMcpTool[Any]:
+        async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
+            try:
+                parsed = spec.args.model_validate(arguments)
+            except ValidationError as exc:
+                return _error(_argument_error(exc))
+            async with serial:
+                try:
+                    text, outcome = await anyio.to_thread.run_sync(spec.call, turn, parsed)
+                except AlphaAgentError as exc:
+                    ctx.progress(f"coder: {spec.name} -> {type(exc).__name__}")
+                    return _error(tool_error_text(exc))
+                except Exception as exc:  # a defect must reach the model as text, not kill the loop
+                    logger.exception("tool %s failed unexpectedly", spec.name)
+                    ctx.progress(f"coder: {spec.name} -> {type(exc).__name__}")
+                    return _error(f"{type(exc).__name__}: {exc}"[:2000])
+            ctx.progress(f"coder: {spec.name} -> {outcome}")
+            return {"content": [{"type": "text", "text": clip(text, _RESULT_CHARS)}]}
+
+        return tool(spec.name, descriptions[spec.name], input_schema(spec.args), annotations)(handler)
+
+    return [bind(spec) for spec in _SPECS]
+
+
+def alphaagent_server(ctx: TurnContext, deadline: float | None = None) -> McpSdkServerConfig:
+    """The in-process MCP server ``alphaagent`` with exactly the five tools of one turn."""
+    return create_sdk_mcp_server(SERVER_NAME, tools=alphaagent_tools(ctx, deadline))
