@@ -622,6 +622,10 @@ def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> 
             except OSError:
                 pass
         _report(outcome)
+        try:
+            _os_close(STATUS_FD)  # the supervisor has everything: it need not wait for the teardown
+        except OSError:
+            pass
         code = int(outcome.get("exit_code", 1)) & 0xFF
     finally:
         _os_exit(code)
