@@ -56,8 +56,12 @@ class Workspace(Protocol):
     def stat(self, scope: Scope, path: str) -> FileInfo | None:
         """The file's info, or None if it is missing or not a regular file."""
 
-    def list_files(self, scope: Scope, prefix: str = "") -> list[FileInfo]:
-        """Regular files under ``prefix`` (a folder path, '' for all), sorted by path."""
+    def list_files(
+        self, scope: Scope, prefix: str = "", skipped: list[tuple[str, str]] | None = None
+    ) -> list[FileInfo]:
+        """Regular files under ``prefix`` (a folder path, '' for all), sorted by path. Entries left
+        out (symlinks, special files, names no method can address) are appended to ``skipped`` as
+        ``(display path, reason)`` when it is given."""
 
     def open_file(self, scope: Scope, path: str) -> BinaryIO:
         """A binary reader of a regular file (no symlink followed); ``FileNotFoundError`` otherwise."""

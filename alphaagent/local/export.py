@@ -92,7 +92,9 @@ class IncludedFile(NamedTuple):
 
 
 class OmittedFile(NamedTuple):
-    """A file left out: workspace path, size in bytes, and ``REASON_TOO_LARGE`` or ``REASON_UNREADABLE``."""
+    """A file left out: workspace path, size in bytes, and why: ``REASON_TOO_LARGE``,
+    ``REASON_UNREADABLE``, or (size 0) the kind of a skipped entry (``symlink``, ``fifo``...) or an
+    unaddressable name."""
 
     path: str
     size_bytes: int
@@ -226,7 +228,8 @@ def _write_archive(
     raw: IO[bytes], workspace: Workspace, scope: Scope, out: Path, max_file_bytes: int
 ) -> ExportReport:
     exported_at = utcnow()
-    files = sorted(workspace.list_files(scope), key=lambda item: item.path)
+    skipped: list[tuple[str, str]] = []
+    files = sorted(workspace.list_files(scope, skipped=skipped), key=lambda item: item.path)
     names = assign_archive_names([info.path for info in files if info.size_bytes <= max_file_bytes])
     included: list[IncludedFile] = []
     omitted: list[OmittedFile] = []
@@ -240,6 +243,8 @@ def _write_archive(
                 included.append(outcome)
             else:
                 omitted.append(outcome)
+        # Never silently dropped: what could not be exported is named with the reason (PATH-01).
+        omitted.extend(OmittedFile(path, 0, reason) for path, reason in skipped)
         omitted.sort(key=lambda item: item.path)
         report = ExportReport(
             path=out,

@@ -296,7 +296,23 @@ def publish_once(src_dir_fd: int, src_name: str, dst_dir_fd: int, dst_name: str)
             os.unlink(src_name, dir_fd=src_dir_fd)
 
 
-def iter_regular_files(dir_fd: int) -> Iterator[tuple[str, os.stat_result]]:
+def kind_of(mode: int) -> str:
+    """A short name for a non-regular file type, for the list of skipped entries."""
+    for test, name in (
+        (stat.S_ISLNK, "symlink"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "device"),
+        (stat.S_ISBLK, "device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def iter_regular_files(
+    dir_fd: int, skipped: list[tuple[str, str]] | None = None
+) -> Iterator[tuple[str, os.stat_result]]:
     """Yield ``(relative POSIX path, lstat)`` of every regular file below ``dir_fd``, depth first.
 
     Nothing but directories is ever opened, each relative to the root descriptor with ``O_NOFOLLOW`` at
@@ -305,7 +321,8 @@ def iter_regular_files(dir_fd: int) -> Iterator[tuple[str, os.stat_result]]:
     that cannot be opened or listed. Names are yielded as the OS gives them (``os.fsdecode``: a name that
     is not UTF-8 carries surrogate escapes); order is sorted within each directory, not overall. The walk
     is iterative, with one descriptor open at a time, so a very deep tree exhausts neither the stack nor
-    the descriptor table.
+    the descriptor table. When ``skipped`` is given, each entry that is neither a regular file nor a
+    directory is appended to it as ``(relative path, kind)``; it is never opened or followed.
     """
     pending: list[tuple[str, ...]] = [()]
     while pending:
@@ -328,6 +345,8 @@ def iter_regular_files(dir_fd: int) -> Iterator[tuple[str, os.stat_result]]:
                     yield "/".join((*parts, entry.name)), info
                 elif stat.S_ISDIR(info.st_mode):
                     subdirs.append((*parts, entry.name))
+                elif skipped is not None:
+                    skipped.append(("/".join((*parts, entry.name)), kind_of(info.st_mode)))
         except OSError:
             continue
         finally:

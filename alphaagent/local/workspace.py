@@ -172,7 +172,9 @@ class LocalWorkspace:
             return None
         return _file_info("/".join(parts), info)
 
-    def list_files(self, scope: Scope, prefix: str = "") -> list[FileInfo]:
+    def list_files(
+        self, scope: Scope, prefix: str = "", skipped: list[tuple[str, str]] | None = None
+    ) -> list[FileInfo]:
         """Regular files of the scope below the folder ``prefix`` ('' for all), sorted by path.
 
         ``prefix`` is a folder path matched by whole components (``"reports"`` does not match
@@ -181,6 +183,9 @@ class LocalWorkspace:
         listed and symlinked directories are never entered. Names that no ``Workspace`` method could
         address are left out too: not UTF-8, not NFC, breaking a rule of DESIGN §4.2 (a backslash, a
         control character), or the temporary files of writes in progress (``safefs.TEMP_PREFIX``).
+
+        When ``skipped`` is given, what was left out is appended to it as ``(display path, reason)``
+        (the display path escapes bytes that are not UTF-8), so an export can say so (case PATH-01).
 
         Raises:
             PathRuleError: ``prefix`` breaks a rule of DESIGN §4.2.
@@ -200,10 +205,19 @@ class LocalWorkspace:
             return []
         files: list[FileInfo] = []
         try:
-            for rel, info in safefs.iter_regular_files(start):
+            special: list[tuple[str, str]] = []
+            for rel, info in safefs.iter_regular_files(start, special):
                 path = f"{folder}/{rel}" if folder else rel
                 if _addressable(path, key_prefix):
                     files.append(_file_info(path, info))
+                elif skipped is not None and not rel.rsplit("/", 1)[-1].startswith(safefs.TEMP_PREFIX):
+                    skipped.append(
+                        (_display(path), "name cannot be addressed (not UTF-8, not NFC or a path rule)")
+                    )
+            if skipped is not None:
+                skipped.extend(
+                    (_display(f"{folder}/{rel}" if folder else rel), kind) for rel, kind in special
+                )
         finally:
             os.close(start)
         files.sort(key=lambda item: item.path)
@@ -298,6 +312,11 @@ class LocalWorkspace:
 def _unlink_if_present(name: str, dir_fd: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)
+
+
+def _display(path: str) -> str:
+    """A path as text that is always valid UTF-8: bytes that were not UTF-8 are shown escaped."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _addressable(path: str, key_prefix: str) -> bool:

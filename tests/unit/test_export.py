@@ -209,10 +209,17 @@ def test_path01_symlinked_files_and_directories_are_neither_listed_nor_archived(
     listed = [info.path for info in workspace.list_files(scope)]
     report = export_scope(workspace, scope, out)
 
-    # Then only the regular file is listed and archived ...
+    # Then only the regular file is listed and archived, and the skipped links are named (PATH-01:
+    # "skips them and reports the skipped names"), never followed ...
     assert listed == ["reports/ok.md"]
     assert report.included == [("reports/ok.md", 5)]
-    assert report.omitted == []
+    assert sorted((o.path, o.reason) for o in report.omitted) == [
+        ("datasets/users.csv", "symlink"),
+        ("reports/env.txt", "symlink"),
+        ("work/pipe", "fifo"),
+        ("work/runner_src", "symlink"),
+        ("work/usr", "symlink"),
+    ]
     with zipfile.ZipFile(out) as archive:
         assert archive.namelist() == ["reports/ok.md", "MANIFEST.json", "MANIFEST.txt"]
         contents = b"".join(archive.read(name) for name in archive.namelist())
@@ -333,7 +340,9 @@ class FakeWorkspace:
     def __init__(self, files: dict[str, bytes], *, fail_midway: str = "", vanished: str = "") -> None:
         self.files, self.fail_midway, self.vanished = files, fail_midway, vanished
 
-    def list_files(self, scope: Scope, prefix: str = "") -> list[FileInfo]:
+    def list_files(
+        self, scope: Scope, prefix: str = "", skipped: list[tuple[str, str]] | None = None
+    ) -> list[FileInfo]:
         moment = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
         return [FileInfo(path, len(data), moment) for path, data in sorted(self.files.items())]
 
