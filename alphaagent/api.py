@@ -45,11 +45,13 @@ def alphaagent_home() -> Path:
 
 def connector_settings_from_env() -> ConnectorSettings:
     """``ALPHAAGENT_FILE_ROOTS`` (``os.pathsep``-separated directories; default: the checkout's
-    ``examples/``) and ``ALPHAAGENT_HTTP_HOSTS`` (comma-separated host names; default: none)."""
+    ``examples/``), ``ALPHAAGENT_HTTP_HOSTS`` (comma-separated host names; default: none) and
+    ``ALPHAAGENT_S3_PREFIXES`` (comma-separated ``bucket/prefix`` entries; default: none)."""
     roots = os.environ.get("ALPHAAGENT_FILE_ROOTS")
     file_roots = tuple(Path(p) for p in roots.split(os.pathsep) if p) if roots else (EXAMPLES_DIR,)
     hosts = tuple(h.strip() for h in os.environ.get("ALPHAAGENT_HTTP_HOSTS", "").split(",") if h.strip())
-    return ConnectorSettings(file_roots=file_roots, http_hosts=hosts)
+    prefixes = tuple(p.strip() for p in os.environ.get("ALPHAAGENT_S3_PREFIXES", "").split(",") if p.strip())
+    return ConnectorSettings(file_roots=file_roots, http_hosts=hosts, s3_prefixes=prefixes)
 
 
 def turn_settings_from_env() -> TurnSettings:

@@ -86,11 +86,12 @@ class ReadDocumentArgs(_Args):
 class ConnectorFetchArgs(_Args):
     """Arguments of ``connector_fetch``."""
 
-    connector: str = Field(description="'file' or 'http'.")
+    connector: str = Field(description="'file', 'http' or 's3'.")
     request: dict[str, Any] = Field(
         description=(
             'file: {"path": "/absolute/path", "name"?: "copy name"};'
-            ' http: {"url": "https://...", "name"?: "copy name"}.'
+            ' http: {"url": "https://...", "name"?: "copy name"};'
+            ' s3: {"bucket": "...", "key": "...", "name"?: "copy name"}.'
         )
     )
 
@@ -221,6 +222,7 @@ def _descriptions(ctx: TurnContext) -> dict[str, str]:
     limits, connectors = ctx.spec.constraints, ctx.backend.connectors
     roots = ", ".join(str(root) for root in connectors.file_roots) or "none"
     hosts = ", ".join(connectors.http_hosts) or "none"
+    prefixes = ", ".join(connectors.s3_prefixes) or "none"
     return {
         "run_in_env": (
             "Run Python code in the analysis environment, with the scope's root folder (docs/, datasets/,"
@@ -239,7 +241,7 @@ def _descriptions(ctx: TurnContext) -> dict[str, str]:
             "Fetch a document through a connector and keep a point-in-time copy in docs/; returns its"
             " path, size, media type and fetch time. Use it only for sources the spec did not already"
             f" bring into docs/. 'file' reads an absolute path under: {roots}. 'http' fetches a URL on"
-            f" these hosts only: {hosts}."
+            f" these hosts only: {hosts}. 's3' reads an object under these bucket/prefixes only: {prefixes}."
         ),
         "register_artifact": (
             "Register a file you wrote as an artifact of this turn (the next version if the name exists)."

@@ -10,10 +10,12 @@ from alphaagent.ports import EventBus, Executor, Store, Workspace
 
 @dataclass(frozen=True)
 class ConnectorSettings:
-    """Limits of the ``file`` and ``http`` connectors (nothing is allowed unless listed).
+    """Limits of the ``file``, ``http`` and ``s3`` connectors (nothing is allowed unless listed).
 
     - ``file_roots``: directories a ``file`` connector may read from (resolved; symlinks out refused).
     - ``http_hosts``: host names an ``http`` connector may fetch from (exact match), redirects included.
+    - ``s3_prefixes``: ``"bucket/prefix"`` entries an ``s3`` connector may read (the key must start
+      with the prefix; ``"bucket"`` or ``"bucket/"`` allows the whole bucket).
     - ``forbidden_roots``: never readable, even inside a file root (the backend's data directory).
     - ``max_bytes``: size cap of one fetched copy (default 25 MiB, the export ceiling).
     - ``timeout_s``: network timeout of one fetch.
@@ -21,6 +23,7 @@ class ConnectorSettings:
 
     file_roots: tuple[Path, ...] = ()
     http_hosts: tuple[str, ...] = ()
+    s3_prefixes: tuple[str, ...] = ()
     forbidden_roots: tuple[Path, ...] = ()
     max_bytes: int = 25 * 2**20
     timeout_s: float = 30.0

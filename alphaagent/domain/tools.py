@@ -297,13 +297,75 @@ def _fetch_http(settings: ConnectorSettings, request: dict[str, Any]) -> tuple[b
     return b"".join(chunks), name, url
 
 
+def s3_allowed(settings: ConnectorSettings, bucket: str, key: str) -> bool:
+    """Whether ``ConnectorSettings.s3_prefixes`` lets the ``s3`` connector read ``bucket``/``key``
+    (the bucket matches exactly and the key starts with the entry's prefix)."""
+    for entry in settings.s3_prefixes:
+        allowed_bucket, _, prefix = entry.partition("/")
+        if allowed_bucket == bucket and key.startswith(prefix):
+            return True
+    return False
+
+
+def _fetch_s3(settings: ConnectorSettings, request: dict[str, Any]) -> tuple[bytes, str, str]:
+    bucket, key = request.get("bucket"), request.get("key")
+    if not isinstance(bucket, str) or not bucket:
+        raise ToolError("request.bucket: the s3 connector needs a 'bucket'")
+    if not isinstance(key, str) or not key or key.endswith("/") or len(key.encode()) > 1024:
+        raise ToolError("request.key: the s3 connector needs the 'key' of one object (at most 1,024 bytes)")
+    if not s3_allowed(settings, bucket, key):
+        allowed = ", ".join(settings.s3_prefixes) or "none configured"
+        raise ToolError(
+            f"request.key: s3://{bucket}/{key} is outside the s3 connector's allowed prefixes ({allowed})"
+        )
+    try:
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        raise ToolError("the s3 connector needs boto3 installed (the coder's dependencies)") from None
+    # Created per fetch, never at import: the region and credentials are those of the moment.
+    timeout = Config(connect_timeout=settings.timeout_s, read_timeout=settings.timeout_s)
+    client = boto3.client("s3", config=timeout)
+    source = f"s3://{bucket}/{key}"
+    try:
+        # The size cap is checked before any byte is downloaded; the read is capped again in case
+        # the object was replaced between the two calls.
+        size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+        if size > settings.max_bytes:
+            raise ToolError(
+                f"request.key: {source} is {size} bytes, over the connector cap of {settings.max_bytes}"
+            )
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        data = body.read(settings.max_bytes + 1)
+        body.close()
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchKey", "NoSuchBucket"):
+            raise ToolError(f"request.key: {source} does not exist") from None
+        raise ToolError(f"request.key: fetching {source} failed ({code or 'error'})") from None
+    except BotoCoreError as exc:
+        raise ToolError(f"request.key: fetching {source} failed: {exc}") from None
+    if len(data) > settings.max_bytes:
+        raise ToolError(f"request.key: {source} is over the connector cap of {settings.max_bytes} bytes")
+    return data, request.get("name") or PurePosixPath(key).name, source
+
+
+_FETCHERS: dict[str, Callable[[ConnectorSettings, dict[str, Any]], tuple[bytes, str, str]]] = {
+    "file": _fetch_file,
+    "http": _fetch_http,
+    "s3": _fetch_s3,
+}
+CONNECTORS = tuple(_FETCHERS)
+"""The connectors a spec input or ``connector_fetch`` may name."""
+
+
 def fetch(settings: ConnectorSettings, connector: str, request: dict[str, Any]) -> tuple[str, bytes, str]:
     """Fetch through a connector into memory: ``(docs/ path it will get, bytes, source)``; nothing
     is written. Raises ``ToolError`` naming the request field for anything not allowed."""
-    fetchers = {"file": _fetch_file, "http": _fetch_http}
-    if connector not in fetchers:
-        raise ToolError(f"connector: unknown connector {connector!r} (available: {', '.join(fetchers)})")
-    data, name, source = fetchers[connector](settings, request)
+    if connector not in _FETCHERS:
+        raise ToolError(f"connector: unknown connector {connector!r} (available: {', '.join(CONNECTORS)})")
+    data, name, source = _FETCHERS[connector](settings, request)
     return f"docs/{_safe_name(str(name))}", data, source
 
 
@@ -320,7 +382,8 @@ def connector_fetch(ctx: TurnContext, connector: str, request: dict[str, Any]) -
     """Fetch through a configured connector into ``docs/`` (a point-in-time copy).
 
     ``file``: ``{"path": absolute path, "name"?}`` inside an allowed directory. ``http``: ``{"url",
-    "name"?}`` on an allowed host. Both are capped in size (``ConnectorSettings.max_bytes``).
+    "name"?}`` on an allowed host. ``s3``: ``{"bucket", "key", "name"?}`` under an allowed
+    ``"bucket/prefix"``. All are capped in size (``ConnectorSettings.max_bytes``).
     """
     path, data, source = fetch(ctx.backend.connectors, connector, request)
     return save_fetched(ctx, path, data, source)

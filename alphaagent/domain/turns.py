@@ -18,6 +18,7 @@ from alphaagent.domain.artifacts import KIND_FOLDERS
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
+    CONNECTORS,
     ToolError,
     TurnContext,
     emit_citation,
@@ -68,9 +69,10 @@ def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> Non
     for i, item in enumerate(spec.inputs):
         if isinstance(item, NodeArtifactInput) and not isinstance(spec.scope, NodeScope):
             raise InvalidSpecError(f"inputs[{i}]: node_artifact inputs need a workflow node scope")
-        if isinstance(item, ConnectorInput) and item.connector not in ("file", "http"):
+        if isinstance(item, ConnectorInput) and item.connector not in CONNECTORS:
             raise InvalidSpecError(
-                f"inputs[{i}].connector: unknown connector {item.connector!r} (available: file, http)"
+                f"inputs[{i}].connector: unknown connector {item.connector!r}"
+                f" (available: {', '.join(CONNECTORS)})"
             )
 
 
@@ -236,9 +238,25 @@ def _locked_turn(
         result = _failed(ctx, failure.error, failure.step)
     except (AlphaAgentError, PathRuleError, OSError) as exc:
         result = _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
+    except Exception as exc:
+        # A crash (a bug, a custom coder's exception): the turn is still recorded as failed, never
+        # left running, and the exception goes on to the caller (the worker reports its class).
+        _finish_checked(
+            backend,
+            turn,
+            _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None),
+            lease,
+        )
+        raise
+    return _finish_checked(backend, turn, result, lease)
+
+
+def _finish_checked(backend: Backend, turn: Turn, result: TurnResult, lease: _Lease) -> TurnResult:
     if not lease.held():
         # Another turn took the scope after our lease lapsed and recorded this one as abandoned.
-        raise ScopeBusyError(f"turn {turn_id} lost its lease on {scope.key} and was recorded as abandoned")
+        raise ScopeBusyError(
+            f"turn {turn.turn_id} lost its lease on {turn.scope_key} and was recorded as abandoned"
+        )
     return _finalize(backend, turn, result)
 
 

@@ -787,7 +787,10 @@ class Zygote:
         for i, spare in enumerate(self.spares):
             if spare.network == network and spare.pid is not None:
                 return self.spares.pop(i)
-        spare = self._fork_spare(network)
+        # A spare already on its way is closer to ready than a new fork: take it.
+        spare = next((p for p in self.pending.values() if p.network == network), None) or self._fork_spare(
+            network
+        )
         if spare.pid is None:  # namespaced: wait for the helper to tell us the inner pid
             self.sel.unregister(spare.sock)
             self.pending.pop(spare.sock.fileno(), None)

@@ -1,0 +1,547 @@
+"""The AWS backend's conversation filesystem: one S3 bucket with exactly the local key layout (DESIGN §1,
+§4.2).
+
+Layout of the bucket ``alphaagent-workspaces-{account}-{region}`` (``workspaces_bucket_name``)::
+
+    conversations/{conversation_id}/{spec,docs,datasets,charts,reports,work}/...
+    workflows/{workflow_execution_id}/nodes/{node_id}/{spec,docs,...}/...
+    blobs/sha256/{first two hex digits}/{64 hex digits}    immutable, written once
+
+Every scope file is the object ``{scope.key}/{path}``; every ``path`` goes through
+``check_workspace_path`` with the scope prefix, so the full key is NFC and at most 1,024 UTF-8 bytes
+(S3's key limit). S3 has no symlinks, so the PATH-01 rules apply where local files meet the bucket:
+``sync_up`` uploads regular files only, opened without following a link at any component, and reports
+everything it skipped.
+
+Code runs in a local working copy (``local_root``): the env Lambda calls ``sync_down`` for the folders a
+run needs (with a byte budget), runs the code there, and calls ``sync_up`` with the run's changed paths.
+
+Example::
+
+    workspace = S3Workspace(workspaces_bucket_name("123456789012", "eu-west-1"), local_dir=Path("/tmp/ws"))
+    scope = ConversationScope(conversation_id="c1")
+    workspace.ensure_scope(scope)
+    workspace.write_bytes(scope, "reports/summary.md", b"# Summary\\n")
+    sha256, size = workspace.put_blob(scope, "reports/summary.md")
+    workspace.read_blob(sha256)  # b"# Summary\\n"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
+
+from alphaagent.errors import RetryableError
+from alphaagent.local import safefs
+from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
+from alphaagent.ports import FileInfo
+
+MiB: Final = 2**20
+
+BLOB_PREFIX: Final = "blobs/sha256/"
+"""Key prefix of content-addressed storage, beside ``conversations/`` and ``workflows/``."""
+
+MIN_PART_BYTES: Final = 5 * MiB
+"""S3's minimum size of every multipart part but the last (5 MiB)."""
+
+DEFAULT_MULTIPART_BYTES: Final = 64 * MiB
+"""Uploads from a local file at or above this size go multipart, in parts of this size."""
+
+MAX_COPY_BYTES: Final = 5 * 1024 * MiB
+"""The largest object a single CopyObject can copy (5 GiB, an S3 limit); larger blobs are copied by
+boto3's managed (multipart) copy."""
+
+HASH_BLOCK_BYTES: Final = MiB
+"""``put_blob`` hashes the object in 1 MiB blocks: memory stays constant whatever its size."""
+
+_SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
+_MISSING_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
+_PRECONDITION_CODES: Final = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+
+SKIP_PATH_RULE: Final = "path_rule"
+"""Skipped by a sync: the path breaks a rule of DESIGN §4.2."""
+SKIP_NOT_REGULAR: Final = "not_regular_file"
+"""Skipped by ``sync_up``: missing, a symlink (at any component), a directory, FIFO, socket or device."""
+SKIP_OVER_BUDGET: Final = "over_budget"
+"""Skipped by ``sync_down``: taking it would pass the byte budget."""
+SKIP_LOCAL_UNSAFE: Final = "local_path_unsafe"
+"""Skipped by ``sync_down``: the local path is blocked by a symlink, a file or a directory."""
+
+
+def workspaces_bucket_name(account: str, region: str) -> str:
+    """The workspaces bucket of a deployment: ``alphaagent-workspaces-{account}-{region}`` (DESIGN §1)."""
+    return f"alphaagent-workspaces-{account}-{region}"
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file a sync did not transfer, and why (one of the ``SKIP_*`` reasons)."""
+
+    path: str
+    reason: str
+
+
+@dataclass
+class SyncReport:
+    """What one ``sync_down`` or ``sync_up`` did: workspace paths transferred (in order), their total
+    size in bytes, and every file left out with its reason (never silently dropped, case PATH-01)."""
+
+    transferred: list[str] = field(default_factory=list)
+    bytes_transferred: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+
+class FileChangedError(RetryableError):
+    """``put_blob``: the file was rewritten between hashing and copying (in a bucket without
+    versioning, where the hashed version cannot be pinned); nothing was stored. Retrying hashes the new
+    content."""
+
+
+@functools.cache
+def _boto3() -> Any:
+    # boto3 ships no type information; importing it by name keeps mypy strict without stubs.
+    return importlib.import_module("boto3")
+
+
+@functools.cache
+def _client_error() -> type[Exception]:
+    error: type[Exception] = importlib.import_module("botocore.exceptions").ClientError
+    return error
+
+
+def _error_code(error: Exception) -> str:
+    response: dict[str, Any] = getattr(error, "response", {}) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+class S3Workspace:
+    """``alphaagent.ports.Workspace`` on S3: scope files at ``{scope.key}/{path}`` in ``bucket``.
+
+    Semantics mirror ``LocalWorkspace``:
+
+    * every ``path`` is checked and NFC-normalised by ``check_workspace_path`` against the full key (at
+      most 1,024 UTF-8 bytes), raising ``PathRuleError`` before any request is made;
+    * ``write_bytes`` is one PutObject, which S3 makes visible atomically: a reader sees the old object
+      or the new one, never a mix, and a failed write leaves the old one;
+    * ``list_files`` pages through ListObjectsV2 and lists only keys that a method could address (not
+      the folder markers of ``ensure_scope``, not names breaking a rule or not NFC);
+    * blobs are immutable: written once under ``blobs/sha256/<ab>/<hex>`` (``IfNoneMatch="*"``), never
+      rewritten.
+
+    Args:
+        bucket: the workspaces bucket (``workspaces_bucket_name``).
+        client: a boto3 S3 client; created on first use (``boto3.client("s3")``) when None.
+        local_dir: where ``local_root`` places local working copies (the env Lambda's ``/tmp``);
+            default ``<tempdir>/alphaagent-workspaces``.
+        multipart_bytes: uploads from local files (``sync_up``) at or above this size use multipart
+            upload in parts of this size; at least 5 MiB (S3's minimum part size), default 64 MiB.
+
+    Raises:
+        ValueError: ``multipart_bytes`` is below 5 MiB.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        client: Any = None,
+        local_dir: Path | None = None,
+        multipart_bytes: int = DEFAULT_MULTIPART_BYTES,
+    ) -> None:
+        if multipart_bytes < MIN_PART_BYTES:
+            raise ValueError(f"multipart_bytes must be at least {MIN_PART_BYTES} (S3's minimum part size)")
+        self.bucket = bucket
+        self._client = client
+        default_dir = Path(tempfile.gettempdir()) / "alphaagent-workspaces"
+        self.local_dir = (Path(local_dir) if local_dir is not None else default_dir).absolute()
+        self.multipart_bytes = multipart_bytes
+
+    @property
+    def client(self) -> Any:
+        """The S3 client, created on first use (nothing is created at import or construction)."""
+        if self._client is None:
+            self._client = _boto3().client("s3")
+        return self._client
+
+    def _transfer_config(self) -> Any:
+        transfer = importlib.import_module("boto3.s3.transfer")
+        return transfer.TransferConfig(
+            multipart_threshold=self.multipart_bytes, multipart_chunksize=self.multipart_bytes
+        )
+
+    # -- scopes ------------------------------------------------------------------------------------
+
+    def ensure_scope(self, scope: Scope) -> None:
+        """Create the six folders of the scope as zero-byte folder markers (``{scope.key}/{folder}/``,
+        what the S3 console's "Create folder" makes) if missing; idempotent. Markers are written with
+        ``IfNoneMatch="*"`` so repeated calls add no object versions. Markers are never listed as files.
+        """
+        for folder in SCOPE_FOLDERS:
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket, Key=f"{scope.key}/{folder}/", Body=b"", IfNoneMatch="*"
+                )
+            except _client_error() as error:
+                if _error_code(error) not in _PRECONDITION_CODES:
+                    raise
+
+    def scope_exists(self, scope: Scope) -> bool:
+        """True when any object (a folder marker or a file) exists under ``{scope.key}/``."""
+        response = self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"{scope.key}/", MaxKeys=1)
+        return int(response.get("KeyCount", 0)) > 0
+
+    def local_root(self, scope: Scope) -> Path:
+        """``local_dir/<scope.key>``: the local working copy where code runs. Not created here: the env
+        function fills it with ``sync_down`` and sends changes back with ``sync_up``."""
+        return self.local_dir / scope.key
+
+    # -- files -------------------------------------------------------------------------------------
+
+    def read_bytes(self, scope: Scope, path: str) -> bytes:
+        """The whole content of the object ``{scope.key}/{path}``.
+
+        Raises:
+            PathRuleError: ``path`` breaks a rule of DESIGN §4.2.
+            FileNotFoundError: no such object.
+        """
+        with self.open_file(scope, path) as reader:
+            return reader.read()
+
+    def open_file(self, scope: Scope, path: str) -> BinaryIO:
+        """A streaming binary reader of the object (one GetObject: later writes to the key do not
+        change what it returns); the caller closes it.
+
+        Raises:
+            PathRuleError: ``path`` breaks a rule of DESIGN §4.2.
+            FileNotFoundError: no such object.
+        """
+        key = self._key(scope, path)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        except _client_error() as error:
+            if _error_code(error) in _MISSING_CODES:
+                raise FileNotFoundError(f"no file {path!r} in scope {scope.key!r}") from None
+            raise
+        body: BinaryIO = response["Body"]
+        return body
+
+    def write_bytes(self, scope: Scope, path: str, data: bytes) -> None:
+        """Replace the object ``{scope.key}/{path}`` with ``data`` in one PutObject (atomic in S3; at
+        most 5 GiB, S3's single-PUT limit). S3 has no folders to create.
+
+        Raises:
+            PathRuleError: ``path`` breaks a rule of DESIGN §4.2. Nothing is written in that case.
+        """
+        key = self._key(scope, path)
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def stat(self, scope: Scope, path: str) -> FileInfo | None:
+        """The ``FileInfo`` of the object (HeadObject), or None if there is none.
+
+        Raises:
+            PathRuleError: ``path`` breaks a rule of DESIGN §4.2.
+        """
+        key = self._key(scope, path)
+        try:
+            response = self.client.head_object(Bucket=self.bucket, Key=key)
+        except _client_error() as error:
+            if _error_code(error) in _MISSING_CODES:
+                return None
+            raise
+        return FileInfo(
+            path=key[len(scope.key) + 1 :],
+            size_bytes=int(response["ContentLength"]),
+            modified_at=_utc(response["LastModified"]),
+        )
+
+    def list_files(
+        self, scope: Scope, prefix: str = "", skipped: list[tuple[str, str]] | None = None
+    ) -> list[FileInfo]:
+        """Files of the scope below the folder ``prefix`` ('' for all), sorted by path.
+
+        ``prefix`` is a folder path matched by whole components (``"reports"`` does not match
+        ``reports2/``); one trailing '/' is accepted. Pages through ListObjectsV2 (1,000 keys a page).
+        Folder markers and keys no method could address (not NFC, breaking a rule) are left out; when
+        ``skipped`` is given, each such key (not the markers) is appended to it as ``(path, reason)``
+        (S3 keys are always UTF-8, so the path is shown as it is).
+
+        Raises:
+            PathRuleError: ``prefix`` breaks a rule of DESIGN §4.2.
+        """
+        folder = prefix[:-1] if prefix.endswith("/") else prefix
+        scope_prefix = f"{scope.key}/"
+        key_prefix = scope_prefix + (self._path(scope, folder) + "/" if folder else "")
+        files: list[FileInfo] = []
+        for item in self._iter_objects(key_prefix):
+            path = item["Key"][len(scope_prefix) :]
+            if _addressable(path, scope_prefix):
+                files.append(
+                    FileInfo(path=path, size_bytes=int(item["Size"]), modified_at=_utc(item["LastModified"]))
+                )
+            elif skipped is not None and not _folder_marker(path):
+                skipped.append((path, "name cannot be addressed (not NFC or a path rule)"))
+        files.sort(key=lambda info: info.path)
+        return files
+
+    # -- blobs -------------------------------------------------------------------------------------
+
+    def put_blob(self, scope: Scope, path: str) -> tuple[str, int]:
+        """Copy the object ``{scope.key}/{path}`` into content-addressed storage; return
+        ``(sha256 hex, size in bytes)``.
+
+        The object is streamed once and hashed in 1 MiB blocks (constant memory), then copied server
+        side to ``blobs/sha256/<ab>/<hex>``, pinned to the version (or ETag) that was hashed, so the
+        blob holds exactly the hashed bytes even if the file changes meanwhile. A blob that exists
+        already is kept, never rewritten (HeadObject first, and ``IfNoneMatch="*"`` on the copy against
+        a concurrent writer).
+
+        Raises:
+            PathRuleError: ``path`` breaks a rule of DESIGN §4.2.
+            FileNotFoundError: no such object.
+            FileChangedError: the object changed between hashing and copying (unversioned bucket).
+        """
+        key = self._key(scope, path)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        except _client_error() as error:
+            if _error_code(error) in _MISSING_CODES:
+                raise FileNotFoundError(f"no file {path!r} in scope {scope.key!r}") from None
+            raise
+        digest = hashlib.sha256()
+        size = 0
+        with contextlib.closing(response["Body"]) as body:
+            while chunk := body.read(HASH_BLOCK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+        sha256 = digest.hexdigest()
+        blob_key = _blob_key(sha256)
+        if self._exists(blob_key):
+            return sha256, size
+        source: dict[str, str] = {"Bucket": self.bucket, "Key": key}
+        version_id = response.get("VersionId")
+        if version_id and version_id != "null":
+            source["VersionId"] = version_id
+        etag = str(response["ETag"])
+        if size <= MAX_COPY_BYTES:
+            try:
+                self.client.copy_object(
+                    Bucket=self.bucket,
+                    Key=blob_key,
+                    CopySource=source,
+                    CopySourceIfMatch=etag,
+                    IfNoneMatch="*",
+                )
+            except _client_error() as error:
+                if _error_code(error) not in _PRECONDITION_CODES:
+                    raise
+                # IfNoneMatch: a concurrent writer stored the same bytes first, which is fine.
+                # CopySourceIfMatch: the file changed after it was hashed; nothing is stored.
+                if not self._exists(blob_key):
+                    raise FileChangedError(
+                        f"{path!r} in scope {scope.key!r} changed while it was being stored; retry"
+                    ) from None
+        else:
+            self.client.copy(
+                source,
+                self.bucket,
+                blob_key,
+                ExtraArgs={"CopySourceIfMatch": etag},
+                Config=self._transfer_config(),
+            )
+        return sha256, size
+
+    def read_blob(self, sha256: str) -> bytes:
+        """The bytes stored under the lowercase hex digest ``sha256``.
+
+        Raises:
+            FileNotFoundError: no blob under that digest; also for anything that is not 64 lowercase
+                hex digits (so no digest names a key outside the blob store).
+        """
+        if not _SHA256_HEX.fullmatch(sha256):
+            raise FileNotFoundError(f"no blob stored under {sha256!r}")
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=_blob_key(sha256))
+        except _client_error() as error:
+            if _error_code(error) in _MISSING_CODES:
+                raise FileNotFoundError(f"no blob stored under {sha256!r}") from None
+            raise
+        with contextlib.closing(response["Body"]) as body:
+            data: bytes = body.read()
+        return data
+
+    # -- working copy sync (the env function) ------------------------------------------------------
+
+    def sync_down(self, scope: Scope, prefixes: Iterable[str], max_bytes: int) -> SyncReport:
+        """Download the files below the folders ``prefixes`` ('' for all) into ``local_root(scope)``.
+
+        Files are considered in path order and each is taken if it still fits in ``max_bytes`` (the
+        run's input budget, in bytes); one that does not is reported as ``over_budget``, never cut.
+        Each file is streamed into a temporary file beside its target and renamed into place; no
+        symlink is followed at any component below ``local_dir``, and a target blocked by a symlink, a
+        file or a directory is skipped (``local_path_unsafe``), never written through.
+
+        Raises:
+            PathRuleError: a prefix breaks a rule of DESIGN §4.2.
+        """
+        wanted: dict[str, FileInfo] = {}
+        for prefix in prefixes:
+            for info in self.list_files(scope, prefix):
+                wanted[info.path] = info
+        report = SyncReport()
+        with self._local_scope_dir(scope) as root:
+            for path in sorted(wanted):
+                size = wanted[path].size_bytes
+                if report.bytes_transferred + size > max_bytes:
+                    report.skipped.append(SkippedFile(path, SKIP_OVER_BUDGET))
+                    continue
+                if self._download(scope, path, root):
+                    report.transferred.append(path)
+                    report.bytes_transferred += size
+                else:
+                    report.skipped.append(SkippedFile(path, SKIP_LOCAL_UNSAFE))
+        return report
+
+    def sync_up(self, scope: Scope, changed_paths: Iterable[str]) -> SyncReport:
+        """Upload exactly ``changed_paths`` (workspace-relative) from ``local_root(scope)`` to the scope.
+
+        Regular files only: each is opened with ``O_NOFOLLOW`` at every component below ``local_dir``,
+        so a symlink (to ``/proc/self/environ``, ``/var/task``, another scope), a symlinked directory, a
+        FIFO or a device is skipped as ``not_regular_file`` and reported, never uploaded (case PATH-01).
+        A path that breaks a rule is skipped as ``path_rule`` (case PATH-03): no key outside
+        ``{scope.key}/`` is ever written. Files of ``multipart_bytes`` or more go by multipart upload.
+        """
+        report = SyncReport()
+        config = self._transfer_config()
+        with self._local_scope_dir(scope) as root:
+            for raw in changed_paths:
+                try:
+                    path = check_workspace_path(raw, prefix=f"{scope.key}/")
+                except PathRuleError:
+                    report.skipped.append(SkippedFile(raw, SKIP_PATH_RULE))
+                    continue
+                try:
+                    fd = safefs.open_regular(root, path.split("/"))
+                except FileNotFoundError:
+                    report.skipped.append(SkippedFile(path, SKIP_NOT_REGULAR))
+                    continue
+                with os.fdopen(fd, "rb") as reader:
+                    size = os.fstat(reader.fileno()).st_size
+                    self.client.upload_fileobj(reader, self.bucket, f"{scope.key}/{path}", Config=config)
+                report.transferred.append(path)
+                report.bytes_transferred += size
+        return report
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _path(self, scope: Scope, path: str) -> str:
+        return check_workspace_path(path, prefix=f"{scope.key}/")
+
+    def _key(self, scope: Scope, path: str) -> str:
+        return f"{scope.key}/{self._path(scope, path)}"
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except _client_error() as error:
+            if _error_code(error) in _MISSING_CODES:
+                return False
+            raise
+        return True
+
+    def _iter_objects(self, key_prefix: str) -> Iterator[dict[str, Any]]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=key_prefix):
+            yield from page.get("Contents", [])
+
+    @contextlib.contextmanager
+    def _local_scope_dir(self, scope: Scope) -> Iterator[int]:
+        """The working copy's root fd, created if missing, reached without following a link below
+        ``local_dir`` (``PathRuleError`` if one is in the way)."""
+        base = safefs.open_root(self.local_dir, create=True)
+        try:
+            fd = safefs.open_dir(base, scope.key.split("/"), create=True)
+        except OSError as error:
+            raise PathRuleError(
+                f"local working copy of {scope.key!r} is unusable: {safefs.describe(error)}"
+            ) from None
+        finally:
+            os.close(base)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _download(self, scope: Scope, path: str, root: int) -> bool:
+        """Stream one object into the working copy; False when the local path is blocked."""
+        parts = path.split("/")
+        try:
+            parent = safefs.open_dir(root, parts[:-1], create=True)
+        except OSError as error:
+            if error.errno in safefs.MISSING_ERRNOS:
+                return False
+            raise
+        try:
+            existing = _lstat_or_none(parts[-1], parent)
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                return False  # a symlink, directory or FIFO is never replaced or written through
+            tmp, fd = safefs.create_temp(parent, mode=0o644)
+            try:
+                with os.fdopen(fd, "wb") as writer:
+                    self.client.download_fileobj(
+                        self.bucket, f"{scope.key}/{path}", writer, Config=self._transfer_config()
+                    )
+                os.replace(tmp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=parent)
+                raise
+        finally:
+            os.close(parent)
+        return True
+
+
+def _lstat_or_none(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _folder_marker(path: str) -> bool:
+    """True for the zero-byte ``{folder}/`` objects of ``ensure_scope``."""
+    return path.endswith("/") and "//" not in path and path[:-1] in SCOPE_FOLDERS
+
+
+def _blob_key(sha256: str) -> str:
+    return f"{BLOB_PREFIX}{sha256[:2]}/{sha256}"
+
+
+def _addressable(path: str, scope_prefix: str) -> bool:
+    """True when ``path`` is the canonical spelling of a valid workspace path (folder markers, which
+    end in '/', are not)."""
+    try:
+        return check_workspace_path(path, prefix=scope_prefix) == path
+    except PathRuleError:
+        return False
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC) if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+if TYPE_CHECKING:
+    from alphaagent.ports import Workspace
+
+    # mypy proves here that S3Workspace satisfies the Workspace Protocol.
+    _WORKSPACE_PROTOCOL_CHECK: type[Workspace] = S3Workspace

@@ -1,0 +1,57 @@
+"""``python -m coder``: the coder worker of the ECS service (see ``coder.worker``).
+
+Reads ``CODER_QUEUE_URL``, ``WORKER_CONCURRENCY``, ``HEARTBEAT_SECONDS``, ``STOP_TIMEOUT_SECONDS``
+and the model's variables (``coder.settings``). SIGTERM (ECS stopping the task) and SIGINT stop it:
+no new message is taken and in-flight turns finish or are failed within the stop timeout.
+
+Until the AWS adapters exist, turns run on the local backend under ``$ALPHAAGENT_HOME``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+
+def main() -> int:
+    """Run the worker until SIGTERM; returns the process's exit status."""
+    import boto3
+
+    from alphaagent.api import AlphaAgent
+    from alphaagent.errors import AlphaAgentError
+    from coder.settings import coder_settings
+    from coder.worker import CoderWorker, worker_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = worker_settings()
+        model = coder_settings()
+    except (ValueError, AlphaAgentError) as exc:
+        print(f"coder worker: {exc}", file=sys.stderr)
+        return 2
+    coder = None
+    if model is not None:
+        from coder.agent import make_coder
+
+        coder = make_coder(model)
+    else:
+        logging.getLogger("coder").warning("no model configured: only specs with pinned steps can run")
+    with AlphaAgent() as agent:
+        worker = CoderWorker(
+            agent.backend, coder, settings, sqs=boto3.client("sqs"), sfn=boto3.client("stepfunctions")
+        )
+
+        def _stop(signum: int, _frame: FrameType | None) -> None:
+            logging.getLogger("coder").info("signal %d: stopping", signum)
+            worker.stop()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

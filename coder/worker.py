@@ -1,0 +1,388 @@
+"""The coder worker (DESIGN §3 step 5): a long-lived loop on the CoderQueue that runs one turn per
+message and answers the waiting Step Functions task.
+
+The state machine sends ``{"task_token": ..., "spec": {...}}`` (or ``"spec_key"``, a claim check)
+with ``sqs:sendMessage.waitForTaskToken``. For each message the worker runs the turn through the
+domain (``alphaagent.domain.turns.run_turn``) on the ``Backend`` it was given, heartbeats the task
+while the turn runs, answers ``SendTaskSuccess`` with a small pointer to the turn result or
+``SendTaskFailure`` with the error class name (the contract the machine's ``Retry``/``Catch``
+match on), and only then deletes the message.
+
+The backend is injected: the AWS adapters (DynamoDB store, S3 workspace, EventBridge bus, env
+Lambda executor) do not exist yet, so ``python -m coder`` and the tests use the local backend
+(``alphaagent.api.AlphaAgent(home).backend``).
+
+Example::
+
+    worker = CoderWorker(agent.backend, coder, settings, sqs=boto3.client("sqs"),
+                         sfn=boto3.client("stepfunctions"))
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    worker.run()  # returns once stopped and every in-flight turn is answered
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from alphaagent.domain.backend import Backend
+from alphaagent.domain.turns import Coder, run_turn
+from alphaagent.errors import AlphaAgentError
+from alphaagent.models.common import scope_from_key
+from alphaagent.models.records import TurnResult
+from alphaagent.models.spec import Spec, parse_spec
+
+logger = logging.getLogger(__name__)
+
+MAX_CAUSE_CHARS = 32_768
+"""``SendTaskFailure`` accepts a cause of at most 32,768 characters (Step Functions API limit)."""
+
+_GONE_TASK_ERRORS = ("TaskDoesNotExist", "TaskTimedOut", "InvalidToken")
+"""Answers meaning nobody waits for this task token any more: stop heartbeating, drop the message."""
+
+
+class WorkerSettings(BaseModel):
+    """The worker's configuration (seconds throughout).
+
+    - ``coder_queue_url``: the CoderQueue (``CODER_QUEUE_URL``).
+    - ``concurrency``: turns run at once, one thread each (``WORKER_CONCURRENCY``, default 1).
+    - ``heartbeat_seconds``: interval of ``SendTaskHeartbeat`` while a turn runs
+      (``HEARTBEAT_SECONDS``, default and maximum 40: the machine's ``HeartbeatSeconds`` is ~120, so
+      two heartbeats may be lost before the task times out).
+    - ``stop_timeout_seconds``: after SIGTERM, how long in-flight turns may still run before they
+      are failed with ``WorkerStopping`` (``STOP_TIMEOUT_SECONDS``, default 100: below ECS's
+      maximum ``stopTimeout`` of 120 s, which ends in SIGKILL).
+    - ``wait_time_seconds``: SQS long polling (20, the SQS maximum); a stop waits at most this long
+      for an idle poll to return.
+    - ``visibility_timeout_seconds``: renewed on every heartbeat, so a long turn's message is not
+      delivered to another worker meanwhile.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    coder_queue_url: str = Field(min_length=1)
+    concurrency: int = Field(1, ge=1, le=64)
+    heartbeat_seconds: float = Field(40.0, gt=0, le=40)
+    stop_timeout_seconds: float = Field(100.0, gt=0, le=120)
+    wait_time_seconds: int = Field(20, ge=0, le=20)
+    visibility_timeout_seconds: int = Field(180, ge=1, le=43_200)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
+        """The settings in ``env``; raises ``pydantic.ValidationError`` naming the bad field."""
+        names = {
+            "coder_queue_url": "CODER_QUEUE_URL",
+            "concurrency": "WORKER_CONCURRENCY",
+            "heartbeat_seconds": "HEARTBEAT_SECONDS",
+            "stop_timeout_seconds": "STOP_TIMEOUT_SECONDS",
+        }
+        values = {field: env[name] for field, name in names.items() if env.get(name, "").strip()}
+        return cls.model_validate(values)
+
+
+@lru_cache(maxsize=1)
+def worker_settings() -> WorkerSettings:
+    """The process's worker settings, read from the environment once."""
+    return WorkerSettings.from_env(os.environ)
+
+
+class CoderMessage(BaseModel):
+    """The body of a CoderQueue message, as the state machine's ``MessageBody`` builds it.
+
+    - ``task_token``: ``$$.Task.Token`` of the waiting ``sqs:sendMessage.waitForTaskToken`` task.
+    - ``spec``: the spec (DESIGN §4.5) inline, or
+    - ``spec_key``: a claim check: the workspace key of the spec written by the prepare step,
+      ``{scope key}/spec/{turn_id}.json`` (for specs near the 256 KiB state limit).
+    Exactly one of ``spec`` and ``spec_key``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_token: str = Field(min_length=1, max_length=1024)
+    spec: dict[str, Any] | None = None
+    spec_key: str | None = Field(None, pattern=r"^.+/spec/[^/]+\.json$", max_length=1024)
+
+    @model_validator(mode="after")
+    def _one_spec(self) -> CoderMessage:
+        if (self.spec is None) == (self.spec_key is None):
+            raise ValueError("give exactly one of spec and spec_key")
+        return self
+
+    def load_spec(self, backend: Backend) -> Spec:
+        """The spec, read from the workspace when the message carries a claim check.
+
+        Raises ``InvalidSpecError`` for a malformed spec, ``FileNotFoundError`` for a missing key,
+        ``ValueError`` for a key outside any scope.
+        """
+        if self.spec is not None:
+            return parse_spec(json.dumps(self.spec))
+        assert self.spec_key is not None
+        scope_key, _, name = self.spec_key.partition("/spec/")
+        data = backend.workspace.read_bytes(scope_from_key(scope_key), f"spec/{name}")
+        return parse_spec(data)
+
+
+class TurnPointer(BaseModel):
+    """The ``SendTaskSuccess`` output: where the turn's result is, not the result itself (it may be
+    larger than the 256 KiB state limit). ``result_key`` is relative to the scope."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn_id: str
+    status: str
+    scope_key: str
+    result_key: str
+
+    @classmethod
+    def of(cls, spec: Spec, result: TurnResult) -> TurnPointer:
+        """The pointer to ``result`` (stored at ``work/turns/{turn_id}/result.json``)."""
+        return cls(
+            turn_id=result.turn_id,
+            status=result.status,
+            scope_key=spec.scope.key,
+            result_key=f"work/turns/{result.turn_id}/result.json",
+        )
+
+
+class _Task:
+    """One message in flight: answered exactly once, whichever of the turn and the stop comes first."""
+
+    def __init__(self, receipt: str, token: str) -> None:
+        self.receipt, self.token = receipt, token
+        self.done = threading.Event()
+        self.answered = False
+        self.lock = threading.Lock()
+        self.outcome: TurnPointer | BaseException | None = None
+
+
+class CoderWorker:
+    """Takes messages from the CoderQueue and runs their turns; see the module docstring.
+
+    ``sqs`` and ``sfn`` are boto3 clients (``sqs``, ``stepfunctions``), created by the caller
+    (never at import). ``coder`` is ``None`` when no model is configured: specs with pinned steps
+    still run, specs without steps fail with ``InvalidSpecError``.
+
+    ``SendTaskFailure`` errors (the contract with the state machine's ``Retry``/``Catch``): the class
+    name of what ``run_turn`` raised (``InvalidSpecError``, ``NotFoundError``, ``ScopeBusyError``, or
+    a defect's class such as ``RuntimeError``); ``WorkerStopping`` when a stop's deadline passed
+    before the turn ended; ``InvalidMessageError`` for a body with a task token but no valid spec.
+    A turn that ends ``failed`` is a result, answered with ``SendTaskSuccess`` (``status: failed``):
+    the turn driver has already recorded it and published ``TurnFailed``.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        coder: Coder | None,
+        settings: WorkerSettings,
+        *,
+        sqs: Any,
+        sfn: Any,
+    ) -> None:
+        self.backend, self.coder, self.settings = backend, coder, settings
+        self.sqs, self.sfn = sqs, sfn
+        self._stopping = threading.Event()
+        self._deadline: float | None = None
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        """Stop taking messages; in-flight turns get ``stop_timeout_seconds`` to finish, then are
+        failed with ``WorkerStopping``. Safe to call from a signal handler and more than once."""
+        if not self._stopping.is_set():
+            self._deadline = time.monotonic() + self.settings.stop_timeout_seconds
+            self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called."""
+        return self._stopping.is_set()
+
+    def run(self) -> None:
+        """Run ``concurrency`` polling threads until ``stop()``; returns when every thread is done
+        (each in-flight task answered). Joins with a timeout so signals reach the main thread."""
+        self._threads = [
+            threading.Thread(target=self._poll, name=f"coder-worker-{i}", daemon=True)
+            for i in range(self.settings.concurrency)
+        ]
+        for thread in self._threads:
+            thread.start()
+        for thread in self._threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+
+    # ------------------------------------------------------------------ one thread
+
+    def _poll(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                response = self.sqs.receive_message(
+                    QueueUrl=self.settings.coder_queue_url,
+                    MaxNumberOfMessages=1,
+                    WaitTimeSeconds=self.settings.wait_time_seconds,
+                    VisibilityTimeout=self.settings.visibility_timeout_seconds,
+                )
+            except Exception:  # a network or throttling error must not end the worker
+                logger.exception("receiving from the CoderQueue failed; retrying")
+                self._stopping.wait(1.0)
+                continue
+            for message in response.get("Messages", []):
+                if self._stopping.is_set():
+                    # Received during the stop: give it back at once for another worker.
+                    self._release(message["ReceiptHandle"])
+                    continue
+                self.handle(message)
+
+    def handle(self, message: Mapping[str, Any]) -> None:
+        """Run the turn of one SQS message (``Body``, ``ReceiptHandle``) and answer its task."""
+        receipt = message["ReceiptHandle"]
+        try:
+            body = CoderMessage.model_validate_json(message["Body"])
+        except ValidationError as exc:
+            detail = f"the CoderQueue message is not a coder message: {exc.errors()[0]['msg']}"
+            token = _task_token_of(message["Body"])
+            if token is None:
+                # Nobody to answer: the message is delivered again until the queue's DLQ keeps it.
+                logger.error("%s (and it carries no task token)", detail)
+                return
+            self._answer_failure(_Task(receipt, token), "InvalidMessageError", detail)
+            return
+        task = _Task(receipt, body.task_token)
+        turn = threading.Thread(target=self._run_turn, args=(task, body), name="coder-turn", daemon=True)
+        turn.start()
+        self._attend(task)
+
+    def _run_turn(self, task: _Task, body: CoderMessage) -> None:
+        try:
+            spec = body.load_spec(self.backend)
+            result = run_turn(self.backend, spec, coder=self.coder)
+            task.outcome = TurnPointer.of(spec, result)
+        except BaseException as exc:  # the turn's failure is the task's failure, whatever it is
+            if not isinstance(exc, AlphaAgentError):
+                logger.exception("turn of task %s…%s crashed", task.token[:8], task.token[-4:])
+            task.outcome = exc
+        finally:
+            task.done.set()
+
+    def _attend(self, task: _Task) -> None:
+        """Heartbeat until the turn ends or the stop deadline passes, then answer once."""
+        interval = self.settings.heartbeat_seconds
+        next_beat = time.monotonic() + interval
+        alive = True
+        while True:
+            # Wake at least every second: a stop() may come at any time and set a deadline sooner
+            # than the next heartbeat.
+            wait = min(next_beat - time.monotonic(), 1.0)
+            if self._deadline is not None:
+                wait = min(wait, self._deadline - time.monotonic())
+            if task.done.wait(max(wait, 0.0)):
+                break
+            now = time.monotonic()
+            if self._deadline is not None and now >= self._deadline:
+                self._answer_failure(
+                    task,
+                    "WorkerStopping",
+                    f"the worker was stopped and the turn did not finish within"
+                    f" {self.settings.stop_timeout_seconds:g} s",
+                )
+                return
+            if now >= next_beat:
+                if alive:
+                    alive = self._heartbeat(task)
+                next_beat = now + interval
+        outcome = task.outcome
+        if isinstance(outcome, TurnPointer):
+            self._answer_success(task, outcome)
+        else:
+            assert outcome is not None
+            self._answer_failure(task, type(outcome).__name__, str(outcome) or type(outcome).__name__)
+
+    # ------------------------------------------------------------------ AWS calls
+
+    def _heartbeat(self, task: _Task) -> bool:
+        """One heartbeat (and a longer visibility for the message); False once the task is gone."""
+        try:
+            self.sfn.send_task_heartbeat(taskToken=task.token)
+        except Exception as exc:
+            if _error_code(exc) in _GONE_TASK_ERRORS:
+                logger.warning(
+                    "task gone (%s); the turn runs on, its answer will be dropped", _error_code(exc)
+                )
+                return False
+            logger.warning("SendTaskHeartbeat failed: %s", exc)
+        try:
+            self.sqs.change_message_visibility(
+                QueueUrl=self.settings.coder_queue_url,
+                ReceiptHandle=task.receipt,
+                VisibilityTimeout=self.settings.visibility_timeout_seconds,
+            )
+        except Exception as exc:
+            logger.warning("extending the message's visibility failed: %s", exc)
+        return True
+
+    def _answer_success(self, task: _Task, pointer: TurnPointer) -> None:
+        self._answer(task, "send_task_success", output=pointer.model_dump_json())
+
+    def _answer_failure(self, task: _Task, error: str, cause: str) -> None:
+        self._answer(task, "send_task_failure", error=error[:256], cause=cause[:MAX_CAUSE_CHARS])
+
+    def _answer(self, task: _Task, action: str, **kwargs: str) -> None:
+        """Answer the task once (retrying transient errors), then delete the message. When the
+        answer cannot be given, the message stays: it is delivered again after its visibility
+        timeout, and ``run_turn`` returns the stored result of a finished turn without running it
+        twice."""
+        with task.lock:
+            if task.answered:
+                return
+            task.answered = True
+        for attempt in range(4):
+            try:
+                getattr(self.sfn, action)(taskToken=task.token, **kwargs)
+                break
+            except Exception as exc:
+                if _error_code(exc) in _GONE_TASK_ERRORS:
+                    logger.warning("%s: task gone (%s); dropping the message", action, _error_code(exc))
+                    break
+                if attempt == 3:
+                    logger.exception("%s failed; the message will be delivered again", action)
+                    return
+                time.sleep(0.5 * 2**attempt)
+        try:
+            self.sqs.delete_message(QueueUrl=self.settings.coder_queue_url, ReceiptHandle=task.receipt)
+        except Exception:
+            logger.exception("deleting the answered message failed")
+
+    def _release(self, receipt: str) -> None:
+        try:
+            self.sqs.change_message_visibility(
+                QueueUrl=self.settings.coder_queue_url, ReceiptHandle=receipt, VisibilityTimeout=0
+            )
+        except Exception:
+            logger.exception("giving a message back to the CoderQueue failed")
+
+
+def _task_token_of(body: str) -> str | None:
+    """The ``task_token`` of a message body that is not a valid ``CoderMessage``, if it has one."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    token = data.get("task_token") if isinstance(data, dict) else None
+    return token if isinstance(token, str) and token else None
+
+
+def _error_code(exc: BaseException) -> str:
+    """The AWS error code of a botocore ``ClientError`` (``""`` for anything else)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""

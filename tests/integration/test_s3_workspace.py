@@ -1,0 +1,619 @@
+"""Behaviour of the S3 conversation filesystem under moto (DESIGN §4.2): the key layout, the path rules
+(PATH-03), NFC names, atomic writes, listing, immutable content-addressed blobs, multipart uploads, and
+the env function's sync that never follows a symlink (PATH-01)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tracemalloc
+import unicodedata
+from collections.abc import Callable, Iterator
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from alphaagent.aws.workspace import (
+    SKIP_LOCAL_UNSAFE,
+    SKIP_NOT_REGULAR,
+    SKIP_OVER_BUDGET,
+    SKIP_PATH_RULE,
+    FileChangedError,
+    S3Workspace,
+    SkippedFile,
+    workspaces_bucket_name,
+)
+from alphaagent.errors import RetryableError
+from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError
+
+MiB = 2**20
+BUCKET = workspaces_bucket_name("123456789012", "us-east-1")
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        client.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        yield client
+
+
+@pytest.fixture
+def workspace(s3: Any, tmp_path: Path) -> S3Workspace:
+    return S3Workspace(BUCKET, client=s3, local_dir=tmp_path / "work", multipart_bytes=5 * MiB)
+
+
+@pytest.fixture
+def scope(workspace: S3Workspace) -> ConversationScope:
+    scope = ConversationScope(conversation_id="c1")
+    workspace.ensure_scope(scope)
+    return scope
+
+
+@pytest.fixture
+def other(workspace: S3Workspace) -> ConversationScope:
+    other = ConversationScope(conversation_id="conv-OTHER")
+    workspace.ensure_scope(other)
+    workspace.write_bytes(other, "datasets/x.csv", b"other conversation's data\n")
+    workspace.write_bytes(other, "reports/leak.md", b"other conversation's report\n")
+    return other
+
+
+def bucket_contents(s3: Any) -> dict[str, bytes]:
+    """Every current object of the bucket, key -> bytes."""
+    found: dict[str, bytes] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for item in page.get("Contents", []):
+            found[item["Key"]] = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
+    return found
+
+
+def version_count(s3: Any, key: str) -> int:
+    versions = s3.list_object_versions(Bucket=BUCKET, Prefix=key).get("Versions", [])
+    return sum(1 for version in versions if version["Key"] == key)
+
+
+# -- layout and scopes -----------------------------------------------------------------------------
+
+
+def test_files_are_stored_at_exactly_the_scope_key_and_path(s3: Any, workspace: S3Workspace) -> None:
+    # Given a conversation and a workflow node that do not exist yet
+    conversation = ConversationScope(conversation_id="c1")
+    node = NodeScope(workflow_execution_id="wf1", node_id="n1")
+    assert workspace.scope_exists(conversation) is False
+
+    # When both are ensured (twice) and written to
+    for _ in range(2):
+        workspace.ensure_scope(conversation)
+        workspace.ensure_scope(node)
+    workspace.write_bytes(conversation, "datasets/x.csv", b"a,b\n1,2\n")
+    workspace.write_bytes(node, "reports/r.md", b"# r\n")
+
+    # Then the objects are {scope.key}/{path}, the six folder markers exist once each, and read back
+    contents = bucket_contents(s3)
+    assert contents["conversations/c1/datasets/x.csv"] == b"a,b\n1,2\n"
+    assert contents["workflows/wf1/nodes/n1/reports/r.md"] == b"# r\n"
+    assert workspace.scope_exists(conversation) and workspace.scope_exists(node)
+    folders = ("spec", "docs", "datasets", "charts", "reports", "work")
+    assert all(version_count(s3, f"conversations/c1/{folder}/") == 1 for folder in folders)
+    assert workspace.read_bytes(node, "reports/r.md") == b"# r\n"
+    assert [info.path for info in workspace.list_files(conversation)] == ["datasets/x.csv"]
+
+
+def test_the_client_is_created_on_first_use_from_the_environment(s3: Any, tmp_path: Path) -> None:
+    # Given a workspace constructed with no client (as a Lambda builds it from its settings)
+    workspace = S3Workspace(BUCKET, local_dir=tmp_path)
+    scope = ConversationScope(conversation_id="c1")
+
+    # When it is used
+    workspace.write_bytes(scope, "reports/a.md", b"a")
+
+    # Then it reached the bucket through a client of its own
+    assert s3.get_object(Bucket=BUCKET, Key="conversations/c1/reports/a.md")["Body"].read() == b"a"
+
+
+def test_a_multipart_size_below_the_s3_minimum_part_is_refused(tmp_path: Path) -> None:
+    # Given a multipart size under S3's 5 MiB minimum part size
+    # When a workspace is configured with it
+    # Then it is refused, naming the limit
+    with pytest.raises(ValueError, match=str(5 * MiB)):
+        S3Workspace(BUCKET, local_dir=tmp_path, multipart_bytes=MiB)
+
+
+def test_a_scope_that_was_never_created_has_no_files(workspace: S3Workspace) -> None:
+    # Given a conversation nobody created
+    ghost = ConversationScope(conversation_id="ghost")
+
+    # When it is read, stat'ed and listed
+    # Then it simply has no files
+    with pytest.raises(FileNotFoundError):
+        workspace.read_bytes(ghost, "reports/a.md")
+    with pytest.raises(FileNotFoundError):
+        workspace.put_blob(ghost, "reports/a.md")
+    assert workspace.stat(ghost, "reports/a.md") is None
+    assert workspace.list_files(ghost) == []
+    assert workspace.scope_exists(ghost) is False
+
+
+# -- path rules (DESIGN §4.2, PATH-03) ---------------------------------------------------------------
+
+REJECTED_PATHS = [
+    "../../conv-OTHER/reports/leak.md",
+    "charts/../../../spec/override.json",
+    "/etc/hosts",
+    "reports/a\x00b.md",
+    "reports/a\nb.md",
+    "reports/a\x7fb.md",
+    "a//b",
+    "reports/",
+    "",
+    "./reports/a.md",
+    "..",
+    "reports\\..\\..\\conv-OTHER\\reports\\leak.md",
+]
+
+
+@pytest.mark.parametrize("path", REJECTED_PATHS)
+def test_every_operation_rejects_a_path_that_breaks_a_rule(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope, other: ConversationScope, path: str
+) -> None:
+    # Given two conversations and a snapshot of the bucket
+    before = bucket_contents(s3)
+
+    # When each operation is handed the bad path
+    # Then each one refuses it with PathRuleError ...
+    operations: list[Callable[[], object]] = [
+        lambda: workspace.read_bytes(scope, path),
+        lambda: workspace.open_file(scope, path),
+        lambda: workspace.write_bytes(scope, path, b"pwned"),
+        lambda: workspace.stat(scope, path),
+        lambda: workspace.put_blob(scope, path),
+    ]
+    if path not in ("", "reports/"):  # '' lists everything; one trailing '/' names the folder
+        operations.append(lambda: workspace.list_files(scope, path))
+    for operation in operations:
+        with pytest.raises(PathRuleError):
+            operation()
+
+    # ... and no object was written anywhere in the bucket
+    assert bucket_contents(s3) == before
+
+
+def test_percent_encoded_dots_are_a_literal_name_that_stays_inside_the_scope(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope, other: ConversationScope
+) -> None:
+    # Given another conversation holding datasets/x.csv, and a percent-encoded traversal
+    literal = "..%2F..%2Fconv-OTHER%2Fdatasets%2Fx.csv"
+
+    # When it is read, then written
+    # Then the read finds nothing, and the write creates one key inside this scope, under that name
+    with pytest.raises(FileNotFoundError):
+        workspace.read_bytes(scope, literal)
+    workspace.write_bytes(scope, literal, b"mine")
+    contents = bucket_contents(s3)
+    assert contents[f"conversations/c1/{literal}"] == b"mine"
+    assert contents["conversations/conv-OTHER/datasets/x.csv"] == b"other conversation's data\n"
+    assert [info.path for info in workspace.list_files(scope)] == [literal]
+
+
+def test_the_1024_byte_key_limit_counts_utf8_bytes_of_the_full_key(
+    workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given paths whose full key "conversations/c1/<path>" is exactly 1,024 and 1,025 UTF-8 bytes
+    # (S3 has no 255-byte component limit, so one long segment of 2-byte 'é's is fine)
+    at_limit = "reports/" + "é" * 499 + "f"
+    assert len(("conversations/c1/" + at_limit).encode()) == 1024
+    over_limit = at_limit + "g"
+
+    # When both are written
+    workspace.write_bytes(scope, at_limit, b"fits")
+
+    # Then the 1,024-byte key is stored and reads back, the 1,025-byte one is refused for every use
+    assert workspace.read_bytes(scope, at_limit) == b"fits"
+    with pytest.raises(PathRuleError, match="1024"):
+        workspace.write_bytes(scope, over_limit, b"too long")
+    with pytest.raises(PathRuleError):
+        workspace.read_bytes(scope, over_limit)
+
+
+def test_an_nfd_spelling_finds_the_nfc_object_and_keys_are_stored_nfc(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given a file written under its decomposed (NFD) spelling
+    nfc = "reports/café.md"
+    nfd = unicodedata.normalize("NFD", nfc)
+    assert nfd != nfc
+    workspace.write_bytes(scope, nfd, b"cafe")
+
+    # When it is looked up under either spelling
+    # Then both find it, and the key is the composed (NFC) one
+    assert workspace.read_bytes(scope, nfc) == b"cafe"
+    assert workspace.read_bytes(scope, nfd) == b"cafe"
+    info = workspace.stat(scope, nfd)
+    assert info is not None and info.path == nfc and info.size_bytes == 4
+    assert f"conversations/c1/{nfc}" in bucket_contents(s3)
+    assert f"conversations/c1/{nfd}" not in bucket_contents(s3)
+
+
+# -- writes and listing --------------------------------------------------------------------------------
+
+
+def test_write_bytes_replaces_the_object_in_one_put_and_an_open_reader_keeps_its_version(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given a report and a reader that opened its first version
+    workspace.write_bytes(scope, "reports/a.md", b"version 1\n" * 1000)
+    reader = workspace.open_file(scope, "reports/a.md")
+
+    # When the report is rewritten
+    workspace.write_bytes(scope, "reports/a.md", b"version 2\n")
+
+    # Then the reader still sees the whole first version, new reads see the second, and each write
+    # made exactly one object version (no temporary keys, no partial objects)
+    with reader:
+        assert reader.read() == b"version 1\n" * 1000
+    assert workspace.read_bytes(scope, "reports/a.md") == b"version 2\n"
+    assert version_count(s3, "conversations/c1/reports/a.md") == 2
+    assert [info.path for info in workspace.list_files(scope, "reports")] == ["reports/a.md"]
+
+
+def test_list_files_is_sorted_and_filtered_by_whole_folder_components(
+    workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given files in several folders, including one whose name extends another's
+    for path in ("reports/b.md", "reports/2024/q1.md", "reports2/x.md", "datasets/a.csv", "top.txt"):
+        workspace.write_bytes(scope, path, path.encode())
+
+    # When the scope and a folder are listed
+    everything = workspace.list_files(scope)
+    reports = workspace.list_files(scope, "reports")
+
+    # Then paths are sorted, workspace-relative, with sizes and UTC times; the folder is matched whole
+    assert [info.path for info in everything] == [
+        "datasets/a.csv",
+        "reports/2024/q1.md",
+        "reports/b.md",
+        "reports2/x.md",
+        "top.txt",
+    ]
+    assert [info.path for info in reports] == ["reports/2024/q1.md", "reports/b.md"]
+    assert workspace.list_files(scope, "reports/") == reports
+    assert all(info.size_bytes == len(info.path) for info in everything)
+    assert all(info.modified_at.tzinfo == UTC for info in everything)
+    assert workspace.list_files(scope, "missing") == []
+    assert workspace.list_files(scope, "top.txt") == []
+
+
+def test_list_files_pages_through_more_than_one_thousand_keys(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given 1,005 files in one folder (ListObjectsV2 returns at most 1,000 keys a page)
+    names = [f"work/f{index:04d}.txt" for index in range(1005)]
+    for name in names:
+        s3.put_object(Bucket=BUCKET, Key=f"conversations/c1/{name}", Body=b"x")
+
+    # When the folder is listed
+    # Then every file comes back, in order
+    assert [info.path for info in workspace.list_files(scope, "work")] == names
+
+
+def test_keys_no_workspace_method_could_address_are_not_listed(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given objects put into the scope by other means, under names that break the rules or are not NFC
+    for name in ("back\\slash.md", "new\nline.md", unicodedata.normalize("NFD", "café.md"), "a//b.md"):
+        s3.put_object(Bucket=BUCKET, Key=f"conversations/c1/reports/{name}", Body=b"x")
+    workspace.write_bytes(scope, "reports/ok.md", b"ok")
+
+    # When the scope is listed, asking what was left out
+    skipped: list[tuple[str, str]] = []
+    files = workspace.list_files(scope, skipped=skipped)
+
+    # Then only the addressable file is listed (every listed path can be read back), and each other
+    # key is reported, while the folder markers of ensure_scope are neither listed nor reported
+    assert [info.path for info in files] == ["reports/ok.md"]
+    assert sorted(path for path, _ in skipped) == sorted(
+        f"reports/{name}"
+        for name in ("back\\slash.md", "new\nline.md", unicodedata.normalize("NFD", "café.md"), "a//b.md")
+    )
+
+
+# -- blobs --------------------------------------------------------------------------------------------
+
+
+def test_put_blob_stores_a_content_addressed_copy(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given a chart
+    content = b"\x89PNG fake chart bytes"
+    workspace.write_bytes(scope, "charts/plot.png", content)
+
+    # When it is put into blob storage
+    digest, size = workspace.put_blob(scope, "charts/plot.png")
+
+    # Then the blob is named by its sha256 under blobs/sha256/<ab>/, sized in bytes, and reads back
+    assert digest == hashlib.sha256(content).hexdigest()
+    assert size == len(content)
+    assert bucket_contents(s3)[f"blobs/sha256/{digest[:2]}/{digest}"] == content
+    assert workspace.read_blob(digest) == content
+
+
+def test_a_blob_keeps_its_bytes_when_the_file_changes_and_is_never_rewritten(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given a dataset registered as a blob
+    workspace.write_bytes(scope, "datasets/a.csv", b"v1\n")
+    first, _ = workspace.put_blob(scope, "datasets/a.csv")
+    key = f"blobs/sha256/{first[:2]}/{first}"
+    identity = s3.head_object(Bucket=BUCKET, Key=key)["VersionId"]
+
+    # When the file changes and is registered again, and a copy of v1 elsewhere is registered too
+    workspace.write_bytes(scope, "datasets/a.csv", b"v2\n")
+    second, _ = workspace.put_blob(scope, "datasets/a.csv")
+    workspace.write_bytes(scope, "datasets/copy.csv", b"v1\n")
+    again, _ = workspace.put_blob(scope, "datasets/copy.csv")
+
+    # Then each version keeps its own bytes, and the v1 blob was written once (one version, the same)
+    assert second != first and again == first
+    assert workspace.read_blob(first) == b"v1\n"
+    assert workspace.read_blob(second) == b"v2\n"
+    assert version_count(s3, key) == 1
+    assert s3.head_object(Bucket=BUCKET, Key=key)["VersionId"] == identity
+
+
+def test_an_empty_file_is_a_valid_blob(workspace: S3Workspace, scope: ConversationScope) -> None:
+    # Given an empty file
+    workspace.write_bytes(scope, "work/empty.txt", b"")
+
+    # When it is put into blob storage
+    # Then its digest is sha256 of nothing and it reads back empty
+    assert workspace.put_blob(scope, "work/empty.txt") == (hashlib.sha256(b"").hexdigest(), 0)
+    assert workspace.read_blob(hashlib.sha256(b"").hexdigest()) == b""
+
+
+@pytest.mark.parametrize("digest", ["0" * 64, "../../conversations/c1/reports/a.md", "A" * 64, "abc", ""])
+def test_read_blob_of_an_unknown_or_malformed_digest_is_not_found(
+    workspace: S3Workspace, scope: ConversationScope, digest: str
+) -> None:
+    # Given a scope with a report (a key a malformed digest might try to reach)
+    workspace.write_bytes(scope, "reports/a.md", b"a")
+
+    # When an unknown or malformed digest is read
+    # Then nothing is found
+    with pytest.raises(FileNotFoundError):
+        workspace.read_blob(digest)
+
+
+# -- the env function's working copy: sync down, sync up (PATH-01) ---------------------------------------
+
+
+def test_sync_down_brings_only_the_asked_folders_within_the_byte_budget(
+    workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given a scope with documents, datasets and reports
+    workspace.write_bytes(scope, "docs/a.txt", b"a" * 10)
+    workspace.write_bytes(scope, "datasets/b.csv", b"b" * 10)
+    workspace.write_bytes(scope, "datasets/c.csv", b"c" * 10)
+    workspace.write_bytes(scope, "reports/r.md", b"r" * 10)
+
+    # When docs/ and datasets/ are synced down with a 25-byte budget
+    report = workspace.sync_down(scope, ["docs", "datasets"], max_bytes=25)
+
+    # Then files in path order fill the budget, the rest is reported, and reports/ is not fetched
+    root = workspace.local_root(scope)
+    assert report.transferred == ["datasets/b.csv", "datasets/c.csv"]
+    assert report.bytes_transferred == 20
+    assert report.skipped == [SkippedFile("docs/a.txt", SKIP_OVER_BUDGET)]
+    assert (root / "datasets/b.csv").read_bytes() == b"b" * 10
+    assert (root / "datasets/c.csv").read_bytes() == b"c" * 10
+    assert not (root / "docs/a.txt").exists() and not (root / "reports").exists()
+
+
+def test_sync_down_never_writes_through_a_symlink_in_the_working_copy(
+    workspace: S3Workspace, scope: ConversationScope, tmp_path: Path
+) -> None:
+    # Given a working copy where earlier code planted links: a file link and a linked folder
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target.txt").write_bytes(b"MARKER")
+    root = workspace.local_root(scope)
+    (root / "docs").mkdir(parents=True)
+    os.symlink(outside / "target.txt", root / "docs/a.txt")
+    os.symlink(outside, root / "datasets")
+    workspace.write_bytes(scope, "docs/a.txt", b"from s3")
+    workspace.write_bytes(scope, "datasets/b.csv", b"from s3")
+
+    # When the scope is synced down
+    report = workspace.sync_down(scope, [""], max_bytes=MiB)
+
+    # Then both files are skipped as unsafe and nothing outside changed
+    assert report.transferred == []
+    assert sorted(report.skipped, key=lambda item: item.path) == [
+        SkippedFile("datasets/b.csv", SKIP_LOCAL_UNSAFE),
+        SkippedFile("docs/a.txt", SKIP_LOCAL_UNSAFE),
+    ]
+    assert sorted(os.listdir(outside)) == ["target.txt"]
+    assert (outside / "target.txt").read_bytes() == b"MARKER"
+
+
+def test_sync_up_uploads_regular_files_only_and_reports_links_and_bad_paths(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope, other: ConversationScope
+) -> None:
+    # Given a working copy where user code wrote a report and planted the PATH-01 links and a FIFO
+    root = workspace.local_root(scope)
+    for folder in ("reports", "work", "datasets"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    (root / "reports/real.md").write_bytes(b"# real\n")
+    os.symlink("/proc/self/environ", root / "reports/env.txt")
+    os.symlink("/usr", root / "work/runner_src")
+    os.symlink("/etc/passwd", root / "datasets/users.csv")
+    os.mkfifo(root / "work/pipe")
+    before = bucket_contents(s3)
+
+    # When the run's changed paths (as the sandbox reported them) are synced up
+    report = workspace.sync_up(
+        scope,
+        [
+            "reports/real.md",
+            "reports/env.txt",
+            "work/runner_src/lib/os.py",
+            "datasets/users.csv",
+            "work/pipe",
+            "../../conv-OTHER/reports/leak.md",
+        ],
+    )
+
+    # Then only the regular file is uploaded; every other name is skipped and reported
+    assert report.transferred == ["reports/real.md"]
+    assert report.skipped == [
+        SkippedFile("reports/env.txt", SKIP_NOT_REGULAR),
+        SkippedFile("work/runner_src/lib/os.py", SKIP_NOT_REGULAR),
+        SkippedFile("datasets/users.csv", SKIP_NOT_REGULAR),
+        SkippedFile("work/pipe", SKIP_NOT_REGULAR),
+        SkippedFile("../../conv-OTHER/reports/leak.md", SKIP_PATH_RULE),
+    ]
+    after = bucket_contents(s3)
+    assert after.pop("conversations/c1/reports/real.md") == b"# real\n"
+    assert after == before
+
+
+def test_sync_up_sends_a_large_file_by_multipart_upload(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope
+) -> None:
+    # Given an 11 MiB dataset in the working copy and a 5 MiB multipart size
+    root = workspace.local_root(scope)
+    (root / "datasets").mkdir(parents=True)
+    content = os.urandom(11 * MiB)
+    (root / "datasets/big.bin").write_bytes(content)
+
+    # When it is synced up
+    report = workspace.sync_up(scope, ["datasets/big.bin"])
+
+    # Then it went in three parts (S3's ETag of a multipart object ends in -<parts>) and reads back whole
+    assert report.transferred == ["datasets/big.bin"] and report.bytes_transferred == 11 * MiB
+    head = s3.head_object(Bucket=BUCKET, Key="conversations/c1/datasets/big.bin")
+    assert head["ETag"].strip('"').endswith("-3")
+    info = workspace.stat(scope, "datasets/big.bin")
+    assert info is not None and info.size_bytes == 11 * MiB
+    assert hashlib.sha256(workspace.read_bytes(scope, "datasets/big.bin")).digest() == (
+        hashlib.sha256(content).digest()
+    )
+    digest, size = workspace.put_blob(scope, "datasets/big.bin")
+    assert (digest, size) == (hashlib.sha256(content).hexdigest(), 11 * MiB)
+
+
+class ClientProxy:
+    """The real (moto) S3 client, with ``get_object`` replaceable by a test."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_put_blob_copies_the_version_that_was_hashed_even_if_the_file_changes_meanwhile(
+    s3: Any, tmp_path: Path
+) -> None:
+    # Given a versioned bucket and a file that user code rewrites right after put_blob has read it
+    proxy = ClientProxy(s3)
+    workspace = S3Workspace(BUCKET, client=proxy, local_dir=tmp_path)
+    scope = ConversationScope(conversation_id="c1")
+    workspace.write_bytes(scope, "datasets/a.csv", b"hashed\n")
+
+    def get_then_rewrite(**kwargs: Any) -> Any:
+        response = s3.get_object(**kwargs)
+        s3.put_object(Bucket=BUCKET, Key=kwargs["Key"], Body=b"rewritten meanwhile\n")
+        return response
+
+    proxy.get_object = get_then_rewrite
+
+    # When the file is put into blob storage
+    digest, size = workspace.put_blob(scope, "datasets/a.csv")
+
+    # Then the blob holds exactly the bytes its digest names
+    assert (digest, size) == (hashlib.sha256(b"hashed\n").hexdigest(), 7)
+    assert bucket_contents(s3)[f"blobs/sha256/{digest[:2]}/{digest}"] == b"hashed\n"
+
+
+def test_put_blob_refuses_a_file_that_changed_before_its_copy_in_an_unversioned_bucket(
+    s3: Any, tmp_path: Path
+) -> None:
+    # Given an unversioned bucket, where S3 answers the copy's CopySourceIfMatch with 412 because the
+    # file was rewritten after put_blob hashed it
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Suspended"})
+    proxy = ClientProxy(s3)
+    workspace = S3Workspace(BUCKET, client=proxy, local_dir=tmp_path)
+    scope = ConversationScope(conversation_id="c1")
+    workspace.write_bytes(scope, "datasets/a.csv", b"hashed\n")
+
+    def changed_source(**kwargs: Any) -> Any:
+        assert kwargs["CopySourceIfMatch"] and "VersionId" not in kwargs["CopySource"]
+        raise ClientError({"Error": {"Code": "PreconditionFailed", "Message": "At least one"}}, "CopyObject")
+
+    proxy.copy_object = changed_source
+
+    # When the file is put into blob storage
+    # Then a retryable error names the file, and no blob is stored
+    with pytest.raises(FileChangedError, match=r"datasets/a\.csv") as caught:
+        workspace.put_blob(scope, "datasets/a.csv")
+    assert isinstance(caught.value, RetryableError)
+    assert not any(key.startswith("blobs/") for key in bucket_contents(s3))
+
+
+class Zeros:
+    """A streaming body of ``size`` zero bytes that never holds more than one read in memory."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def read(self, amount: int = -1) -> bytes:
+        count = self.left if amount < 0 else min(amount, self.left)
+        self.left -= count
+        return bytes(count)
+
+    def close(self) -> None:
+        self.left = 0
+
+
+def test_put_blob_hashes_in_constant_memory(s3: Any, tmp_path: Path) -> None:
+    # Given a 64 MiB object, streamed by the client in the reads put_blob asks for
+    proxy = ClientProxy(s3)
+    workspace = S3Workspace(BUCKET, client=proxy, local_dir=tmp_path)
+    scope = ConversationScope(conversation_id="c1")
+    workspace.write_bytes(scope, "datasets/big.bin", b"placeholder")
+    real_get = s3.get_object
+
+    def streamed_get(**kwargs: Any) -> Any:
+        response = real_get(**kwargs)
+        if kwargs["Key"].endswith("datasets/big.bin"):
+            response["Body"] = Zeros(64 * MiB)
+        return response
+
+    proxy.get_object = streamed_get
+
+    # When it is hashed into blob storage while Python allocations are traced
+    tracemalloc.start()
+    try:
+        digest, size = workspace.put_blob(scope, "datasets/big.bin")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    # Then the digest covers every byte and memory stayed near one 1 MiB block
+    assert size == 64 * MiB
+    assert digest == hashlib.sha256(bytes(64 * MiB)).hexdigest()
+    assert peak < 4 * MiB

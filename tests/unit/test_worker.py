@@ -1,0 +1,516 @@
+"""The coder worker under moto (issue 5, item 5): the task-token round trip, heartbeats during a long
+run, SIGTERM mid-turn, ``SendTaskFailure`` after a crash; and the worker's Dockerfile.
+
+moto executes the state machine for real (``execute_state_machine``): its ``Code`` state is an
+``sqs:sendMessage.waitForTaskToken`` task, so the message on the queue carries a real task token and
+the execution ends only when the worker answers. moto keeps no record of heartbeats, so the
+Step Functions client is wrapped in a recording proxy of our own. The turns run on the local
+backend in a temporary home (the AWS adapters do not exist yet); specs have pinned steps, so no
+model is needed. The SIGTERM cases run in a subprocess that signals itself (this file, run as a
+script), so the signal is real and pytest's own process is never hit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from alphaagent.api import AlphaAgent
+from alphaagent.domain.tools import TurnContext
+from alphaagent.ids import new_ulid
+from alphaagent.models.common import ConversationScope
+from coder.worker import CoderMessage, CoderWorker, WorkerSettings, worker_settings
+
+REPO = Path(__file__).resolve().parents[2]
+USER = "analyst@example.com"
+REGION = "us-east-1"
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": REGION,
+    "AWS_REGION": REGION,
+}
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+class RecordingClient:
+    """A thin proxy of a boto3 client that records every call (name, keyword arguments)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.times: list[float] = []  # time.monotonic() of each call
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+
+        def call(**kwargs: Any) -> Any:
+            self.calls.append((name, kwargs))
+            self.times.append(time.monotonic())
+            return method(**kwargs)
+
+        return call
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [kwargs for called, kwargs in self.calls if called == name]
+
+
+class Aws:
+    """A CoderQueue and a state machine whose only state waits for the worker's answer."""
+
+    def __init__(self) -> None:
+        self.sqs = boto3.client("sqs", region_name=REGION)
+        self.sfn = RecordingClient(boto3.client("stepfunctions", region_name=REGION))
+        self.queue_url = self.sqs.create_queue(QueueName="CoderQueue")["QueueUrl"]
+        definition = {
+            "StartAt": "Code",
+            "States": {
+                "Code": {
+                    "Type": "Task",
+                    "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+                    "HeartbeatSeconds": 120,
+                    "Parameters": {
+                        "QueueUrl": self.queue_url,
+                        "MessageBody": {"task_token.$": "$$.Task.Token", "spec.$": "$.spec"},
+                    },
+                    "End": True,
+                }
+            },
+        }
+        self.machine = self.sfn.create_state_machine(
+            name="TurnStateMachine",
+            definition=json.dumps(definition),
+            roleArn="arn:aws:iam::123456789012:role/TurnStateMachineRole",
+        )["stateMachineArn"]
+
+    def start(self, spec: dict[str, Any]) -> str:
+        """Start an execution for ``spec``; returns its ARN once its message is on the queue."""
+        before = self.queued()
+        arn: str = self.sfn.start_execution(
+            stateMachineArn=self.machine, name=spec["turn_id"], input=json.dumps({"spec": spec})
+        )["executionArn"]
+        wait_for(lambda: self.queued() > before, "the execution's message on the queue")
+        return arn
+
+    def queued(self) -> int:
+        attributes = self.sqs.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"])
+
+    def in_flight(self) -> int:
+        attributes = self.sqs.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+    def outcome(self, arn: str) -> dict[str, Any]:
+        """The execution once it has ended."""
+        ended: dict[str, Any] = {}
+
+        def done() -> bool:
+            ended.update(self.sfn.describe_execution(executionArn=arn))
+            return ended["status"] != "RUNNING"
+
+        wait_for(done, "the execution to end")
+        return ended
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def mocked_aws() -> AbstractContextManager[Any]:
+    return mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+
+
+def spec_of(*steps: str, **fields: Any) -> dict[str, Any]:
+    """A spec in a fresh conversation with a fresh turn id (the execution's name)."""
+    spec: dict[str, Any] = {
+        "spec_version": 1,
+        "turn_id": new_ulid(),
+        "user_id": USER,
+        "scope": {"conversation_id": "c-" + new_ulid().lower()},
+        "goal": "test the coder worker",
+        "outputs": [],
+    }
+    if steps:
+        spec["steps"] = [{"title": f"step {i}", "code": code} for i, code in enumerate(steps, start=1)]
+    spec.update(fields)
+    return spec
+
+
+def settings_for(aws: Aws, **fields: Any) -> WorkerSettings:
+    values: dict[str, Any] = {
+        "coder_queue_url": aws.queue_url,
+        "heartbeat_seconds": 0.2,
+        "stop_timeout_seconds": 10.0,
+        "wait_time_seconds": 1,
+    }
+    values.update(fields)
+    return WorkerSettings(**values)
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlphaAgent]:
+    with AlphaAgent(tmp_path_factory.mktemp("home")) as agent:
+        yield agent
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    with mocked_aws():
+        yield Aws()
+
+
+class Running:
+    """A worker running in a background thread until ``finish()``."""
+
+    def __init__(self, worker: CoderWorker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        self.worker.stop()
+        self.thread.join(timeout=15)
+        assert not self.thread.is_alive(), "the worker did not stop"
+
+
+def run_worker(agent: AlphaAgent, aws: Aws, coder: Any = None, **fields: Any) -> Running:
+    worker = CoderWorker(agent.backend, coder, settings_for(aws, **fields), sqs=aws.sqs, sfn=aws.sfn)
+    return Running(worker)
+
+
+# ----------------------------------------------------------------------------- round trip
+
+
+def test_task_token_round_trip_ends_in_success_with_the_result_pointer(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a waiting execution whose spec has pinned steps
+    spec = spec_of("open('datasets/n.csv', 'w').write('n\\n1\\n')")
+    spec["outputs"] = [{"kind": "dataset", "name": "n", "path": "datasets/n.csv"}]
+    execution = aws.start(spec)
+
+    # When the worker takes its message
+    running = run_worker(agent, aws)
+    try:
+        ended = aws.outcome(execution)
+    finally:
+        running.finish()
+
+    # Then the execution succeeds with the pointer to the stored result, and the message is gone
+    assert ended["status"] == "SUCCEEDED", ended
+    pointer = json.loads(ended["output"])
+    turn_id = spec["turn_id"]
+    scope_key = f"conversations/{spec['scope']['conversation_id']}"
+    assert pointer == {
+        "turn_id": turn_id,
+        "status": "completed",
+        "scope_key": scope_key,
+        "result_key": f"work/turns/{turn_id}/result.json",
+    }
+    scope = ConversationScope(conversation_id=spec["scope"]["conversation_id"])
+    stored = json.loads(agent.workspace.read_bytes(scope, pointer["result_key"]))
+    assert stored["status"] == "completed"
+    assert [a["name"] for a in stored["artifacts"]] == ["n"]
+    assert [call["taskToken"] for call in aws.sfn.named("send_task_success")] != []
+    assert aws.sfn.named("send_task_failure") == []
+    assert aws.queued() == 0 and aws.in_flight() == 0
+
+
+def test_a_claim_check_spec_key_is_read_from_the_workspace(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a spec written by the prepare step and a message that carries only its key
+    spec = spec_of("print('claim check')")
+    scope = ConversationScope(conversation_id=spec["scope"]["conversation_id"])
+    agent.workspace.ensure_scope(scope)
+    agent.workspace.write_bytes(scope, f"spec/{spec['turn_id']}.json", json.dumps(spec).encode())
+    key = f"{scope.key}/spec/{spec['turn_id']}.json"
+    token = "token-" + new_ulid()
+    body = CoderMessage(task_token=token, spec_key=key).model_dump_json(exclude_none=True)
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body)
+
+    # When the worker takes it
+    running = run_worker(agent, aws)
+    try:
+        wait_for(
+            lambda: aws.sfn.named("send_task_success") or aws.sfn.named("send_task_failure"), "an answer"
+        )
+    finally:
+        running.finish()
+
+    # Then the turn ran (moto does not know this token, so the answer is dropped, not retried)
+    turn = agent.store.get_turn(USER, spec["turn_id"])
+    assert turn is not None and turn.status == "completed"
+    assert [call["taskToken"] for call in aws.sfn.named("send_task_success")] == [token]
+    assert aws.queued() == 0 and aws.in_flight() == 0
+
+
+def test_the_message_body_needs_exactly_one_of_spec_and_spec_key() -> None:
+    with pytest.raises(ValueError, match="exactly one of spec and spec_key"):
+        CoderMessage(task_token="t")
+    with pytest.raises(ValueError, match="exactly one of spec and spec_key"):
+        CoderMessage(task_token="t", spec={}, spec_key="conversations/c/spec/x.json")
+
+
+def test_a_body_with_a_token_but_no_valid_spec_fails_its_task(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a message whose body has a task token but an unknown field instead of a spec
+    token = "token-" + new_ulid()
+    body = json.dumps({"task_token": token, "specification": {}})
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body)
+
+    running = run_worker(agent, aws)
+    try:
+        wait_for(lambda: bool(aws.sfn.named("send_task_failure")), "an answer")
+    finally:
+        running.finish()
+
+    # Then its task is failed at once (no waiting for the heartbeat timeout) and the message is gone
+    [failure] = aws.sfn.named("send_task_failure")
+    assert (failure["taskToken"], failure["error"]) == (token, "InvalidMessageError")
+    assert aws.queued() == 0 and aws.in_flight() == 0
+
+
+def test_concurrency_runs_turns_side_by_side(agent: AlphaAgent, aws: Aws) -> None:
+    # Given two waiting turns of about a second each and two worker threads
+    executions = [aws.start(spec_of("import time; time.sleep(1.0)")) for _ in range(2)]
+
+    # When the worker runs them
+    running = run_worker(agent, aws, concurrency=2)
+    try:
+        statuses = [aws.outcome(arn)["status"] for arn in executions]
+    finally:
+        running.finish()
+
+    # Then both succeed, and each was running (heartbeating) before the other was answered
+    assert statuses == ["SUCCEEDED", "SUCCEEDED"]
+    first_beat: dict[str, float] = {}
+    answered: dict[str, float] = {}
+    for (name, kwargs), at in zip(aws.sfn.calls, aws.sfn.times, strict=True):
+        if name == "send_task_heartbeat":
+            first_beat.setdefault(kwargs["taskToken"], at)
+        elif name == "send_task_success":
+            answered[kwargs["taskToken"]] = at
+    assert len(answered) == 2 and set(first_beat) == set(answered)
+    assert max(first_beat.values()) < min(answered.values())
+
+
+# ----------------------------------------------------------------------------- heartbeats
+
+
+def test_heartbeats_are_sent_while_a_long_turn_runs(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a turn whose step takes about a second and a heartbeat every 0.2 s
+    spec = spec_of("import time; time.sleep(1.2)")
+    execution = aws.start(spec)
+
+    # When the worker runs it
+    running = run_worker(agent, aws, heartbeat_seconds=0.2)
+    try:
+        ended = aws.outcome(execution)
+    finally:
+        running.finish()
+
+    # Then several heartbeats went out with the execution's token, before the one answer
+    assert ended["status"] == "SUCCEEDED", ended
+    names = [name for name, _ in aws.sfn.calls if name.startswith("send_task")]
+    assert names.count("send_task_heartbeat") >= 3, names
+    assert names[-1] == "send_task_success" and names.count("send_task_success") == 1
+    tokens = {call["taskToken"] for call in aws.sfn.named("send_task_heartbeat")}
+    assert tokens == {aws.sfn.named("send_task_success")[0]["taskToken"]}
+
+
+# ----------------------------------------------------------------------------- crash
+
+
+def test_a_crashing_coder_ends_in_send_task_failure_with_the_error_class(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a coder with a defect and a spec without steps
+    def crashing_coder(ctx: TurnContext) -> str:
+        raise RuntimeError("the coder has a bug")
+
+    execution = aws.start(spec_of())
+
+    # When the worker runs the turn
+    running = run_worker(agent, aws, coder=crashing_coder)
+    try:
+        ended = aws.outcome(execution)
+    finally:
+        running.finish()
+
+    # Then the task fails with the class name (the Retry/Catch contract) and the message is gone
+    assert ended["status"] == "FAILED"
+    assert ended["error"] == "RuntimeError"
+    [failure] = aws.sfn.named("send_task_failure")
+    assert failure["error"] == "RuntimeError" and failure["cause"] == "the coder has a bug"
+    assert aws.queued() == 0 and aws.in_flight() == 0
+
+
+def test_a_spec_the_backend_refuses_fails_with_invalid_spec_error(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a spec without steps and no model configured
+    execution = aws.start(spec_of())
+
+    running = run_worker(agent, aws, coder=None)
+    try:
+        ended = aws.outcome(execution)
+    finally:
+        running.finish()
+
+    assert ended["status"] == "FAILED" and ended["error"] == "InvalidSpecError"
+    [failure] = aws.sfn.named("send_task_failure")
+    assert "ANTHROPIC_API_KEY" in failure["cause"]
+
+
+# ----------------------------------------------------------------------------- SIGTERM
+
+
+def _sigterm_scenario(home: Path, step_s: float, stop_timeout_s: float) -> dict[str, Any]:
+    """Run in a subprocess: two waiting executions, a worker on the main thread, SIGTERM to the
+    process once the first turn is running; report what the worker did."""
+    with mocked_aws(), AlphaAgent(home) as agent:
+        aws = Aws()
+        first, second = spec_of(f"import time; time.sleep({step_s})"), spec_of("print('second')")
+        executions = [aws.start(first), aws.start(second)]
+        worker = CoderWorker(
+            agent.backend,
+            None,
+            settings_for(aws, stop_timeout_seconds=stop_timeout_s),
+            sqs=aws.sqs,
+            sfn=aws.sfn,
+        )
+        signalled: list[float] = []
+        signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+
+        def terminate_mid_turn() -> None:
+            wait_for(lambda: bool(aws.sfn.named("send_task_heartbeat")), "the first heartbeat")
+            signalled.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=terminate_mid_turn, daemon=True).start()
+        worker.run()
+        stopped_after_s = time.monotonic() - signalled[0]
+        answers = [
+            (name, kwargs.get("error"))
+            for name, kwargs in aws.sfn.calls
+            if name in ("send_task_success", "send_task_failure")
+        ]
+        report = {
+            "stopped_after_s": stopped_after_s,
+            "answers": answers,
+            "executions": [aws.outcome(arn)["status"] for arn in executions[:1]],
+            "second_status": aws.sfn.describe_execution(executionArn=executions[1])["status"],
+            "queued": aws.queued(),
+            "in_flight": aws.in_flight(),
+        }
+    return report
+
+
+def _run_sigterm_scenario(tmp_path: Path, step_s: float, stop_timeout_s: float) -> dict[str, Any]:
+    env = {**os.environ, **FAKE_AWS}
+    args = [sys.executable, __file__, str(tmp_path / "home"), str(step_s), str(stop_timeout_s)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_sigterm_mid_turn_finishes_the_turn_and_takes_no_new_message(tmp_path: Path) -> None:
+    # Given a running 1.5 s turn, a second message waiting, and a 10 s stop timeout
+    # When the worker's process gets SIGTERM mid-turn
+    report = _run_sigterm_scenario(tmp_path, step_s=1.5, stop_timeout_s=10.0)
+
+    # Then the turn finishes and is answered, the worker stops, the second message stays queued
+    assert report["answers"] == [["send_task_success", None]]
+    assert report["executions"] == ["SUCCEEDED"]
+    assert report["stopped_after_s"] < 10.0
+    assert report["second_status"] == "RUNNING"
+    assert report["queued"] + report["in_flight"] == 1
+
+
+def test_sigterm_fails_a_turn_that_outlives_the_stop_timeout(tmp_path: Path) -> None:
+    # Given a turn that would run 30 s and a 0.5 s stop timeout
+    # When the worker's process gets SIGTERM mid-turn
+    report = _run_sigterm_scenario(tmp_path, step_s=30.0, stop_timeout_s=0.5)
+
+    # Then the task fails with WorkerStopping once the stop timeout has passed: no silent hang
+    assert report["answers"] == [["send_task_failure", "WorkerStopping"]]
+    assert report["executions"] == ["FAILED"]
+    assert 0.5 <= report["stopped_after_s"] < 3.0
+    assert report["second_status"] == "RUNNING"
+    assert report["queued"] + report["in_flight"] == 1
+
+
+# ----------------------------------------------------------------------------- settings, Dockerfile
+
+
+def test_settings_are_read_from_the_environment_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    worker_settings.cache_clear()
+    monkeypatch.setenv("CODER_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/CoderQueue")
+    monkeypatch.setenv("WORKER_CONCURRENCY", "3")
+    monkeypatch.setenv("HEARTBEAT_SECONDS", "30")
+    monkeypatch.setenv("STOP_TIMEOUT_SECONDS", "90")
+    try:
+        settings = worker_settings()
+        monkeypatch.setenv("WORKER_CONCURRENCY", "5")
+        assert worker_settings() is settings
+    finally:
+        worker_settings.cache_clear()
+    assert (settings.concurrency, settings.heartbeat_seconds, settings.stop_timeout_seconds) == (3, 30, 90)
+    assert settings.wait_time_seconds == 20
+    with pytest.raises(ValueError, match="heartbeat_seconds"):
+        WorkerSettings.from_env({"CODER_QUEUE_URL": "q", "HEARTBEAT_SECONDS": "41"})
+    with pytest.raises(ValueError, match="coder_queue_url"):
+        WorkerSettings.from_env({})
+
+
+def test_python_m_coder_without_a_queue_names_the_variable(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("CODER_QUEUE_URL", "ANTHROPIC_API_KEY")}
+    env.update(FAKE_AWS, ALPHAAGENT_HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [sys.executable, "-m", "coder"], capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 2
+    assert "coder_queue_url" in done.stderr
+
+
+def test_the_dockerfile_pins_its_base_runs_as_non_root_and_starts_the_worker() -> None:
+    # The image cannot be built here (no Docker engine); its contract is checked as text.
+    lines = [
+        line.strip()
+        for line in (REPO / "coder" / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    [base] = [line for line in lines if line.upper().startswith("FROM ")]
+    assert re.fullmatch(r"FROM python:3\.13\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base) or re.fullmatch(
+        r"FROM python:3\.13\.\d+-slim-\w+", base
+    ), base
+    users = [line.split()[1] for line in lines if line.upper().startswith("USER ")]
+    assert users and users[-1] not in ("root", "0", "0:0")
+    assert lines[-1] == 'CMD ["python", "-m", "coder"]'
+    installs = " ".join(line for line in lines if "pip install" in line)
+    assert "-c constraints.txt" in installs and ".[coder]" in installs
+
+
+if __name__ == "__main__":
+    _home, _step_s, _stop_s = sys.argv[1:4]
+    print(json.dumps(_sigterm_scenario(Path(_home), float(_step_s), float(_stop_s))), flush=True)
