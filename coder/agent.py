@@ -53,7 +53,31 @@ from coder.transcript import Transcript
 
 logger = logging.getLogger(__name__)
 
-CLI_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+CLI_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    # The SDK merges the host's environment into the CLI's: blank what would send traffic anywhere
+    # but the model endpoint (telemetry exporters, proxies) or change who we talk to.
+    "CLAUDE_CODE_ENABLE_TELEMETRY": "",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "",
+    "OTEL_METRICS_EXPORTER": "",
+    "OTEL_LOGS_EXPORTER": "",
+    "OTEL_TRACES_EXPORTER": "",
+    "HTTP_PROXY": "",
+    "HTTPS_PROXY": "",
+    "http_proxy": "",
+    "https_proxy": "",
+    "ALL_PROXY": "",
+    "ANTHROPIC_AUTH_TOKEN": "",
+    "ANTHROPIC_CUSTOM_HEADERS": "",
+}
+"""Set over the host's environment for the CLI (after the provider's own variables)."""
+MAX_MESSAGE_BYTES = 16 * 2**20
+"""The SDK's buffer for one message from the CLI (default 1 MiB, which a long model reply exceeds)."""
 """Set for every CLI this coder starts (on top of the provider's variables)."""
 
 
@@ -83,7 +107,14 @@ def build_options(
         max_budget_usd=settings.max_budget_usd,
         model=settings.model,
         cwd=str(cwd),
-        env={**settings.cli_env(), **CLI_ENV, "CLAUDE_CONFIG_DIR": str(config_dir)},
+        env={
+            **settings.cli_env(),
+            **CLI_ENV,
+            "CLAUDE_CONFIG_DIR": str(config_dir),
+            # The CLI's caches and MCP logs go to the private directory too, removed after the turn.
+            "XDG_CACHE_HOME": str(config_dir / "cache"),
+        },
+        max_buffer_size=MAX_MESSAGE_BYTES,
         stderr=transcript.stderr_line if transcript is not None else None,
     )
 

@@ -37,3 +37,8 @@ class BudgetExceededError(CoderError):
 
 class MissingOutputsError(CoderError):
     """The model finished without registering every output the spec names."""
+
+
+class InvalidMessageError(CoderError):
+    """A CoderQueue message that can never be run: its body or claim check is not a valid spec for
+    the scope and turn it names (never retried)."""

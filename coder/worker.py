@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,11 +35,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from alphaagent.domain.backend import Backend
-from alphaagent.domain.turns import Coder, run_turn
+from alphaagent.domain.turns import Coder, abandon_turn, run_turn
 from alphaagent.errors import AlphaAgentError
+from alphaagent.ids import new_ulid
 from alphaagent.models.common import scope_from_key
 from alphaagent.models.records import TurnResult
 from alphaagent.models.spec import Spec, parse_spec
+from coder.errors import InvalidMessageError
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +129,19 @@ class CoderMessage(BaseModel):
             return parse_spec(json.dumps(self.spec))
         assert self.spec_key is not None
         scope_key, _, name = self.spec_key.partition("/spec/")
-        data = backend.workspace.read_bytes(scope_from_key(scope_key), f"spec/{name}")
-        return parse_spec(data)
+        try:
+            scope = scope_from_key(scope_key)
+            data = backend.workspace.read_bytes(scope, f"spec/{name}")
+        except (ValueError, FileNotFoundError) as exc:
+            raise InvalidMessageError(f"spec_key: {self.spec_key!r}: {str(exc).splitlines()[0]}") from None
+        spec = parse_spec(data)
+        # The file lives in a tree that run code can write: it must still be the spec this key was
+        # made for (its scope and turn), or a rewritten file could carry a turn into another scope.
+        if spec.scope.key != scope.key or f"{spec.turn_id}.json" != name:
+            raise InvalidMessageError(
+                f"spec_key: {self.spec_key!r} does not hold the spec of that scope and turn"
+            )
+        return spec
 
 
 class TurnPointer(BaseModel):
@@ -161,6 +175,7 @@ class _Task:
         self.answered = False
         self.lock = threading.Lock()
         self.outcome: TurnPointer | BaseException | None = None
+        self.spec: Spec | None = None  # known once the message's spec is read
 
 
 class CoderWorker:
@@ -264,6 +279,9 @@ class CoderWorker:
     def _run_turn(self, task: _Task, body: CoderMessage) -> None:
         try:
             spec = body.load_spec(self.backend)
+            if spec.turn_id is None:  # named here, so a stop can record the turn it interrupts
+                spec = spec.model_copy(update={"turn_id": new_ulid()})
+            task.spec = spec
             result = run_turn(self.backend, spec, coder=self.coder)
             task.outcome = TurnPointer.of(spec, result)
         except BaseException as exc:  # the turn's failure is the task's failure, whatever it is
@@ -288,6 +306,13 @@ class CoderWorker:
                 break
             now = time.monotonic()
             if self._deadline is not None and now >= self._deadline:
+                reason = (
+                    f"the worker stopped before the turn ended ({self.settings.stop_timeout_seconds:g} s)"
+                )
+                if task.spec is not None and task.spec.turn_id is not None:
+                    # Never leave the turn "running": record it failed (TurnFailed) before answering.
+                    with contextlib.suppress(Exception):
+                        abandon_turn(self.backend, task.spec.user_id, task.spec.turn_id, reason)
                 self._answer_failure(
                     task,
                     "WorkerStopping",

@@ -49,6 +49,12 @@ TEXT_SUFFIXES = (
 )
 DEFAULT_PAGE_CHARS = 20_000
 MAX_PAGE_CHARS = 200_000
+MAX_DOCUMENT_BYTES = 25 * 2**20
+"""read_document reads documents up to the connector cap (25 MiB): larger files are for code."""
+MAX_PDF_PAGES = 500
+MAX_CITATIONS_PER_TURN = 200
+MAX_REGISTRATIONS_PER_TURN = 100
+MAX_CITATION_FIELD_CHARS = 2000
 
 
 class ToolError(InvalidRequestError):
@@ -69,6 +75,7 @@ class TurnContext:
     citations: list[CitationRef] = field(default_factory=list)
     fetched: list[str] = field(default_factory=list)
     origins: dict[str, str] = field(default_factory=dict)  # docs/ path -> where it came from
+    fetched_sources: set[str] = field(default_factory=set)  # URLs connectors fetched this turn
     lease_held: Callable[[], bool] = lambda: True
 
     def check_lease(self) -> None:
@@ -163,8 +170,9 @@ def _document_text(data: bytes, suffix: str) -> tuple[str, dict[str, Any]]:
         except ImportError:
             raise ToolError("PDF documents need the coder's dependencies (pypdf) installed") from None
         reader = PdfReader(__import__("io").BytesIO(data))
-        pages = [page.extract_text() or "" for page in reader.pages]
-        return "\n\f".join(pages), {"type": "pdf", "pages": len(pages)}
+        total = len(reader.pages)
+        pages = [page.extract_text() or "" for page in reader.pages[:MAX_PDF_PAGES]]
+        return "\n\f".join(pages), {"type": "pdf", "pages": total, "pages_read": len(pages)}
     if suffix in (".html", ".htm"):
         from html.parser import HTMLParser
 
@@ -188,6 +196,14 @@ def read_document(
     normal = _scope_path(ctx, path)
     if offset < 0 or not 0 < limit <= MAX_PAGE_CHARS:
         raise ToolError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE_CHARS}")
+    info = ctx.backend.workspace.stat(ctx.scope, normal)
+    if info is None:
+        raise ToolError(f"path {normal!r}: no such document in this scope")
+    if info.size_bytes > MAX_DOCUMENT_BYTES:
+        raise ToolError(
+            f"path {normal!r}: {info.size_bytes} bytes is over the {MAX_DOCUMENT_BYTES // 2**20} MiB"
+            " read_document limit; read it with code in run_in_env"
+        )
     try:
         data = ctx.backend.workspace.read_bytes(ctx.scope, normal)
     except FileNotFoundError:
@@ -374,6 +390,7 @@ def save_fetched(ctx: TurnContext, path: str, data: bytes, source: str) -> Fetch
     _scope_path(ctx, path)
     ctx.backend.workspace.write_bytes(ctx.scope, path, data)
     ctx.fetched.append(path)
+    ctx.fetched_sources.add(source)
     media = mimetypes.guess_type(path)[0] or "application/octet-stream"
     return FetchedCopy(path=path, bytes=len(data), type=media, fetched_at=utcnow().isoformat(), source=source)
 
@@ -398,6 +415,8 @@ def register_artifact(
     """Register a file of the scope as the next version of an artifact; ``ArtifactRegistered`` is
     published. Raises ``ArtifactError`` naming the path when it breaks a rule."""
     ctx.check_lease()
+    if len(ctx.artifacts) >= MAX_REGISTRATIONS_PER_TURN:
+        raise ToolError(f"a turn registers at most {MAX_REGISTRATIONS_PER_TURN} artifact versions")
     version = register_artifact_version(
         ctx.backend.store,
         ctx.backend.workspace,
@@ -433,16 +452,22 @@ def emit_citation(
     claim: str | None = None,
 ) -> CitationRef:
     """Cite a source: a file of this scope (``docs/x.pdf``) or a URL fetched by a connector."""
+    if len(ctx.citations) >= MAX_CITATIONS_PER_TURN:
+        raise ToolError(f"a turn emits at most {MAX_CITATIONS_PER_TURN} citations")
     if not source or len(source) > 2048:
         raise ToolError("source: give a file of this scope or a URL (1-2048 characters)")
+    if "://" in source and source not in ctx.fetched_sources:
+        raise ToolError(
+            "source: a URL must be one a connector fetched in this turn (cite its docs/ copy otherwise)"
+        )
     if "://" not in source:
         normal = _scope_path(ctx, source)
         if ctx.backend.workspace.stat(ctx.scope, normal) is None:
             raise ToolError(f"source: {normal!r} is not a file of this scope")
         source = normal
     for value, label in ((locator, "locator"), (quote, "quote"), (claim, "claim")):
-        if value is not None and len(value) > 4000:
-            raise ToolError(f"{label}: at most 4000 characters")
+        if value is not None and len(value) > MAX_CITATION_FIELD_CHARS:
+            raise ToolError(f"{label}: at most {MAX_CITATION_FIELD_CHARS} characters")
     citation = CitationRef(citation_id=new_ulid(), source=source, locator=locator, quote=quote, claim=claim)
     ctx.citations.append(citation)
     ctx.publish(CitationEmitted(turn_id=ctx.turn_id, scope=ctx.scope, user_id=ctx.user_id, citation=citation))

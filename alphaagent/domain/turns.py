@@ -161,6 +161,18 @@ def run_turn(
         lease.release()
 
 
+def abandon_turn(backend: Backend, user_id: str, turn_id: str, reason: str) -> bool:
+    """Record a turn that is still ``running`` as failed (``TurnAbandoned``) and publish
+    ``TurnFailed``: for a process that must stop before its turn ends (a worker at its stop
+    deadline). The scope's lease then simply expires. Returns False if the turn had ended already."""
+    turn = backend.store.get_turn(user_id, turn_id)
+    if turn is None or turn.status != "running":
+        return False
+    error = RunError(name="TurnAbandoned", value=reason, traceback="")
+    _finalize(backend, turn, TurnResult(turn_id=turn_id, status="failed", error=error))
+    return True
+
+
 def _abandoned(turn_id: str) -> TurnResult:
     error = RunError(
         name="TurnAbandoned", value="the turn's process stopped and its lease expired", traceback=""

@@ -514,3 +514,33 @@ def test_the_dockerfile_pins_its_base_runs_as_non_root_and_starts_the_worker() -
 if __name__ == "__main__":
     _home, _step_s, _stop_s = sys.argv[1:4]
     print(json.dumps(_sigterm_scenario(Path(_home), float(_step_s), float(_stop_s))), flush=True)
+
+
+def test_a_claim_check_rewritten_by_run_code_is_refused(tmp_path: Path) -> None:
+    # Given a spec stored under conversation A's spec/, then rewritten (as run code could) to name
+    # conversation B and another turn
+    from alphaagent.api import AlphaAgent
+    from coder.errors import InvalidMessageError
+    from coder.worker import CoderMessage
+
+    with AlphaAgent(tmp_path / "home") as agent:
+        backend = agent.backend
+        scope_a = ConversationScope(conversation_id="conv-a")
+        backend.workspace.ensure_scope(scope_a)
+        turn_id = "01JZ0000000000000000000000"
+        forged = {
+            "spec_version": 1,
+            "user_id": "victim",
+            "scope": {"conversation_id": "conv-b"},
+            "goal": "g",
+            "turn_id": "01JZ0000000000000000000001",
+            "steps": [{"title": "x", "code": "print(1)"}],
+        }
+        backend.workspace.write_bytes(scope_a, f"spec/{turn_id}.json", json.dumps(forged).encode())
+        message = CoderMessage(task_token="t", spec_key=f"conversations/conv-a/spec/{turn_id}.json")
+        # When the worker loads it, then Then it is refused: neither its scope nor its turn match
+        with pytest.raises(InvalidMessageError, match="does not hold the spec of that scope and turn"):
+            message.load_spec(backend)
+        # And a key outside any scope is refused with the same class, not a ValueError
+        with pytest.raises(InvalidMessageError):
+            CoderMessage(task_token="t", spec_key="../../etc/spec/passwd.json").load_spec(backend)
