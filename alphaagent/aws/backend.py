@@ -1,0 +1,161 @@
+"""The AWS backend as the zip Lambda functions use it: ``DynamoStore``, ``S3Workspace`` and
+``EventBridgeBus`` built from ``LambdaSettings``, their boto3 clients created on first use.
+
+The functions never run user code (the env Lambda does), so the backend's executor refuses to.
+
+Example::
+
+    backend = get_backend()
+    backend.store.release_lock(scope_key, execution_name)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from pathlib import Path
+from typing import Any
+
+from alphaagent.aws.bus import EventBridgeBus, event_from_eventbridge
+from alphaagent.aws.settings import get_lambda_settings
+from alphaagent.aws.store import DynamoStore
+from alphaagent.aws.workspace import S3Workspace
+from alphaagent.domain.backend import Backend, TurnSettings
+from alphaagent.domain.recorder import Recorder, history_view
+from alphaagent.errors import AlphaAgentError
+from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError
+from alphaagent.models.events import Event, RunCompleted, RunFailed
+from alphaagent.models.run import RunError, RunLimits, RunResult
+
+
+class NoExecutorError(AlphaAgentError):
+    """Code was to be run in a process that has no executor (the turn-step functions)."""
+
+
+class NoExecutor:
+    """``alphaagent.ports.Executor`` for processes that must never run code."""
+
+    def run(
+        self, workdir: Path, code: str, *, limits: RunLimits, run_id: str, network: bool = False
+    ) -> RunResult:
+        """Always raises ``NoExecutorError``: on AWS, code runs in the ``alphaagent-env-*`` functions."""
+        raise NoExecutorError("this function does not run code; run_in_env invokes an environment function")
+
+
+@functools.cache
+def get_backend() -> Backend:
+    """The backend of this Lambda process, built once from ``get_lambda_settings()``.
+
+    No client exists until an adapter first calls AWS. Oversized event details go by claim check into
+    the scope's workspace. Every function needs the state table; the bucket and the bus are named
+    only where a function uses them (an unset one fails on first use).
+
+    Raises:
+        MissingSettingError: ``STATE_TABLE_NAME`` is not set.
+    """
+    settings = get_lambda_settings()
+    workspace = S3Workspace(settings.WORKSPACES_BUCKET_NAME)
+    return Backend(
+        store=DynamoStore(settings.required("STATE_TABLE_NAME")),
+        workspace=workspace,
+        bus=EventBridgeBus(settings.EVENT_BUS_NAME, claim_check=workspace.write_bytes),
+        executor=NoExecutor(),
+        turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
+    )
+
+
+@functools.cache
+def get_stepfunctions_client() -> Any:
+    """The Step Functions client of this process (boto3 has no type information: ``Any``)."""
+    return importlib.import_module("boto3").client("stepfunctions")
+
+
+def start_turn_execution(state_machine_arn: str, turn_id: str, execution_input: str) -> bool:
+    """Start the turn state machine as execution ``turn_id``; True if started, False if an execution
+    of that name exists already (a duplicate delivery: acknowledged, never a second turn).
+
+    Step Functions keeps execution names unique per state machine for 90 days after they close, so the
+    name is the idempotency key of the turn (DESIGN §3 step 2). A STANDARD machine answers a repeat
+    with the same input while the execution runs with success and the existing ARN; with another input,
+    or after it closed, with ``ExecutionAlreadyExists``. Both are duplicates here.
+    """
+    client = get_stepfunctions_client()
+    try:
+        client.start_execution(stateMachineArn=state_machine_arn, name=turn_id, input=execution_input)
+    except client.exceptions.ExecutionAlreadyExists:
+        return False
+    return True
+
+
+def run_event_of(backend: Backend, record: DestinationRecord, event_id: str) -> Event:
+    """The ``RunCompleted``/``RunFailed`` event a Lambda destination record stands for (DESIGN §4.8).
+
+    On success the env function returned an ``EnvPointer``; the full run result is read from its
+    claim-check object in the scope and carried in the event cut to the stored-history caps
+    (``history_view``). On failure (the function crashed, timed out, or ran out of memory: a platform
+    failure, never a failure of user code) Lambda's ``errorType``/``errorMessage`` become the error.
+    ``event_id`` should be stable across redeliveries (the destination's request id), so recording
+    twice changes nothing.
+
+    Raises:
+        pydantic.ValidationError: the success payload is not a pointer or the object not a run result.
+        FileNotFoundError: the claim-check object does not exist.
+    """
+    request = record.request_payload
+    common = {
+        "turn_id": request.turn_id,
+        "scope": request.scope,
+        "run_id": request.run_id,
+        "session_id": request.session_id,
+        "user_id": request.user_id,
+        "code": request.code,
+    }
+    if record.succeeded:
+        pointer = EnvPointer.model_validate(record.response_payload)
+        result = RunResult.model_validate_json(
+            backend.workspace.read_bytes(request.scope, pointer.result_key)
+        )
+        completed = RunCompleted(
+            **common,
+            status=result.status,
+            result_key=pointer.result_key,
+            result=history_view(result).model_dump(mode="json"),
+        )
+        return Event.of(completed, event_id)
+    payload = record.response_payload if isinstance(record.response_payload, dict) else {}
+    failure = LambdaError.model_validate(payload)
+    error = RunError(
+        name=failure.error_type,
+        value=failure.error_message
+        or f"the environment function failed ({record.request_context.condition})",
+        traceback="\n".join(failure.stack_trace),
+    )
+    return Event.of(RunFailed(**common, error=error), event_id)
+
+
+def record_destination(record: DestinationRecord) -> Event:
+    """Persist a destination record as a run record and an event-log entry; returns the event.
+
+    The event is recorded, not published again: on AWS the recorder is the bus's only consumer of
+    run events, so a republished copy would only come back to it.
+    """
+    backend = get_backend()
+    event = run_event_of(backend, record, record.request_context.request_id)
+    Recorder(backend.store).handle(event)
+    return event
+
+
+def record_eventbridge(message: dict[str, Any]) -> Event:
+    """Persist one of our events as an EventBridge rule delivers it (claim checks followed)."""
+    backend = get_backend()
+    event = event_from_eventbridge(message, fetch=fetch_object)
+    Recorder(backend.store).handle(event)
+    return event
+
+
+def fetch_object(key: str) -> bytes:
+    """The bytes of ``key`` in the workspaces bucket (a claim-check object)."""
+    workspace = get_backend().workspace
+    assert isinstance(workspace, S3Workspace)
+    body = workspace.client.get_object(Bucket=workspace.bucket, Key=key)["Body"]
+    return bytes(body.read())

@@ -1,0 +1,246 @@
+"""The steps of one turn as separate calls, for the AWS state machine (DESIGN §3, steps 2–4 and 8).
+
+``alphaagent.domain.turns.run_turn`` drives the same steps in one process (lease renewed in a thread,
+the coder called in between). On AWS each step is a Lambda function and the machine holds the state
+in between, so the steps are exposed here one by one. They reuse the in-process driver's input
+resolution (``_resolve_inputs``) and end-of-turn recording (``_finalize``), so both backends write
+the same records, files and events. Every step is safe to repeat: Lambda and the state machine
+retry, and a repeat must neither create a second turn nor regress a finished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from datetime import timedelta
+from typing import Any
+
+from alphaagent.domain.backend import Backend
+from alphaagent.domain.sessions import session_for_turn
+from alphaagent.domain.turns import _finalize, _resolve_inputs, check_spec_against, scope_label
+from alphaagent.errors import InvalidRequestError, InvalidSpecError, NotFoundError, ScopeBusyError
+from alphaagent.ids import new_ulid
+from alphaagent.models.aws import (
+    AcquireLockInput,
+    FinalizeInput,
+    LockGranted,
+    LockReleased,
+    PreparedTurn,
+    TurnInput,
+)
+from alphaagent.models.common import scope_from_key, utcnow
+from alphaagent.models.events import Event, TurnFailed, TurnStarted
+from alphaagent.models.records import Turn, TurnResult
+from alphaagent.models.run import RunError
+from alphaagent.models.spec import Spec, parse_spec
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def _remote_coder(_ctx: object) -> str:
+    raise NotImplementedError("on AWS the coder runs in the Fargate service")  # never called
+
+
+# ----------------------------------------------------------------------------- start
+
+
+def turn_id_for_message(message_id: str, sent_ms: int) -> str:
+    """A ULID for a spec that came without ``turn_id``, derived from its SQS message: the time part is
+    the message's ``SentTimestamp`` (ms), the 80 random bits are the first 10 bytes of
+    SHA-256(message id). A redelivery of the same message gets the same turn id, hence the same
+    execution name; SQS message ids are random UUIDs, so the id stays unguessable (DESIGN §4.1)."""
+    value = (sent_ms << 80) | int.from_bytes(hashlib.sha256(message_id.encode()).digest()[:10], "big")
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def spec_from_message(body: str, *, message_id: str, sent_ms: int) -> Spec:
+    """The spec of a SpecQueue message, with its ``turn_id``.
+
+    ``body`` is a spec's JSON (``run_analysis``) or an EventBridge ``SpecSubmitted`` event as the rule
+    delivers it (``{"detail-type": "SpecSubmitted", "detail": {"spec": {...}, "turn_id": ...}}``).
+    The turn id is the spec's own, else the event's, else ``turn_id_for_message``.
+
+    Raises:
+        InvalidSpecError: the body is not a spec or a ``SpecSubmitted`` event carrying a valid spec.
+    """
+    try:
+        document: Any = json.loads(body)
+    except ValueError:
+        document = None
+    event_turn_id: str | None = None
+    if isinstance(document, dict) and document.get("detail-type") == "SpecSubmitted":
+        detail = document.get("detail")
+        if not isinstance(detail, dict) or not isinstance(detail.get("spec"), dict):
+            raise InvalidSpecError("detail.spec: a SpecSubmitted event must carry the spec as an object")
+        event_turn_id = detail.get("turn_id") if isinstance(detail.get("turn_id"), str) else None
+        body = json.dumps(detail["spec"])
+    spec = parse_spec(body)
+    if spec.turn_id is None:
+        turn_id = event_turn_id or turn_id_for_message(message_id, sent_ms)
+        spec = parse_spec(body, overrides={"turn_id": turn_id})
+    return spec
+
+
+# ----------------------------------------------------------------------------- lock
+
+
+def acquire_scope_lock(backend: Backend, request: AcquireLockInput) -> LockGranted:
+    """Take the spec's scope lease for ``request.holder`` (the execution name) for
+    ``backend.turns.lock_lease_s`` seconds; re-acquiring by the same holder extends it.
+
+    Raises:
+        ScopeBusyError: another execution holds a live lease (the state machine retries with backoff).
+    """
+    now = utcnow()
+    lease_s = backend.turns.lock_lease_s
+    if not backend.store.acquire_lock(request.scope_key, request.holder, now, lease_s):
+        raise ScopeBusyError(f"{request.scope_key}: another turn is running there")
+    expires_at = now + timedelta(seconds=lease_s)
+    return LockGranted(
+        scope_key=request.scope_key, holder=request.holder, lease_s=lease_s, expires_at=expires_at.isoformat()
+    )
+
+
+def release_scope_lock(backend: Backend, scope_key: str, holder: str) -> LockReleased:
+    """Release the lease of ``scope_key`` if ``holder`` (an execution name) still has it; a no-op
+    otherwise (it expired and may belong to another execution now)."""
+    backend.store.release_lock(scope_key, holder)
+    return LockReleased(scope_key=scope_key, holder=holder)
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
+    """Step 4 of DESIGN §3, with the scope's lease held: check the spec, claim the scope for its user
+    (first turn) or check ownership, get or create the session, create the turn record
+    (``TurnStarted``), write the spec to ``spec/{turn_id}.json`` and bring the declared inputs into
+    ``docs/``.
+
+    A repeat (a retried step) finds the turn record and rewrites only the spec and inputs; a turn
+    finished by an earlier attempt comes back with ``finished=True``.
+
+    Raises:
+        InvalidSpecError: the spec cannot run here, an input is missing, or the turn id is taken.
+        NotFoundError: the scope belongs to another user (the same answer as a missing scope).
+    """
+    spec, turn_id = turn_input.spec, turn_input.turn_id
+    scope, user_id, store = spec.scope, spec.user_id, backend.store
+    if spec.turn_id != turn_id:
+        raise InvalidSpecError("turn_id: the execution input disagrees with its spec")
+    check_spec_against(backend, spec, _remote_coder)
+    owner = store.owner_of(scope.owner_key)
+    if owner is not None and owner != user_id:
+        raise NotFoundError(f"{scope_label(scope)} not found")
+    existing = store.get_turn(user_id, turn_id)
+    if existing is None and store.turn_id_taken(turn_id):
+        raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")
+    if existing is not None and existing.scope_key != scope.key:
+        raise InvalidSpecError(f"turn_id: already used in another scope ({existing.scope_key})")
+    if existing is not None and existing.result is not None:
+        return _prepared(existing, spec, [], finished=True)
+    inputs = _resolve_inputs(backend, spec)
+    now = utcnow()
+    if existing is None:
+        if store.claim_owner(scope.owner_key, user_id, now) != user_id:
+            raise NotFoundError(f"{scope_label(scope)} not found")
+        backend.workspace.ensure_scope(scope)
+        session, _created = session_for_turn(
+            store,
+            backend.bus,
+            user_id=user_id,
+            scope=scope,
+            turn_id=turn_id,
+            now=now,
+            idle_timeout_s=backend.turns.session_idle_timeout_s,
+            max_lifetime_s=backend.turns.session_max_lifetime_s,
+        )
+        turn = Turn(
+            turn_id=turn_id,
+            user_id=user_id,
+            scope_key=scope.key,
+            session_id=session.session_id,
+            status="running",
+            goal=spec.goal,
+            started_at=now,
+        )
+        if store.create_turn(turn):
+            backend.bus.publish(
+                Event.of(
+                    TurnStarted(turn_id=turn_id, scope=scope, user_id=user_id, session_id=session.session_id),
+                    new_ulid(),
+                )
+            )
+        existing = store.get_turn(user_id, turn_id) or turn
+    backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec.model_dump_json(indent=2).encode())
+    written: list[str] = []
+    for item in inputs:
+        data = item.data if item.blob is None else backend.workspace.read_blob(item.blob)
+        if data is not None:
+            backend.workspace.write_bytes(scope, item.path, data)
+        written.append(item.path)
+    return _prepared(existing, spec, written, finished=False)
+
+
+def _prepared(turn: Turn, spec: Spec, inputs: list[str], *, finished: bool) -> PreparedTurn:
+    return PreparedTurn(
+        turn_id=turn.turn_id,
+        user_id=turn.user_id,
+        scope_key=turn.scope_key,
+        session_id=turn.session_id,
+        spec_key=f"{turn.scope_key}/spec/{turn.turn_id}.json",
+        turn_timeout_s=math.ceil(spec.constraints.turn_timeout_s),
+        inputs=inputs,
+        finished=finished,
+    )
+
+
+# ----------------------------------------------------------------------------- finalize
+
+
+def finalize_turn(backend: Backend, request: FinalizeInput) -> TurnResult:
+    """Step 8 of DESIGN §3: record the turn's end (record, ``work/turns/{turn_id}/result.json``,
+    ``TurnCompleted`` or ``TurnFailed``) from the coder's result (``coded``: read from the object its
+    pointer names) or the caught failure (``error``).
+
+    A turn already finished keeps its result (no status regression): that includes a turn the coder
+    worker finished itself. A failure before the turn record existed (the lock or prepare step failed)
+    publishes ``TurnFailed`` only: there is no record to end.
+
+    Raises:
+        InvalidRequestError: neither or both of ``coded`` and ``error`` were given, or the pointer
+            names another turn.
+        FileNotFoundError: the pointer's result object does not exist.
+    """
+    if (request.coded is None) == (request.error is None):
+        raise InvalidRequestError("finalize: give exactly one of coded and error")
+    turn = backend.store.get_turn(request.user_id, request.turn_id)
+    if turn is not None and turn.result is not None:
+        return turn.result
+    if request.coded is not None:
+        pointer = request.coded
+        if pointer.turn_id != request.turn_id or pointer.scope_key != request.scope_key:
+            raise InvalidRequestError("coded: the pointer names another turn")
+        raw = backend.workspace.read_bytes(scope_from_key(pointer.scope_key), pointer.result_key)
+        result = TurnResult.model_validate_json(raw)
+        if result.turn_id != request.turn_id:
+            raise InvalidRequestError("coded.result_key: the result is another turn's")
+    else:
+        assert request.error is not None
+        error = RunError(name=request.error.error, value=request.error.message(), traceback="")
+        result = TurnResult(
+            turn_id=request.turn_id, status="failed", error=error, failed_step=request.failed_step
+        )
+    if turn is not None:
+        return _finalize(backend, turn, result)
+    assert result.error is not None
+    detail = TurnFailed(
+        turn_id=request.turn_id,
+        scope=scope_from_key(request.scope_key),
+        user_id=request.user_id,
+        error=result.error,
+        result=result,
+    )
+    backend.bus.publish(Event.of(detail, new_ulid()))
+    return result

@@ -1,0 +1,267 @@
+"""Models of the AWS edges (STYLE §3): the turn state machine's task inputs and outputs, the starter's
+message bodies, Lambda destination records and Step Functions status-change events.
+
+The state (JSONPath) of one turn execution starts as ``TurnInput``; the machine passes the fields each
+step needs. Our own contracts forbid unknown fields; envelopes written by AWS (destination records,
+status changes) ignore them, since AWS adds fields over time.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from alphaagent.models.common import ConversationScope, NodeScope
+from alphaagent.models.records import TurnResult
+from alphaagent.models.spec import Spec
+
+
+class _Ours(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Theirs(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# ------------------------------------------------------------------------- turn state machine
+
+
+class TurnInput(_Ours):
+    """The execution input the starter gives the turn machine (``StartExecution(name=turn_id)``):
+    ``{"turn_id", "spec"}``, the spec carrying the same ``turn_id`` (statemachines/turn.asl.yaml)."""
+
+    turn_id: str
+    spec: Spec
+
+    @classmethod
+    def of(cls, spec: Spec) -> TurnInput:
+        """The input of ``spec``, which must have its ``turn_id``."""
+        if spec.turn_id is None:
+            raise ValueError("spec.turn_id: required in a turn execution's input")
+        return cls(turn_id=spec.turn_id, spec=spec)
+
+    @property
+    def scope_key(self) -> str:
+        """The key of the spec's scope (``conversations/{id}`` or the node's)."""
+        return self.spec.scope.key
+
+    @property
+    def user_id(self) -> str:
+        """The spec's user."""
+        return self.spec.user_id
+
+
+def execution_name(execution: str) -> str:
+    """The name of an execution given by its ARN (``$$.Execution.Id``) or by its name: the lease
+    holder. Execution names cannot contain ``:``, so the last ARN field is the name."""
+    return execution.rsplit(":", 1)[-1]
+
+
+class LockGranted(_Ours):
+    """Output of ``acquire_lock``: the lease and when it ends (ISO 8601, UTC)."""
+
+    scope_key: str
+    holder: str
+    lease_s: float
+    expires_at: str
+
+
+class AcquireLockInput(TurnInput):
+    """Input of ``acquire_lock``: the turn and ``execution_id`` (``$$.Execution.Id``, the ARN)."""
+
+    execution_id: str = Field(min_length=1)
+
+    @property
+    def holder(self) -> str:
+        """The lease holder: the execution's name (the turn id, as the starter names it)."""
+        return execution_name(self.execution_id)
+
+
+class ReleaseLockInput(TurnInput):
+    """Input of ``release_lock``: the turn and the lease ``acquire_lock`` granted (``$.lock.result``)."""
+
+    lock: LockGranted
+
+
+class LockReleased(_Ours):
+    """Output of ``release_lock`` and ``release_orphan_lock``."""
+
+    scope_key: str
+    holder: str
+    released: bool = True
+
+
+class PrepareInput(TurnInput):
+    """Input of ``prepare_turn``: the turn and the lease it holds (not needed by the step itself)."""
+
+    lock: LockGranted | None = None
+
+
+class PreparedTurn(_Ours):
+    """Output of ``prepare_turn``: what the coder's task message and ``finalize_turn`` need.
+
+    ``spec_key`` is the bucket key of the stored spec, ``{scope key}/spec/{turn_id}.json``: the coder
+    reads the spec from there (claim check, ``coder.worker.CoderMessage``), so the task message stays
+    far below 256 KiB. ``turn_timeout_s`` is the spec's turn timeout in whole seconds (the Code state's
+    ``TimeoutSecondsPath``). ``finished`` is true when an earlier attempt finished the turn.
+    """
+
+    turn_id: str
+    user_id: str
+    scope_key: str
+    session_id: str
+    spec_key: str
+    turn_timeout_s: int = Field(ge=1)
+    inputs: list[str] = Field(default_factory=list)
+    finished: bool = False
+
+
+class CoderPointer(_Ours):
+    """What the coder worker sends with ``SendTaskSuccess`` (``coder.worker.TurnPointer``): where the
+    turn's result is, not the result (it may exceed the 256 KiB state limit). ``result_key`` is the
+    workspace path in the scope, ``work/turns/{turn_id}/result.json``."""
+
+    turn_id: str
+    status: str
+    scope_key: str
+    result_key: str
+
+
+class TaskFailure(_Theirs):
+    """A Step Functions error as a ``Catch`` puts it in the state (``ResultPath``): ``Error`` is the
+    error name (our exception class names are a contract, STYLE §4), ``Cause`` the message or JSON."""
+
+    error: str = Field(alias="Error")
+    cause: str = Field("", alias="Cause")
+
+    def message(self) -> str:
+        """``Cause`` as a readable line: the ``errorMessage`` of a Lambda error's JSON cause if any."""
+        try:
+            parsed = json.loads(self.cause)
+        except ValueError:
+            return self.cause
+        if isinstance(parsed, dict) and isinstance(parsed.get("errorMessage"), str):
+            return str(parsed["errorMessage"])
+        return self.cause
+
+
+class FinalizeInput(TurnInput):
+    """Input of ``finalize_turn``: the turn, the prepare step's output, and exactly one of ``coded``
+    (the coder's ``SendTaskSuccess`` pointer, ``$.coded``) or ``error`` (a ``Catch``'s ``$.error``)."""
+
+    prepared: PreparedTurn | None = None
+    coded: CoderPointer | None = None
+    error: TaskFailure | None = None
+    failed_step: str | None = None
+
+
+FinalizeOutput = TurnResult
+"""``finalize_turn`` returns the turn's result as stored."""
+
+
+# ------------------------------------------------------------------------- Lambda destinations
+
+
+class EnvRequest(_Theirs):
+    """The payload the coder gives ``alphaagent-env-{environment_id}`` (the destination's
+    ``requestPayload``): who ran what, where."""
+
+    run_id: str
+    turn_id: str
+    session_id: str
+    user_id: str
+    scope: ConversationScope | NodeScope
+    code: str = ""
+
+
+class EnvPointer(_Theirs):
+    """The env function's small return value: the run's status and its claim-check object
+    (``result_key``: the workspace path of the full run result, ``work/runs/{run_id}/result.json``)."""
+
+    run_id: str
+    status: str
+    result_key: str
+
+
+class LambdaError(_Theirs):
+    """The ``responsePayload`` of a failed invocation, as Lambda writes it."""
+
+    error_type: str = Field("Unhandled", alias="errorType")
+    error_message: str = Field("", alias="errorMessage")
+    stack_trace: list[str] = Field(default_factory=list, alias="stackTrace")
+
+
+class DestinationRequestContext(_Theirs):
+    request_id: str = Field(alias="requestId")
+    function_arn: str = Field(alias="functionArn")
+    condition: str
+    approximate_invoke_count: int = Field(alias="approximateInvokeCount")
+
+
+class DestinationResponseContext(_Theirs):
+    status_code: int = Field(alias="statusCode")
+    executed_version: str = Field("$LATEST", alias="executedVersion")
+    function_error: str | None = Field(None, alias="functionError")
+
+
+class DestinationRecord(_Theirs):
+    """An asynchronous invocation record (Lambda destinations, version 1.0)."""
+
+    version: str
+    timestamp: str
+    request_context: DestinationRequestContext = Field(alias="requestContext")
+    request_payload: EnvRequest = Field(alias="requestPayload")
+    response_context: DestinationResponseContext = Field(alias="responseContext")
+    response_payload: Any = Field(None, alias="responsePayload")
+
+    @property
+    def succeeded(self) -> bool:
+        """True for an OnSuccess record (the function returned); an error of user code is still a
+        success here: it is data in the run result."""
+        return self.response_context.function_error is None and self.request_context.condition == "Success"
+
+
+DESTINATION_SUCCESS = "Lambda Function Invocation Result - Success"
+DESTINATION_FAILURE = "Lambda Function Invocation Result - Failure"
+
+
+class DestinationEvent(_Theirs):
+    """A destination record as the EventBridge destination delivers it (``source: lambda``)."""
+
+    id: str
+    source: Literal["lambda"]
+    detail_type: Literal[
+        "Lambda Function Invocation Result - Success", "Lambda Function Invocation Result - Failure"
+    ] = Field(alias="detail-type")
+    time: str
+    detail: DestinationRecord
+
+
+# ------------------------------------------------------------------------- Step Functions status
+
+
+class ExecutionStatusDetail(_Theirs):
+    """The detail of ``Step Functions Execution Status Change``; ``input`` is the execution's input JSON."""
+
+    execution_arn: str = Field(alias="executionArn")
+    state_machine_arn: str = Field(alias="stateMachineArn")
+    name: str
+    status: Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
+    input: str | None = None
+
+    def turn_input(self) -> TurnInput:
+        """The execution's ``TurnInput`` (raises ``pydantic.ValidationError`` if it is not one)."""
+        return TurnInput.model_validate_json(self.input or "null")
+
+
+class ExecutionStatusChange(_Theirs):
+    """The EventBridge event AWS emits when a Step Functions execution changes status."""
+
+    id: str
+    source: Literal["aws.states"]
+    detail_type: Literal["Step Functions Execution Status Change"] = Field(alias="detail-type")
+    time: str
+    detail: ExecutionStatusDetail

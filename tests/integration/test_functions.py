@@ -1,0 +1,406 @@
+"""The zip Lambda handlers run in-process on the sample events of ``events/``, under moto.
+
+Each handler is called exactly as Lambda calls it (the event as JSON, a context); the assertions are
+on what a user would see: executions, records in DynamoDB, files in S3, events on the bus.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.parser.models import SqsModel
+from moto import mock_aws
+from pydantic import BaseModel
+
+from alphaagent.aws.backend import get_backend, get_stepfunctions_client
+from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
+from alphaagent.aws.store import create_table
+from alphaagent.domain.turn_steps import spec_from_message
+from alphaagent.models.aws import (
+    AcquireLockInput,
+    DestinationEvent,
+    ExecutionStatusChange,
+    FinalizeInput,
+    PrepareInput,
+    ReleaseLockInput,
+    TurnInput,
+)
+from alphaagent.models.common import ConversationScope, utcnow
+from alphaagent.models.records import TurnResult
+from alphaagent.models.run import FileChangeReport, RunResult
+
+ROOT = Path(__file__).resolve().parents[2]
+EVENTS = ROOT / "events"
+# functions/ is deployed at the root of the zip artifact, not installed as a package: import it from
+# the repository root, as Lambda does (pytest's rootdir insertion only adds tests/).
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+acquire_lock, finalize_turn, prepare_turn, record_event, release_lock, release_orphan_lock, start_turn = (
+    importlib.import_module(f"functions.{name}")
+    for name in (
+        "acquire_lock",
+        "finalize_turn",
+        "prepare_turn",
+        "record_event",
+        "release_lock",
+        "release_orphan_lock",
+        "start_turn",
+    )
+)
+REGION = "eu-west-1"
+TABLE = "alphaagent-state-test"
+BUCKET = "alphaagent-workspaces-123456789012-eu-west-1"
+BUS = "alphaagent-test"
+SCOPE = ConversationScope(conversation_id="c-demo")
+USER = "alice@example.com"
+TURN_ID = "01JDQ8Z6Q4M3W8K2X5V7N9B0CD"
+RUN_ID = "01JDQ8ZA0000000000000000RN"
+
+
+def _sqs_batch(event: dict[str, Any]) -> None:
+    batch = SqsModel.model_validate(event)
+    for record in batch.Records:
+        spec_from_message(record.body, message_id=record.messageId, sent_ms=0)
+
+
+MODELS: dict[str, type[BaseModel] | Callable[[dict[str, Any]], None]] = {
+    "start_turn_sqs.json": _sqs_batch,
+    "start_turn_spec_submitted.json": _sqs_batch,
+    "acquire_lock.json": AcquireLockInput,
+    "release_lock.json": ReleaseLockInput,
+    "prepare_turn.json": PrepareInput,
+    "finalize_turn_completed.json": FinalizeInput,
+    "finalize_turn_failed.json": FinalizeInput,
+    "destination_success.json": DestinationEvent,
+    "destination_failure.json": DestinationEvent,
+    "artifact_registered.json": lambda e: _eventbridge(e),
+    "citation_emitted.json": lambda e: _eventbridge(e),
+    "execution_aborted.json": ExecutionStatusChange,
+}
+"""Each sample event -> the model (or check) it must satisfy."""
+
+
+def _eventbridge(event: dict[str, Any]) -> None:
+    from alphaagent.aws.bus import event_from_eventbridge
+
+    event_from_eventbridge(event)
+
+
+def load(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((EVENTS / name).read_text())
+    return document
+
+
+@dataclass
+class Context:
+    """The attributes of a Lambda context the Powertools logger reads."""
+
+    function_name: str = "alphaagent-test"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:123456789012:function:alphaagent-test"
+    aws_request_id: str = "req-1"
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """A moto account with the state table, the bucket, the bus, the coder queue and a turn machine."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "POWERTOOLS_METRICS_NAMESPACE": "alphaagent-test",
+        "STATE_TABLE_NAME": TABLE,
+        "WORKSPACES_BUCKET_NAME": BUCKET,
+        "EVENT_BUS_NAME": BUS,
+        "IDEMPOTENCY_TABLE_NAME": "alphaagent-idempotency-test",
+        "LOCK_LEASE_S": "600",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        events = boto3.client("events", region_name=REGION)
+        events.create_event_bus(Name=BUS)
+        sqs = boto3.client("sqs", region_name=REGION)
+        sink = sqs.create_queue(QueueName="bus-sink")["QueueUrl"]
+        sink_arn = sqs.get_queue_attributes(QueueUrl=sink, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        events.put_rule(Name="all", EventBusName=BUS, EventPattern=json.dumps({"source": [{"prefix": ""}]}))
+        events.put_targets(Rule="all", EventBusName=BUS, Targets=[{"Id": "sink", "Arn": sink_arn}])
+        coder_queue = sqs.create_queue(QueueName="coder")["QueueUrl"]
+        machine = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
+            name="alphaagent-turn",
+            definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),
+            roleArn="arn:aws:iam::123456789012:role/alphaagent-turn",
+        )["stateMachineArn"]
+        monkeypatch.setenv("STATE_MACHINE_ARN", machine)
+        monkeypatch.setenv("CODER_QUEUE_URL", coder_queue)
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client):
+            getter.cache_clear()
+        yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client):
+            getter.cache_clear()
+
+
+def published(aws: dict[str, Any]) -> list[str]:
+    """Detail-types that reached the bus (through the test rule's queue)."""
+    types: list[str] = []
+    while (
+        messages := aws["sqs"].receive_message(QueueUrl=aws["sink"], MaxNumberOfMessages=10).get("Messages")
+    ):
+        for message in messages:
+            types.append(json.loads(message["Body"])["detail-type"])
+            aws["sqs"].delete_message(QueueUrl=aws["sink"], ReceiptHandle=message["ReceiptHandle"])
+    return types
+
+
+def executions(aws: dict[str, Any]) -> list[dict[str, Any]]:
+    client = boto3.client("stepfunctions", region_name=REGION)
+    found: list[dict[str, Any]] = client.list_executions(stateMachineArn=aws["machine"])["executions"]
+    return found
+
+
+# ----------------------------------------------------------------------------- sample events
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EVENTS.glob("*.json")))
+def test_every_sample_event_validates_against_its_model(name: str) -> None:
+    # Given a file of events/; When it is checked against its model; Then it is valid.
+    assert name in MODELS, f"events/{name} has no model in this test"
+    check = MODELS[name]
+    if isinstance(check, type):
+        check.model_validate(load(name))
+    else:
+        check(load(name))
+
+
+def test_every_model_has_its_sample_event() -> None:
+    assert sorted(MODELS) == sorted(p.name for p in EVENTS.glob("*.json"))
+
+
+# ----------------------------------------------------------------------------- start_turn
+
+
+def test_the_same_spec_delivered_three_times_starts_one_execution(aws: dict[str, Any]) -> None:
+    # Given one spec record, delivered three times (two redeliveries of the message)
+    event = load("start_turn_sqs.json")
+    # When the starter handles each delivery
+    answers = [start_turn.lambda_handler(event, Context()) for _ in range(3)]
+    # Then every delivery is acknowledged and exactly one execution, named by the turn id, exists
+    assert answers == [{"batchItemFailures": []}] * 3
+    assert [e["name"] for e in executions(aws)] == [TURN_ID]
+    described = boto3.client("stepfunctions", region_name=REGION).describe_execution(
+        executionArn=executions(aws)[0]["executionArn"]
+    )
+    turn_input = TurnInput.model_validate_json(described["input"])
+    assert (turn_input.turn_id, turn_input.scope_key, turn_input.user_id) == (TURN_ID, SCOPE.key, USER)
+
+
+def test_a_spec_submitted_event_without_turn_id_takes_the_events_turn_id(aws: dict[str, Any]) -> None:
+    # Given a SpecSubmitted event (as the rule puts it on the queue) whose spec has no turn_id
+    event = load("start_turn_spec_submitted.json")
+    # When the starter handles it twice
+    for _ in range(2):
+        assert start_turn.lambda_handler(event, Context()) == {"batchItemFailures": []}
+    # Then one execution runs, named by the event's turn id
+    assert [e["name"] for e in executions(aws)] == ["01JDQ8Z7A1B2C3D4E5F6G7H8JK"]
+
+
+def test_a_spec_without_turn_id_gets_one_turn_per_message_not_per_delivery(aws: dict[str, Any]) -> None:
+    # Given a spec without turn_id, sent as two messages; the first is delivered twice
+    record = load("start_turn_sqs.json")["Records"][0]
+    spec = {k: v for k, v in json.loads(record["body"]).items() if k != "turn_id"}
+    first = {**record, "messageId": "m-1", "body": json.dumps(spec)}
+    second = {**record, "messageId": "m-2", "body": json.dumps(spec)}
+    # When the starter handles the deliveries
+    for batch in ([first], [first, second]):
+        assert start_turn.lambda_handler({"Records": batch}, Context()) == {"batchItemFailures": []}
+    # Then each message is one turn: a redelivery derives the same turn id, another message a new one
+    names = [e["name"] for e in executions(aws)]
+    assert len(names) == 2 and len(set(names)) == 2
+
+
+def test_a_missing_setting_is_named_and_the_template_alias_is_read(
+    aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given no state table name, and the machine under its template name TURN_STATE_MACHINE_ARN
+    monkeypatch.delenv("STATE_TABLE_NAME")
+    monkeypatch.delenv("STATE_MACHINE_ARN")
+    monkeypatch.setenv("TURN_STATE_MACHINE_ARN", aws["machine"])
+    get_lambda_settings.cache_clear()
+    # When the settings are used; Then the machine is found and the missing table is named
+    assert get_lambda_settings().required("STATE_MACHINE_ARN") == aws["machine"]
+    with pytest.raises(MissingSettingError, match="STATE_TABLE_NAME"):
+        get_backend()
+
+
+def test_a_poison_record_is_the_only_failure_and_an_invalid_spec_is_acknowledged(
+    aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a batch: a good spec, an invalid spec, and a record whose start fails (poison)
+    good = load("start_turn_sqs.json")["Records"][0]
+    invalid = {**good, "messageId": "bad-spec", "body": json.dumps({"spec_version": 1, "goal": ""})}
+    other_turn = "01JDQ8ZD0000000000000000PS"
+    poison_spec = {**json.loads(good["body"]), "turn_id": other_turn}
+    poison = {**good, "messageId": "poison", "body": json.dumps(poison_spec)}
+    real = start_turn.start_turn_execution
+
+    def flaky(arn: str, turn_id: str, execution_input: str) -> bool:
+        if turn_id == other_turn:
+            raise ConnectionError("network down")
+        return real(arn, turn_id, execution_input)
+
+    monkeypatch.setattr(start_turn, "start_turn_execution", flaky)
+    # When the starter handles the batch
+    answer = start_turn.lambda_handler({"Records": [good, invalid, poison]}, Context())
+    # Then only the poison record is retried; the good spec started; the invalid one was acknowledged
+    assert answer == {"batchItemFailures": [{"itemIdentifier": "poison"}]}
+    assert [e["name"] for e in executions(aws)] == [TURN_ID]
+
+
+# ----------------------------------------------------------------------------- turn steps
+
+
+def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -> None:
+    # Given the sample task inputs of one execution
+    lock = load("acquire_lock.json")
+    # When the lock is taken
+    granted = acquire_lock.lambda_handler(lock, Context())
+    # Then it is ours, and another execution is refused with the contract's error name
+    assert granted["holder"] == TURN_ID
+    with pytest.raises(Exception) as busy:
+        acquire_lock.lambda_handler({**lock, "execution_id": "someone-else"}, Context())
+    assert type(busy.value).__name__ == "ScopeBusyError"
+
+    # When the turn is prepared (twice: a retried step)
+    prepared = prepare_turn.lambda_handler(load("prepare_turn.json"), Context())
+    again = prepare_turn.lambda_handler(load("prepare_turn.json"), Context())
+    # Then the spec is in the scope, one turn record is running, TurnStarted was published once
+    assert prepared == again
+    spec_key = f"{SCOPE.key}/spec/{TURN_ID}.json"
+    assert (prepared["spec_key"], prepared["turn_timeout_s"]) == (spec_key, 900)
+    stored = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=spec_key)["Body"].read())
+    assert stored["turn_id"] == TURN_ID
+    store = get_backend().store
+    turn = store.get_turn(USER, TURN_ID)
+    assert turn is not None and turn.status == "running"
+    assert turn.session_id == prepared["session_id"]
+    assert published(aws).count("TurnStarted") == 1
+
+    # When the coder left its result and pointer, the turn is finalized, then once more with a late failure
+    coded = TurnResult(turn_id=TURN_ID, status="completed", summary="1 step(s) ran.", run_ids=[RUN_ID])
+    aws["s3"].put_object(
+        Bucket=BUCKET, Key=f"{SCOPE.key}/work/turns/{TURN_ID}/result.json", Body=coded.model_dump_json()
+    )
+    result = finalize_turn.lambda_handler(load("finalize_turn_completed.json"), Context())
+    late = finalize_turn.lambda_handler(load("finalize_turn_failed.json"), Context())
+    # Then it completed, the result file is in S3, TurnCompleted was published, and nothing regressed
+    assert result["status"] == "completed" and late == result
+    assert (result["summary"], result["run_ids"]) == ("1 step(s) ran.", [RUN_ID])
+    assert store.get_turn(USER, TURN_ID).status == "completed"  # type: ignore[union-attr]
+    key = f"{SCOPE.key}/work/turns/{TURN_ID}/result.json"
+    assert json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=key)["Body"].read())["status"] == "completed"
+    assert published(aws) == ["TurnCompleted"]
+
+    # When the lock is released, another execution can take it
+    release_lock.lambda_handler(load("release_lock.json"), Context())
+    assert acquire_lock.lambda_handler({**lock, "execution_id": "next"}, Context())["holder"] == "next"
+
+
+def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, Any]) -> None:
+    # Given no turn record (the lock step failed); When finalize runs on the caught failure
+    result = finalize_turn.lambda_handler(load("finalize_turn_failed.json"), Context())
+    # Then the turn failed with the error name of the contract, and TurnFailed was published
+    assert result["status"] == "failed"
+    assert result["error"]["name"] == "States.HeartbeatTimeout"
+    assert published(aws) == ["TurnFailed"]
+
+
+# ----------------------------------------------------------------------------- recorder
+
+
+def _run_result() -> RunResult:
+    return RunResult(
+        run_id=RUN_ID,
+        status="ok",
+        exit_code=0,
+        stdout="total 7\n",
+        stderr="",
+        stdout_bytes=8,
+        stderr_bytes=0,
+        stdout_truncated=False,
+        stderr_truncated=False,
+        error=None,
+        duration_ms=42,
+        files_changed=["reports/sales-summary.md"],
+        files=FileChangeReport(created=["reports/sales-summary.md"]),
+        limits={"timeout_s": 60},
+        isolation="process",
+        network="off",
+    )
+
+
+def test_a_destination_success_record_becomes_a_run_record(aws: dict[str, Any]) -> None:
+    # Given the env function wrote its claim-check object and returned the pointer
+    key = f"{SCOPE.key}/work/runs/{RUN_ID}/result.json"
+    aws["s3"].put_object(Bucket=BUCKET, Key=key, Body=_run_result().model_dump_json().encode())
+    # When the recorder handles the destination success event (twice: EventBridge retries)
+    for _ in range(2):
+        answer = record_event.lambda_handler(load("destination_success.json"), Context())
+    # Then one run record holds the result and the event log has RunCompleted
+    assert answer["detail_type"] == "RunCompleted"
+    run = get_backend().store.get_run(USER, RUN_ID)
+    assert run is not None
+    assert (run.status, run.exit_code, run.stdout, run.turn_id) == ("ok", 0, "total 7\n", TURN_ID)
+    assert [e.detail_type for e in get_backend().store.list_events(TURN_ID)] == ["RunCompleted"]
+
+
+def test_a_destination_failure_record_becomes_a_failed_run(aws: dict[str, Any]) -> None:
+    # When the recorder handles the destination failure event (the function timed out)
+    answer = record_event.lambda_handler(load("destination_failure.json"), Context())
+    # Then the run is recorded as failed with Lambda's error
+    assert answer["detail_type"] == "RunFailed"
+    run = get_backend().store.get_run(USER, RUN_ID)
+    assert run is not None and run.status == "failed"
+    assert run.error is not None and run.error.name == "Sandbox.Timedout"
+
+
+def test_registration_events_are_recorded(aws: dict[str, Any]) -> None:
+    # When the recorder handles an ArtifactRegistered and a CitationEmitted event
+    for name in ("artifact_registered.json", "citation_emitted.json"):
+        record_event.lambda_handler(load(name), Context())
+    # Then both are in the event log and the citation is a record
+    store = get_backend().store
+    assert sorted(e.detail_type for e in store.list_events(TURN_ID)) == [
+        "ArtifactRegistered",
+        "CitationEmitted",
+    ]
+    assert [c.source for c in store.citations_of_turn(TURN_ID)] == ["docs/sales.csv"]
+
+
+# ----------------------------------------------------------------------------- orphan lock
+
+
+def test_an_aborted_executions_lock_is_released(aws: dict[str, Any]) -> None:
+    # Given the aborted execution holds the scope's lease
+    store = get_backend().store
+    assert store.acquire_lock(SCOPE.key, TURN_ID, utcnow(), 600)
+    assert not store.acquire_lock(SCOPE.key, "next", utcnow(), 600)
+    # When the status change event arrives
+    answer = release_orphan_lock.lambda_handler(load("execution_aborted.json"), Context())
+    # Then the lease is released and the next execution takes it
+    assert answer == {"scope_key": SCOPE.key, "holder": TURN_ID, "released": True}
+    assert store.acquire_lock(SCOPE.key, "next", utcnow(), 600)
