@@ -20,10 +20,24 @@ venv: $(STAMP) ## Create .venv with the package, the builtin environment, the co
 test: $(STAMP) ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q
 
-lint: $(STAMP) ## ruff + mypy
-	$(VENV)/bin/ruff check alphaagent coder tests bench
-	$(VENV)/bin/ruff format --check alphaagent coder tests bench
+# The lint tools live in their own virtualenv: aws-sam-cli pins boto3 and pydantic versions of its own.
+LINT_VENV := .venv-tools
+LINT_STAMP := $(LINT_VENV)/.installed
+# Offline: no telemetry, no credentials, any region (cfn-lint and `sam validate --lint` read no account).
+LINT_ENV := SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1
+
+$(LINT_STAMP): tools-constraints.txt
+	@test -x $(LINT_VENV)/bin/python || $(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip install -q --disable-pip-version-check -c tools-constraints.txt cfn-lint cfn-lint-serverless aws-sam-cli
+	@touch $@
+
+lint: $(STAMP) $(LINT_STAMP) ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + static ASL checks
+	$(VENV)/bin/ruff check alphaagent coder functions tests bench
+	$(VENV)/bin/ruff format --check alphaagent coder functions tests bench
 	$(VENV)/bin/mypy
+	$(LINT_ENV) $(LINT_VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
+	$(LINT_ENV) $(LINT_VENV)/bin/sam validate --lint --template template.yaml
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_static_aws.py
 
 demo: $(STAMP) ## Run the demo analysis on the embedded default (local backend)
 	$(VENV)/bin/alphaagent demo
@@ -38,6 +52,6 @@ lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	/tmp/alphaagent-lock/bin/pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
 clean: ## Remove the virtualenv and caches (not the data directory)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 .PHONY: help venv test lint demo bench lock clean
