@@ -12,10 +12,10 @@ help: ## List the targets
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,coder,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,dev]'
 	@touch $@
 
-venv: $(STAMP) ## Create .venv with the package, the builtin environment, the coder and the dev tools (pinned)
+venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, dev (pinned)
 
 test: $(STAMP) ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q
