@@ -51,7 +51,21 @@ lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,dev]'
 	/tmp/alphaagent-lock/bin/pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
+build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (runs build-% below)
+	$(LINT_ENV) $(LINT_VENV)/bin/sam build --template template.yaml
+
+# sam build calls `make build-<LogicalId>` (BuildMethod: makefile) with ARTIFACTS_DIR set: one shared
+# artifact of alphaagent/ + functions/ + the lambda group's wheels for the Lambda platform (python3.13,
+# x86_64), pinned by constraints.txt. No layers for our own code (DESIGN §2).
+LAMBDA_PLATFORM := --platform manylinux2014_x86_64 --python-version 3.13 --implementation cp --only-binary=:all:
+build-%:
+	mkdir -p "$(ARTIFACTS_DIR)"
+	cp -R alphaagent functions "$(ARTIFACTS_DIR)/"
+	$(PYTHON) -m pip install -q --disable-pip-version-check $(LAMBDA_PLATFORM) --target "$(ARTIFACTS_DIR)" \
+		-c constraints.txt 'aws-lambda-powertools[tracer,parser]' pydantic
+	find "$(ARTIFACTS_DIR)" -name __pycache__ -prune -exec rm -rf {} +
+
 clean: ## Remove the virtualenv and caches (not the data directory)
 	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv test lint demo bench lock clean
+.PHONY: help venv test lint demo bench lock build clean
