@@ -17,8 +17,13 @@ from datetime import timedelta
 from typing import Any
 
 from alphaagent.domain.backend import Backend
-from alphaagent.domain.sessions import session_for_turn
-from alphaagent.domain.turns import _finalize, _resolve_inputs, check_spec_against, scope_label
+from alphaagent.domain.turns import (
+    _finalize,
+    _resolve_inputs,
+    check_spec_against,
+    claim_scope_and_session,
+    scope_label,
+)
 from alphaagent.errors import InvalidRequestError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid
 from alphaagent.models.aws import (
@@ -143,19 +148,7 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
     inputs = _resolve_inputs(backend, spec)
     now = utcnow()
     if existing is None:
-        if store.claim_owner(scope.owner_key, user_id, now) != user_id:
-            raise NotFoundError(f"{scope_label(scope)} not found")
-        backend.workspace.ensure_scope(scope)
-        session, _created = session_for_turn(
-            store,
-            backend.bus,
-            user_id=user_id,
-            scope=scope,
-            turn_id=turn_id,
-            now=now,
-            idle_timeout_s=backend.turns.session_idle_timeout_s,
-            max_lifetime_s=backend.turns.session_max_lifetime_s,
-        )
+        session, _created = claim_scope_and_session(backend, spec, turn_id, now)
         turn = Turn(
             turn_id=turn_id,
             user_id=user_id,

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import PurePosixPath
 
 from alphaagent.domain.artifacts import KIND_FOLDERS
@@ -30,7 +31,7 @@ from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError, 
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope, utcnow
 from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
-from alphaagent.models.records import Turn, TurnResult
+from alphaagent.models.records import Session, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import (
     ConnectorInput,
@@ -173,6 +174,28 @@ def abandon_turn(backend: Backend, user_id: str, turn_id: str, reason: str) -> b
     return True
 
 
+def claim_scope_and_session(
+    backend: Backend, spec: Spec, turn_id: str, now: datetime
+) -> tuple[Session, bool]:
+    """Claim the scope for the spec's user (``NotFoundError`` if another user has it), make its
+    folders, and get or create the user's session there: ``(session, created)``. Shared by the
+    local turn driver and the AWS prepare step."""
+    scope, user_id = spec.scope, spec.user_id
+    if backend.store.claim_owner(scope.owner_key, user_id, now) != user_id:
+        raise NotFoundError(f"{scope_label(scope)} not found")
+    backend.workspace.ensure_scope(scope)
+    return session_for_turn(
+        backend.store,
+        backend.bus,
+        user_id=user_id,
+        scope=scope,
+        turn_id=turn_id,
+        now=now,
+        idle_timeout_s=backend.turns.session_idle_timeout_s,
+        max_lifetime_s=backend.turns.session_max_lifetime_s,
+    )
+
+
 def _abandoned(turn_id: str) -> TurnResult:
     error = RunError(
         name="TurnAbandoned", value="the turn's process stopped and its lease expired", traceback=""
@@ -186,20 +209,8 @@ def _locked_turn(
     scope, user_id, store = spec.scope, spec.user_id, backend.store
     inputs = _resolve_inputs(backend, spec)  # before anything is written: a bad input leaves nothing
     now = utcnow()
-    if store.claim_owner(scope.owner_key, user_id, now) != user_id:
-        raise NotFoundError(f"{scope_label(scope)} not found")
+    session, created = claim_scope_and_session(backend, spec, turn_id, now)
     _fail_abandoned_turns(backend, scope, user_id, turn_id)
-    backend.workspace.ensure_scope(scope)
-    session, created = session_for_turn(
-        store,
-        backend.bus,
-        user_id=user_id,
-        scope=scope,
-        turn_id=turn_id,
-        now=now,
-        idle_timeout_s=backend.turns.session_idle_timeout_s,
-        max_lifetime_s=backend.turns.session_max_lifetime_s,
-    )
     if created:
         say(f"session {session.session_id[:8]}… started")
     turn = Turn(
