@@ -17,7 +17,13 @@ class InvalidRequestError(AlphaAgentError):
 
 
 class SandboxError(AlphaAgentError):
-    """The sandbox itself failed (the zygote died, a run could not be set up): a platform failure."""
+    """The sandbox itself failed (the zygote died, a run could not be set up): a platform failure.
+
+    ``recorded`` is True when the platform already recorded the run as failed (``RunFailed``), as the
+    env function's failure destination does on AWS; ``run_in_env`` then publishes nothing more.
+    """
+
+    recorded: bool = False
 
 
 class RetryableError(AlphaAgentError):

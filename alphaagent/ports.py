@@ -18,7 +18,7 @@ from typing import BinaryIO, Protocol
 from alphaagent.models.common import Scope
 from alphaagent.models.events import Event
 from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, Session, Turn
-from alphaagent.models.run import RunLimits, RunResult
+from alphaagent.models.run import RunLimits, RunOrigin, RunResult
 
 
 @dataclass(frozen=True)
@@ -183,12 +183,29 @@ class EventBus(Protocol):
 
 
 class Executor(Protocol):
-    """What runs code for ``run_in_env``: the sandbox locally, the env Lambda on AWS."""
+    """What runs code for ``run_in_env``: the sandbox locally, the env Lambda on AWS.
+
+    ``publishes_run_events``: True when the platform behind the executor records every run itself
+    (on AWS, the env function's destinations reach the recorder as ``RunCompleted``/``RunFailed``);
+    ``run_in_env`` then publishes no run event of its own, so each run has exactly one. A
+    ``SandboxError`` with ``recorded=True`` was recorded there as well.
+    """
+
+    publishes_run_events: bool
 
     def run(
-        self, workdir: Path, code: str, *, limits: RunLimits, run_id: str, network: bool = False
+        self,
+        workdir: Path,
+        code: str,
+        *,
+        limits: RunLimits,
+        run_id: str,
+        network: bool = False,
+        origin: RunOrigin | None = None,
     ) -> RunResult:
-        """Run ``code`` with ``workdir`` as its working directory; user-code failures are results."""
+        """Run ``code`` with ``workdir`` as its working directory; user-code failures are results.
+        ``origin`` names the turn, session, user, scope and environment (required by executors that
+        run code elsewhere; the local sandbox ignores it)."""
 
 
 def iter_chunks(reader: BinaryIO, size: int = 1 << 20) -> Iterator[bytes]:

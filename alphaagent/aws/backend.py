@@ -25,7 +25,7 @@ from alphaagent.domain.recorder import Recorder, history_view
 from alphaagent.errors import AlphaAgentError
 from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError
 from alphaagent.models.events import Event, RunCompleted, RunFailed
-from alphaagent.models.run import RunError, RunLimits, RunResult
+from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 
 
 class NoExecutorError(AlphaAgentError):
@@ -35,8 +35,17 @@ class NoExecutorError(AlphaAgentError):
 class NoExecutor:
     """``alphaagent.ports.Executor`` for processes that must never run code."""
 
+    publishes_run_events = False
+
     def run(
-        self, workdir: Path, code: str, *, limits: RunLimits, run_id: str, network: bool = False
+        self,
+        workdir: Path,
+        code: str,
+        *,
+        limits: RunLimits,
+        run_id: str,
+        network: bool = False,
+        origin: RunOrigin | None = None,
     ) -> RunResult:
         """Always raises ``NoExecutorError``: on AWS, code runs in the ``alphaagent-env-*`` functions."""
         raise NoExecutorError("this function does not run code; run_in_env invokes an environment function")

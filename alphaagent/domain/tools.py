@@ -29,7 +29,7 @@ from alphaagent.ids import new_ulid
 from alphaagent.models.common import ArtifactKind, PathRuleError, Scope, check_workspace_path, utcnow
 from alphaagent.models.events import ArtifactRegistered, CitationEmitted, Event, RunCompleted, RunFailed
 from alphaagent.models.records import ArtifactRef, ArtifactVersion, CitationRef, Session
-from alphaagent.models.run import RunError, RunLimits, RunResult
+from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.models.spec import Spec
 
 MAX_STORED_CODE_CHARS = 64 * 1024
@@ -103,7 +103,11 @@ def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> R
     """Run ``code`` in the scope's environment; the result of DESIGN §4.4 (a failure of the code is
     data). Raises ``ToolError`` when the turn's run budget (``constraints.max_runs``) is spent or
     the timeout is out of range, ``SandboxError`` when the platform fails (a ``RunFailed`` event is
-    recorded first)."""
+    recorded first).
+
+    Each run gets exactly one run event: published here, or by the platform when the executor says
+    it records runs itself (``Executor.publishes_run_events``: the env Lambda's destinations on AWS).
+    """
     ctx.check_lease()
     constraints = ctx.spec.constraints
     if len(ctx.run_ids) >= constraints.max_runs:
@@ -118,34 +122,33 @@ def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> R
     run_id = new_ulid()
     ctx.run_ids.append(run_id)
     ctx.backend.store.touch_session(ctx.session.session_id, utcnow())
+    executor = ctx.backend.executor
     workdir = ctx.backend.workspace.local_root(ctx.scope)
-    try:
-        result = ctx.backend.executor.run(workdir, code, limits=RunLimits(timeout_s=limit), run_id=run_id)
-    except SandboxError as exc:
-        ctx.publish(
-            RunFailed(
-                turn_id=ctx.turn_id,
-                scope=ctx.scope,
-                run_id=run_id,
-                session_id=ctx.session.session_id,
-                user_id=ctx.user_id,
-                code=code[:MAX_STORED_CODE_CHARS],
-                error=RunError(name=type(exc).__name__, value=str(exc), traceback=""),
-            )
-        )
-        raise
-    ctx.publish(
-        RunCompleted(
-            turn_id=ctx.turn_id,
-            scope=ctx.scope,
-            run_id=run_id,
-            session_id=ctx.session.session_id,
-            user_id=ctx.user_id,
-            status=result.status,
-            code=code[:MAX_STORED_CODE_CHARS],
-            result=history_view(result).model_dump(mode="json"),
-        )
+    origin = RunOrigin(
+        turn_id=ctx.turn_id,
+        session_id=ctx.session.session_id,
+        user_id=ctx.user_id,
+        scope=ctx.scope,
+        environment_id=ctx.spec.environment_id,
     )
+    common = {
+        "turn_id": ctx.turn_id,
+        "scope": ctx.scope,
+        "run_id": run_id,
+        "session_id": ctx.session.session_id,
+        "user_id": ctx.user_id,
+        "code": code[:MAX_STORED_CODE_CHARS],
+    }
+    try:
+        result = executor.run(workdir, code, limits=RunLimits(timeout_s=limit), run_id=run_id, origin=origin)
+    except SandboxError as exc:
+        if not exc.recorded:
+            error = RunError(name=type(exc).__name__, value=str(exc), traceback="")
+            ctx.publish(RunFailed(**common, error=error))
+        raise
+    if not executor.publishes_run_events:
+        view = history_view(result).model_dump(mode="json")
+        ctx.publish(RunCompleted(**common, status=result.status, result=view))
     return result
 
 

@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from alphaagent.models.common import ConversationScope, NodeScope
+
 RunStatus = Literal["ok", "error", "timeout", "killed"]
 IsolationLevel = Literal["namespaces", "process"]
 
@@ -38,6 +40,19 @@ class RunLimits(BaseModel):
     def effective_cpu_s(self) -> int:
         """CPU seconds allowed: ``cpu_s``, or the wall-clock timeout rounded up."""
         return self.cpu_s if self.cpu_s is not None else max(1, int(self.timeout_s + 0.999))
+
+
+class RunOrigin(BaseModel):
+    """Whose run it is and where: what an executor that runs code elsewhere (the env Lambda) needs
+    besides the code, so the run's records and events can be written there (``EnvRequest``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    turn_id: str
+    session_id: str
+    user_id: str
+    scope: ConversationScope | NodeScope
+    environment_id: str = "builtin"
 
 
 class RunError(BaseModel):
