@@ -1,20 +1,24 @@
 """The coder worker (DESIGN §3 step 5): a long-lived loop on the CoderQueue that runs one turn per
 message and answers the waiting Step Functions task.
 
-The state machine sends ``{"task_token": ..., "spec": {...}}`` (or ``"spec_key"``, a claim check)
-with ``sqs:sendMessage.waitForTaskToken``. For each message the worker runs the turn through the
-domain (``alphaagent.domain.turns.run_turn``) on the ``Backend`` it was given, heartbeats the task
-while the turn runs, answers ``SendTaskSuccess`` with a small pointer to the turn result or
-``SendTaskFailure`` with the error class name (the contract the machine's ``Retry``/``Catch``
-match on), and only then deletes the message.
+The turn state machine sends ``{"task_token", "spec_key", "inputs"}`` with
+``sqs:sendMessage.waitForTaskToken`` after its AcquireLock and Prepare steps: the scope's lease is
+held by the execution (named by the turn id), the turn record, the spec's claim check
+(``spec_key``) and the inputs in ``docs/`` exist. The worker then runs only the coding step
+(``alphaagent.domain.turns.code_prepared_turn``), renewing the execution's lease while it runs, and
+leaves the turn record and the lease to the machine's Finalize and ReleaseLock steps. A message
+with the spec inline (``"spec"``, no machine around it) runs the whole turn (``run_turn``).
 
-The backend is injected: the AWS adapters (DynamoDB store, S3 workspace, EventBridge bus, env
-Lambda executor) do not exist yet, so ``python -m coder`` and the tests use the local backend
-(``alphaagent.api.AlphaAgent(home).backend``).
+For each message the worker heartbeats the task while the turn runs, answers ``SendTaskSuccess``
+with a small pointer to the turn result or ``SendTaskFailure`` with the error class name (the
+contract the machine's ``Retry``/``Catch`` match on), and only then deletes the message.
+
+The backend is injected: ``python -m coder`` builds the AWS one (``alphaagent.aws.backend.
+coder_backend``) when ``STATE_TABLE_NAME`` is set, else the local one; the tests use the local one.
 
 Example::
 
-    worker = CoderWorker(agent.backend, coder, settings, sqs=boto3.client("sqs"),
+    worker = CoderWorker(backend, coder, settings, sqs=boto3.client("sqs"),
                          sfn=boto3.client("stepfunctions"))
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     worker.run()  # returns once stopped and every in-flight turn is answered
@@ -35,11 +39,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from alphaagent.domain.backend import Backend
-from alphaagent.domain.turns import Coder, abandon_turn, run_turn
+from alphaagent.domain.turns import Coder, abandon_turn, code_prepared_turn, run_turn
 from alphaagent.errors import AlphaAgentError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import scope_from_key
-from alphaagent.models.records import TurnResult
+from alphaagent.models.records import PreparedInput, TurnResult
 from alphaagent.models.spec import Spec, parse_spec
 from coder.errors import InvalidMessageError
 
@@ -102,8 +106,9 @@ class CoderMessage(BaseModel):
 
     - ``task_token``: ``$$.Task.Token`` of the waiting ``sqs:sendMessage.waitForTaskToken`` task.
     - ``spec``: the spec (DESIGN §4.5) inline, or
-    - ``spec_key``: a claim check: the workspace key of the spec written by the prepare step,
-      ``{scope key}/spec/{turn_id}.json`` (for specs near the 256 KiB state limit).
+    - ``spec_key``: a claim check: the workspace key of the spec written by the machine's prepare
+      step, ``{scope key}/spec/{turn_id}.json``; the turn is prepared and only its coding step runs.
+    - ``inputs``: with ``spec_key``, the prepare step's ``PreparedTurn.inputs``.
     Exactly one of ``spec`` and ``spec_key``.
     """
 
@@ -112,6 +117,7 @@ class CoderMessage(BaseModel):
     task_token: str = Field(min_length=1, max_length=1024)
     spec: dict[str, Any] | None = None
     spec_key: str | None = Field(None, pattern=r"^.+/spec/[^/]+\.json$", max_length=1024)
+    inputs: list[PreparedInput] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_spec(self) -> CoderMessage:
@@ -282,7 +288,14 @@ class CoderWorker:
             if spec.turn_id is None:  # named here, so a stop can record the turn it interrupts
                 spec = spec.model_copy(update={"turn_id": new_ulid()})
             task.spec = spec
-            result = run_turn(self.backend, spec, coder=self.coder)
+            if body.spec_key is not None:
+                # Inside the machine: the execution (named by the turn id) holds the scope's lease.
+                assert spec.turn_id is not None  # load_spec checked it against the key's name
+                result = code_prepared_turn(
+                    self.backend, spec, coder=self.coder, holder=spec.turn_id, inputs=body.inputs
+                )
+            else:
+                result = run_turn(self.backend, spec, coder=self.coder)
             task.outcome = TurnPointer.of(spec, result)
         except BaseException as exc:  # the turn's failure is the task's failure, whatever it is
             if not isinstance(exc, AlphaAgentError):

@@ -382,23 +382,40 @@ class S3Workspace:
 
     # -- working copy sync (the env function) ------------------------------------------------------
 
-    def sync_down(self, scope: Scope, prefixes: Iterable[str], max_bytes: int) -> SyncReport:
+    def sync_down(
+        self, scope: Scope, prefixes: Iterable[str], max_bytes: int, *, exclude: Iterable[str] = ()
+    ) -> SyncReport:
         """Download the files below the folders ``prefixes`` ('' for all) into ``local_root(scope)``.
+
+        Files below a folder of ``exclude`` are left out entirely (not transferred, not reported):
+        the env function excludes ``work/runs``, the platform's spill files and claim checks of
+        earlier runs, which no run reads. Folders match by whole components, as ``prefixes`` do.
 
         Files are considered in path order and each is taken if it still fits in ``max_bytes`` (the
         run's input budget, in bytes); one that does not is reported as ``over_budget``, never cut.
         Each file is streamed into a temporary file beside its target and renamed into place; no
         symlink is followed at any component below ``local_dir``, and a target blocked by a symlink, a
-        file or a directory is skipped (``local_path_unsafe``), never written through.
+        file or a directory is skipped (``local_path_unsafe``), never written through. Keys no method
+        could address (not NFC, breaking a rule) are reported as ``path_rule``.
 
         Raises:
-            PathRuleError: a prefix breaks a rule of DESIGN §4.2.
+            PathRuleError: a prefix or an excluded folder breaks a rule of DESIGN §4.2.
         """
+        excluded = tuple(
+            self._path(scope, folder[:-1] if folder.endswith("/") else folder) + "/" for folder in exclude
+        )
         wanted: dict[str, FileInfo] = {}
+        unaddressable: list[tuple[str, str]] = []
         for prefix in prefixes:
-            for info in self.list_files(scope, prefix):
-                wanted[info.path] = info
+            for info in self.list_files(scope, prefix, skipped=unaddressable):
+                if not info.path.startswith(excluded):
+                    wanted[info.path] = info
         report = SyncReport()
+        report.skipped.extend(
+            SkippedFile(path, SKIP_PATH_RULE)
+            for path in sorted(dict.fromkeys(path for path, _ in unaddressable))
+            if not path.startswith(excluded)
+        )
         with self._local_scope_dir(scope) as root:
             for path in sorted(wanted):
                 size = wanted[path].size_bytes
@@ -441,6 +458,15 @@ class S3Workspace:
                 report.transferred.append(path)
                 report.bytes_transferred += size
         return report
+
+    def delete(self, scope: Scope, path: str) -> None:
+        """Delete the object ``{scope.key}/{path}`` (DeleteObject; in a versioned bucket a delete
+        marker, so the bytes stay recoverable). Deleting a missing file is not an error.
+
+        Raises:
+            PathRuleError: ``path`` breaks a rule of DESIGN §4.2. Nothing is deleted in that case.
+        """
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(scope, path))
 
     # -- helpers -----------------------------------------------------------------------------------
 

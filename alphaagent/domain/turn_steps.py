@@ -36,7 +36,7 @@ from alphaagent.models.aws import (
 )
 from alphaagent.models.common import scope_from_key, utcnow
 from alphaagent.models.events import Event, TurnFailed, TurnStarted
-from alphaagent.models.records import Turn, TurnResult
+from alphaagent.models.records import PreparedInput, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import Spec, parse_spec
 
@@ -167,16 +167,16 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
             )
         existing = store.get_turn(user_id, turn_id) or turn
     backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec.model_dump_json(indent=2).encode())
-    written: list[str] = []
+    written: list[PreparedInput] = []
     for item in inputs:
         data = item.data if item.blob is None else backend.workspace.read_blob(item.blob)
         if data is not None:
             backend.workspace.write_bytes(scope, item.path, data)
-        written.append(item.path)
+        written.append(PreparedInput(path=item.path, note=item.note))
     return _prepared(existing, spec, written, finished=False)
 
 
-def _prepared(turn: Turn, spec: Spec, inputs: list[str], *, finished: bool) -> PreparedTurn:
+def _prepared(turn: Turn, spec: Spec, inputs: list[PreparedInput], *, finished: bool) -> PreparedTurn:
     return PreparedTurn(
         turn_id=turn.turn_id,
         user_id=turn.user_id,

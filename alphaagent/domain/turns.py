@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import PurePosixPath
 
@@ -31,7 +31,7 @@ from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError, 
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope, utcnow
 from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
-from alphaagent.models.records import Session, Turn, TurnResult
+from alphaagent.models.records import PreparedInput, Session, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import (
     ConnectorInput,
@@ -87,6 +87,17 @@ class _Lease:
         self._thread: threading.Thread | None = None
         self.lost = False
 
+    def hold(self) -> None:
+        """Take over renewing a lease ``holder`` acquired elsewhere (the state machine's AcquireLock
+        step). Raises ``ScopeBusyError`` if it is no longer ``holder``'s."""
+        if not self.backend.store.renew_lock(
+            self.scope_key, self.holder, utcnow(), self.backend.turns.lock_lease_s
+        ):
+            raise ScopeBusyError(
+                f"{self.scope_key}: the lease of {self.holder} is gone; another turn may own it"
+            )
+        self._start_renewing()
+
     def acquire(self) -> None:
         settings = self.backend.turns
         deadline = time.monotonic() + settings.lock_wait_s
@@ -98,6 +109,9 @@ class _Lease:
                 raise ScopeBusyError(f"{self.scope_key}: another turn is running there; try again later")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        self._start_renewing()
+
+    def _start_renewing(self) -> None:
         self._thread = threading.Thread(target=self._renew, name=f"lease-{self.holder}", daemon=True)
         self._thread.start()
 
@@ -112,10 +126,13 @@ class _Lease:
         """False once a renewal failed: the turn must not run, register or finish any more."""
         return not self.lost
 
-    def release(self) -> None:
+    def stop_renewing(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    def release(self) -> None:
+        self.stop_renewing()
         self.backend.store.release_lock(self.scope_key, self.holder)
 
 
@@ -244,21 +261,7 @@ def _locked_turn(
         spec_json = spec_with_id.model_dump_json(indent=2).encode()
         backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec_json)
         _bring_inputs(ctx, inputs)
-        if spec.steps is not None:
-            summary = _run_steps(ctx, deadline)
-        else:
-            assert coder is not None
-            summary = coder(ctx)
-        result = TurnResult(
-            turn_id=turn_id,
-            status="completed",
-            summary=summary,
-            artifacts=[a.ref() for a in ctx.artifacts],
-            citations=list(ctx.citations),
-            run_ids=list(ctx.run_ids),
-        )
-    except _StepFailed as failure:
-        result = _failed(ctx, failure.error, failure.step)
+        result = _code(ctx, coder, deadline)
     except (AlphaAgentError, PathRuleError, OSError) as exc:
         result = _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
     except Exception as exc:
@@ -272,6 +275,89 @@ def _locked_turn(
         )
         raise
     return _finish_checked(backend, turn, result, lease)
+
+
+def _code(ctx: TurnContext, coder: Coder | None, deadline: float) -> TurnResult:
+    """Step 5 of DESIGN §3: the pinned steps, or the coder, until ``deadline`` (``time.monotonic()``).
+    A failing step, tool or rule ends the turn as ``failed`` (a result); anything else (a defect)
+    propagates."""
+    try:
+        if ctx.spec.steps is not None:
+            summary = _run_steps(ctx, deadline)
+        else:
+            assert coder is not None
+            summary = coder(ctx)
+    except _StepFailed as failure:
+        return _failed(ctx, failure.error, failure.step)
+    except (AlphaAgentError, PathRuleError, OSError) as exc:
+        return _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
+    return TurnResult(
+        turn_id=ctx.turn_id,
+        status="completed",
+        summary=summary,
+        artifacts=[a.ref() for a in ctx.artifacts],
+        citations=list(ctx.citations),
+        run_ids=list(ctx.run_ids),
+    )
+
+
+def code_prepared_turn(
+    backend: Backend,
+    spec: Spec,
+    *,
+    coder: Coder | None,
+    holder: str,
+    inputs: Sequence[PreparedInput] = (),
+    progress: Progress | None = None,
+) -> TurnResult:
+    """Step 5 alone, for a turn that the AWS state machine locked and prepared and will finalize:
+    run the spec's pinned steps or the coder, write the result to ``work/turns/{turn_id}/result.json``
+    (where ``finalize_turn`` reads it; the turn record is not touched here) and return it.
+
+    ``holder`` is the lease holder, the execution's name (the turn id): its lease is renewed while
+    the turn runs, and once it is lost no run or registration of this turn happens any more.
+    ``inputs`` are the prepare step's ``PreparedTurn.inputs`` (what came into ``docs/``, cited by the
+    pinned steps). A turn that already has a result returns it; nothing runs twice.
+
+    Raises:
+        InvalidSpecError: the spec has no turn id, or cannot run here.
+        NotFoundError: no prepared turn (or session) of the spec's user has this id.
+        ScopeBusyError: ``holder`` does not hold the scope's lease, or lost it while the turn ran.
+    """
+    if spec.turn_id is None:
+        raise InvalidSpecError("turn_id: a prepared turn's spec carries its turn id")
+    check_spec_against(backend, spec, coder)
+    store, turn_id = backend.store, spec.turn_id
+    turn = store.get_turn(spec.user_id, turn_id)
+    if turn is None or turn.scope_key != spec.scope.key:
+        raise NotFoundError(f"turn {turn_id} not found (the state machine's prepare step creates it)")
+    if turn.result is not None:
+        return turn.result
+    session = store.get_session(spec.user_id, turn.session_id)
+    if session is None:
+        raise NotFoundError(f"session of turn {turn_id} not found")
+    lease = _Lease(backend, spec.scope.key, holder)
+    lease.hold()
+    try:
+        ctx = TurnContext(
+            backend=backend,
+            spec=spec,
+            turn_id=turn_id,
+            session=session,
+            progress=progress or (lambda _message: None),
+            lease_held=lease.held,
+        )
+        for item in inputs:
+            ctx.fetched.append(item.path)
+            ctx.origins[item.path] = item.note
+        result = _code(ctx, coder, time.monotonic() + spec.constraints.turn_timeout_s)
+        if not lease.held():
+            raise ScopeBusyError(f"turn {turn_id} lost its lease on {turn.scope_key}")
+        payload = result.model_dump_json(indent=2).encode()
+        backend.workspace.write_bytes(spec.scope, f"work/turns/{turn_id}/result.json", payload)
+        return result
+    finally:
+        lease.stop_renewing()  # the machine's ReleaseLock step releases it
 
 
 def _finish_checked(backend: Backend, turn: Turn, result: TurnResult, lease: _Lease) -> TurnResult:

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.models.common import ConversationScope, NodeScope
-from alphaagent.models.records import TurnResult
+from alphaagent.models.records import PreparedInput, TurnResult
+from alphaagent.models.run import RunLimits, RunOrigin
 from alphaagent.models.spec import Spec
 
 
@@ -105,7 +106,8 @@ class PreparedTurn(_Ours):
 
     ``spec_key`` is the bucket key of the stored spec, ``{scope key}/spec/{turn_id}.json``: the coder
     reads the spec from there (claim check, ``coder.worker.CoderMessage``), so the task message stays
-    far below 256 KiB. ``turn_timeout_s`` is the spec's turn timeout in whole seconds (the Code state's
+    far below 256 KiB. ``inputs`` are the declared inputs brought into ``docs/`` (the coder's
+    message carries them, for citations). ``turn_timeout_s`` is the spec's turn timeout in whole seconds (the Code state's
     ``TimeoutSecondsPath``). ``finished`` is true when an earlier attempt finished the turn.
     """
 
@@ -115,7 +117,7 @@ class PreparedTurn(_Ours):
     session_id: str
     spec_key: str
     turn_timeout_s: int = Field(ge=1)
-    inputs: list[str] = Field(default_factory=list)
+    inputs: list[PreparedInput] = Field(default_factory=list)
     finished: bool = False
 
 
@@ -166,8 +168,22 @@ FinalizeOutput = TurnResult
 
 
 class EnvRequest(_Theirs):
-    """The payload the coder gives ``alphaagent-env-{environment_id}`` (the destination's
-    ``requestPayload``): who ran what, where."""
+    """The payload the coder gives ``alphaagent-env-{environment_id}`` (``InvocationType="Event"``),
+    and so the destination record's ``requestPayload``: who runs what, where, within which limits.
+
+    Shape (JSON)::
+
+        {"run_id", "turn_id", "session_id", "user_id",
+         "scope": {"conversation_id"} | {"workflow_execution_id", "node_id"},
+         "code": "<Python source>", "limits": {"timeout_s", "memory_mb", ...},
+         "network": false, "environment_id": "builtin"}
+
+    The serialised payload must fit Lambda's asynchronous invocation limit (256 KiB), so the code is
+    at most a little less than that (``alphaagent.aws.executor`` refuses larger payloads before
+    invoking). ``limits``, ``network`` and ``environment_id`` have defaults, so records written before
+    they existed (``events/destination_*.json``) still validate. Unknown fields are ignored: the
+    model also reads Lambda's destination records.
+    """
 
     run_id: str
     turn_id: str
@@ -175,6 +191,25 @@ class EnvRequest(_Theirs):
     user_id: str
     scope: ConversationScope | NodeScope
     code: str = ""
+    limits: RunLimits = RunLimits()
+    network: bool = False
+    environment_id: str = "builtin"
+
+    @classmethod
+    def of(cls, origin: RunOrigin, *, run_id: str, code: str, limits: RunLimits, network: bool) -> EnvRequest:
+        """The request for one run of ``code`` on behalf of ``origin`` (turn, session, user, scope
+        and environment)."""
+        return cls(
+            run_id=run_id,
+            turn_id=origin.turn_id,
+            session_id=origin.session_id,
+            user_id=origin.user_id,
+            scope=origin.scope,
+            code=code,
+            limits=limits,
+            network=network,
+            environment_id=origin.environment_id,
+        )
 
 
 class EnvPointer(_Theirs):

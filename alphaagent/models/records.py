@@ -70,6 +70,16 @@ class CitationRef(BaseModel):
     claim: str | None = None
 
 
+class PreparedInput(BaseModel):
+    """A declared input the prepare step brought into ``docs/``: its workspace path and where it came
+    from (``note``, e.g. ``"fetched from https://..."``; cited by pinned steps)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    note: str
+
+
 class TurnResult(BaseModel):
     """The outcome of one turn: the coder's summary, what was registered and cited, and the runs."""
 

@@ -31,8 +31,11 @@ from moto import mock_aws
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.tools import TurnContext
+from alphaagent.domain.turn_steps import acquire_scope_lock, prepare_turn
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ConversationScope
+from alphaagent.models.aws import AcquireLockInput, TurnInput
+from alphaagent.models.common import ConversationScope, utcnow
+from alphaagent.models.spec import SpecOutput, parse_spec
 from coder.worker import CoderMessage, CoderWorker, WorkerSettings, worker_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -241,16 +244,25 @@ def test_task_token_round_trip_ends_in_success_with_the_result_pointer(agent: Al
     assert aws.queued() == 0 and aws.in_flight() == 0
 
 
-def test_a_claim_check_spec_key_is_read_from_the_workspace(agent: AlphaAgent, aws: Aws) -> None:
-    # Given a spec written by the prepare step and a message that carries only its key
-    spec = spec_of("print('claim check')")
-    scope = ConversationScope(conversation_id=spec["scope"]["conversation_id"])
-    agent.workspace.ensure_scope(scope)
-    agent.workspace.write_bytes(scope, f"spec/{spec['turn_id']}.json", json.dumps(spec).encode())
-    key = f"{scope.key}/spec/{spec['turn_id']}.json"
+def test_a_prepared_turn_runs_only_its_coding_step_under_the_executions_lease(
+    agent: AlphaAgent, aws: Aws
+) -> None:
+    # Given a turn the state machine locked (as execution <turn_id>) and prepared, and a message that
+    # carries only the spec's claim check and the prepared inputs, as the machine's Code state sends
+    spec = parse_spec(json.dumps(spec_of("open('datasets/n.csv', 'w').write('a\\n1\\n')")))
+    spec = spec.model_copy(update={"outputs": [SpecOutput(kind="dataset", name="n")]})
+    assert spec.turn_id is not None
+    turn_input = TurnInput.of(spec)
+    acquire_scope_lock(
+        agent.backend,
+        AcquireLockInput(
+            turn_id=spec.turn_id, spec=spec, execution_id=f"arn:aws:states:x:1:execution:m:{spec.turn_id}"
+        ),
+    )
+    prepared = prepare_turn(agent.backend, turn_input)
     token = "token-" + new_ulid()
-    body = CoderMessage(task_token=token, spec_key=key).model_dump_json(exclude_none=True)
-    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body)
+    body = CoderMessage(task_token=token, spec_key=prepared.spec_key, inputs=prepared.inputs)
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body.model_dump_json(exclude_none=True))
 
     # When the worker takes it
     running = run_worker(agent, aws)
@@ -261,11 +273,38 @@ def test_a_claim_check_spec_key_is_read_from_the_workspace(agent: AlphaAgent, aw
     finally:
         running.finish()
 
-    # Then the turn ran (moto does not know this token, so the answer is dropped, not retried)
-    turn = agent.store.get_turn(USER, spec["turn_id"])
-    assert turn is not None and turn.status == "completed"
-    assert [call["taskToken"] for call in aws.sfn.named("send_task_success")] == [token]
+    # Then the code ran and its result waits for the Finalize step; the record and the lease are the
+    # machine's (moto does not know this token, so the answer is dropped, not retried)
+    [answer] = aws.sfn.named("send_task_success")
+    pointer = json.loads(answer["output"])
+    stored = json.loads(agent.workspace.read_bytes(spec.scope, pointer["result_key"]))
+    assert stored["status"] == "completed" and [a["name"] for a in stored["artifacts"]] == ["n"]
+    turn = agent.store.get_turn(USER, spec.turn_id)
+    assert turn is not None and turn.status == "running"
+    assert not agent.store.acquire_lock(spec.scope.key, "another-execution", utcnow(), 60)
     assert aws.queued() == 0 and aws.in_flight() == 0
+
+
+def test_a_prepared_turn_whose_lease_is_gone_does_not_run(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a prepared turn whose execution no longer holds the scope's lease
+    spec = parse_spec(json.dumps(spec_of("open('work/ran.txt', 'w').write('x')")))
+    assert spec.turn_id is not None
+    prepared = prepare_turn(agent.backend, TurnInput.of(spec))
+    token = "token-" + new_ulid()
+    body = CoderMessage(task_token=token, spec_key=prepared.spec_key)
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body.model_dump_json(exclude_none=True))
+
+    # When the worker takes it
+    running = run_worker(agent, aws)
+    try:
+        wait_for(lambda: aws.sfn.named("send_task_failure"), "a failure")
+    finally:
+        running.finish()
+
+    # Then nothing ran and the task failed with ScopeBusyError (the machine's failure path ends it)
+    [failure] = aws.sfn.named("send_task_failure")
+    assert failure["error"] == "ScopeBusyError"
+    assert agent.workspace.stat(spec.scope, "work/ran.txt") is None
 
 
 def test_the_message_body_needs_exactly_one_of_spec_and_spec_key() -> None:
