@@ -65,7 +65,54 @@ build-%:
 		-c constraints.txt 'aws-lambda-powertools[tracer,parser]' pydantic
 	find "$(ARTIFACTS_DIR)" -name __pycache__ -prune -exec rm -rf {} +
 
+# Images (DESIGN §2): the coder (coder/Dockerfile) and one per environment (env_images/<name>/Dockerfile),
+# built from the repository root and pushed to ECR as $(ECR_REGISTRY)/alphaagent-coder:$(IMAGE_TAG) and
+# $(ECR_REGISTRY)/alphaagent-env-<name>:$(IMAGE_TAG); missing repositories are created. IMAGE_PLATFORM
+# must match the template's Architecture (linux/arm64 for arm64). No provenance attestation: Lambda
+# accepts only a single-platform image manifest, not the index buildx makes with one.
+ECR_REGISTRY ?=
+IMAGE_TAG ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo latest)
+IMAGE_PLATFORM ?= linux/amd64
+ECR_REGION = $(word 4,$(subst ., ,$(ECR_REGISTRY)))
+ENV_IMAGES := $(patsubst env_images/%/Dockerfile,%,$(wildcard env_images/*/Dockerfile))
+CODER_IMAGE = $(ECR_REGISTRY)/alphaagent-coder:$(IMAGE_TAG)
+env_image = $(ECR_REGISTRY)/alphaagent-env-$(1):$(IMAGE_TAG)
+NEED_REGISTRY = test -n "$(ECR_REGISTRY)" || { echo "make $@: set ECR_REGISTRY, e.g. ECR_REGISTRY=123456789012.dkr.ecr.eu-west-1.amazonaws.com" >&2; exit 1; }
+
+images: ## Build and push the coder and env_images/* images to ECR (needs Docker; ECR_REGISTRY=..., IMAGE_TAG=git sha)
+	@command -v docker >/dev/null || { echo "make images: docker is not installed (only the images need Docker)" >&2; exit 1; }
+	@command -v aws >/dev/null || { echo "make images: the AWS CLI (aws) is not installed" >&2; exit 1; }
+	@$(NEED_REGISTRY)
+	@docker info >/dev/null 2>&1 || { echo "make images: the Docker engine is not reachable (docker info failed)" >&2; exit 1; }
+	aws ecr get-login-password --region $(ECR_REGION) | docker login --username AWS --password-stdin $(ECR_REGISTRY)
+	@for repo in alphaagent-coder $(addprefix alphaagent-env-,$(ENV_IMAGES)); do \
+		aws ecr describe-repositories --region $(ECR_REGION) --repository-names $$repo >/dev/null 2>&1 \
+		|| aws ecr create-repository --region $(ECR_REGION) --repository-name $$repo \
+			--image-scanning-configuration scanOnPush=true >/dev/null || exit 1; \
+	done
+	docker build --platform $(IMAGE_PLATFORM) --provenance=false -f coder/Dockerfile -t $(CODER_IMAGE) .
+	docker push $(CODER_IMAGE)
+	@set -e; for name in $(ENV_IMAGES); do \
+		echo "docker build + push env_images/$$name -> $(call env_image,$$name)"; \
+		docker build --platform $(IMAGE_PLATFORM) --provenance=false -f env_images/$$name/Dockerfile \
+			-t $(call env_image,$$name) .; \
+		docker push $(call env_image,$$name); \
+	done
+
+# `sam deploy` drops samconfig.toml's parameter_overrides when any are given on its command line
+# (aws/aws-sam-cli#2380), so the saved ones of $(ENV) (VpcId, subnets... from `sam deploy --guided`) are
+# read here and the image URIs appended. Needs python3 >= 3.11 (tomllib).
+ENV ?= default
+SAVED_OVERRIDES = $(PYTHON) -c 'import sys, tomllib; \
+	p = tomllib.load(open("samconfig.toml", "rb")).get(sys.argv[1], {}).get("deploy", {}).get("parameters", {}); \
+	o = p.get("parameter_overrides", ""); print(o if isinstance(o, str) else " ".join(o))' $(ENV)
+
+deploy: $(LINT_STAMP) ## sam deploy --config-env ENV (default: default) with the images of ECR_REGISTRY/IMAGE_TAG
+	@$(NEED_REGISTRY)
+	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy --config-env $(ENV) --parameter-overrides \
+		"$$($(SAVED_OVERRIDES)) CoderImageUri=$(CODER_IMAGE) EnvBuiltinImageUri=$(call env_image,builtin)"
+
 clean: ## Remove the virtualenv and caches (not the data directory)
 	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv test lint demo bench lock build clean
+.PHONY: help venv test lint demo bench lock build images deploy clean

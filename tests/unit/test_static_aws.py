@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cfn import load_template
 from packaging.specifiers import SpecifierSet
 
 import alphaagent.errors
@@ -25,30 +26,8 @@ ASL = ROOT / "statemachines" / "turn.asl.yaml"
 RUNTIME = "python3.13"
 
 
-class _CfnLoader(yaml.SafeLoader):
-    """A YAML loader that reads CloudFormation's short tags (``!Ref X`` -> ``{"Ref": "X"}``,
-    ``!Sub s`` -> ``{"Fn::Sub": s}``, ``!GetAtt A.B`` -> ``{"Fn::GetAtt": ["A", "B"]}``)."""
-
-
-def _construct_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
-    if isinstance(node, yaml.ScalarNode):
-        value: Any = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    if suffix == "Ref":
-        return {"Ref": value}
-    if suffix == "GetAtt" and isinstance(value, str):
-        value = value.split(".", 1)
-    return {f"Fn::{suffix}": value}
-
-
-_CfnLoader.add_multi_constructor("!", _construct_tag)
-
-
 def _template() -> dict[str, Any]:
-    return yaml.load(TEMPLATE.read_text(), Loader=_CfnLoader)  # a SafeLoader subclass
+    return load_template(TEMPLATE)
 
 
 def _asl() -> dict[str, Any]:
@@ -389,3 +368,56 @@ def test_samconfig_has_a_default_and_a_prod_environment() -> None:
     assert {"default", "prod"} <= set(config)
     for env in ("default", "prod"):
         assert config[env]["deploy"]["parameters"]["capabilities"]
+
+
+# ------------------------------------------------------------------ the environment images
+
+
+def _pins(path: Path) -> dict[str, str]:
+    """``name == version`` lines of a requirements or constraints file, by canonical name."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            [specifier] = requirement.specifier  # exactly one: ==
+            assert specifier.operator == "==", f"{path.name}: {line} is not pinned with =="
+            pins[canonicalize_name(requirement.name)] = specifier.version
+    return pins
+
+
+def test_the_builtin_environment_image_runs_the_env_handler_on_python_313() -> None:
+    # The image the template's EnvBuiltinFunction runs: the Lambda base image of the template's runtime.
+    dockerfile = (ROOT / "env_images" / "builtin" / "Dockerfile").read_text()
+    major_minor = RUNTIME.removeprefix("python")
+    assert re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE) == [
+        f"public.ecr.aws/lambda/python:{major_minor}"
+    ]
+    [handler] = re.findall(r'^CMD\s+\["([\w.]+)"\]', dockerfile, re.MULTILINE)
+    module, function = handler.rsplit(".", 1)
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    # The coder runs the same Python.
+    coder = (ROOT / "coder" / "Dockerfile").read_text()
+    assert re.findall(r"^FROM\s+python:(\d+\.\d+)", coder, re.MULTILINE) == [major_minor]
+
+
+def test_environment_images_install_into_the_interpreters_own_site_packages() -> None:
+    # The zygote and user code run with a scrubbed environment (no PYTHONPATH): packages installed
+    # with --target ${LAMBDA_TASK_ROOT} would be importable by the handler but not by the code.
+    for dockerfile in (ROOT / "env_images").glob("*/Dockerfile"):
+        installs = [line for line in dockerfile.read_text().splitlines() if "pip install" in line]
+        assert installs, dockerfile
+        assert not any("--target" in line or "-t " in line for line in installs), dockerfile
+
+
+def test_environment_requirements_are_pinned_as_constraints_pins_them() -> None:
+    constraints = _pins(ROOT / "constraints.txt")
+    for requirements in (ROOT / "env_images").glob("*/requirements.txt"):
+        pins = _pins(requirements)
+        assert {"numpy", "pandas", "pyarrow", "matplotlib", "pydantic", "boto3"} <= set(pins), requirements
+        shared = {name: version for name, version in pins.items() if name in constraints}
+        assert shared == {name: constraints[name] for name in shared}, requirements

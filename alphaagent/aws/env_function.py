@@ -1,0 +1,356 @@
+"""The environment function ``alphaagent-env-{environment_id}`` (a container image, DESIGN §3 step 6,
+§5): one ``run_in_env`` per asynchronous invocation.
+
+For one ``EnvRequest`` it
+
+1. wipes the local working copies (nothing of an earlier invocation is visible to this one);
+2. syncs the scope's files down into ``S3Workspace.local_root(scope)`` under ``/tmp`` (every folder
+   but ``work/runs/``, the spill files and claim checks of earlier runs), within ``ENV_SYNC_MAX_BYTES``
+   (default 2 GiB of the function's 4 GiB ephemeral storage, leaving room for what the run writes);
+3. runs the code in the process's warm ``Sandbox`` with the working copy as its working directory, the
+   wall clock cut to what the invocation has left minus ``SYNC_MARGIN_S`` for the upload;
+4. uploads the files the run created or modified, deletes in S3 the ones it deleted, uploads the spill
+   files ``work/runs/{run_id}/stdout.txt``/``stderr.txt`` if the sandbox wrote them;
+5. writes the full run result as the claim check ``work/runs/{run_id}/result.json`` LAST: its existence
+   means the run is completely synced (``LambdaExecutor`` waits for it);
+6. wipes the working copy and returns ``EnvPointer`` (``{"run_id", "status", "result_key"}``), which
+   the OnSuccess destination carries to the recorder.
+
+A failure of user code is data (status ``error``, ``timeout``, ``killed``) and still returns a pointer.
+A platform failure (a sync error, the sandbox failing) raises, so the OnFailure destination reports the
+run as ``RunFailed``. Nothing a sync leaves out is dropped silently: every file not synced down or not
+uploaded is listed in the result's ``files.skipped`` with its reason.
+
+Example (what Lambda does)::
+
+    lambda_handler(json.loads(Path("events/env_invocation.json").read_text()), context)
+    # {"run_id": "01JDQ8ZA...", "status": "ok", "result_key": "work/runs/01JDQ8ZA.../result.json"}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import re
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ConfigDict, Field
+
+from alphaagent.aws.workspace import (
+    SKIP_LOCAL_UNSAFE,
+    SKIP_NOT_REGULAR,
+    SKIP_OVER_BUDGET,
+    SKIP_PATH_RULE,
+    S3Workspace,
+    SkippedFile,
+    SyncReport,
+)
+from alphaagent.errors import InvalidRequestError
+from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
+from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
+from alphaagent.models.run import RunLimits, RunResult, SkippedPath
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
+
+GiB: Final = 2**30
+
+DEFAULT_SYNC_MAX_BYTES: Final = 2 * GiB
+"""Bytes of scope files synced down for one run (``ENV_SYNC_MAX_BYTES``): half of the function's
+4,096 MiB ephemeral storage (template.yaml), so the run can write as much again."""
+
+SYNC_MARGIN_S: Final = 30.0
+"""Seconds of the invocation kept back from the run's wall clock for the upload and the claim check,
+so a run that hits its limit still ends inside Lambda's 900 s maximum function timeout."""
+
+MIN_RUN_TIMEOUT_S: Final = 1.0
+"""The shortest wall clock a run gets, however little time the invocation has left."""
+
+LOCAL_DIR: Final = Path("/tmp/alphaagent-workspaces")
+"""Where working copies live: Lambda's only writable filesystem is ``/tmp`` (ephemeral storage)."""
+
+RUNS_FOLDER: Final = "work/runs"
+"""Spill files and claim checks of runs: written by the platform, never synced down to a run."""
+
+_RUN_ID: Final = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+_DOWN_REASONS: Final = {
+    SKIP_OVER_BUDGET: "not synced down: over the input budget of {budget} bytes (ENV_SYNC_MAX_BYTES)",
+    SKIP_LOCAL_UNSAFE: "not synced down: the local path is blocked",
+    SKIP_PATH_RULE: "not synced down: the key breaks a workspace path rule or is not NFC (DESIGN §4.2)",
+}
+_UP_REASONS: Final = {
+    SKIP_NOT_REGULAR: "not uploaded: no longer a regular file (a symlink on its path, or removed)",
+    SKIP_PATH_RULE: "not uploaded: the name breaks a workspace path rule (DESIGN §4.2)",
+}
+
+logger = Logger(service="alphaagent-env")
+tracer = Tracer(service="alphaagent-env")
+
+
+class EnvSettings(BaseModel):
+    """The environment of an env function (STYLE §7); values are set in ``template.yaml``.
+
+    - ``WORKSPACES_BUCKET_NAME``: the workspaces bucket (required).
+    - ``ENV_SYNC_MAX_BYTES``: bytes of scope files synced down per run (default 2 GiB).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    WORKSPACES_BUCKET_NAME: str = Field(min_length=1)
+    ENV_SYNC_MAX_BYTES: int = Field(DEFAULT_SYNC_MAX_BYTES, gt=0)
+
+
+@functools.cache
+def get_env_settings() -> EnvSettings:
+    """The settings from the process environment, read on first call and cached.
+
+    Raises:
+        pydantic.ValidationError: ``WORKSPACES_BUCKET_NAME`` is unset or ``ENV_SYNC_MAX_BYTES`` is
+            not a positive integer (the message names the variable).
+    """
+    return EnvSettings.model_validate(dict(os.environ))
+
+
+@functools.cache
+def get_workspace() -> S3Workspace:
+    """The workspaces bucket with working copies under ``LOCAL_DIR`` (S3 client created on first use)."""
+    return S3Workspace(get_env_settings().WORKSPACES_BUCKET_NAME, local_dir=LOCAL_DIR)
+
+
+def lambda_sandbox_config(local_dir: Path) -> SandboxConfig:
+    """The sandbox of an env function: one run at a time (``exclusive``; after each run every other
+    process of the uid is killed and ``/tmp`` emptied except the working copies in ``local_dir``, their
+    lock and the sandbox's own scratch), ``process`` isolation (Lambda allows no namespaces, DESIGN
+    §5), one spare child (runs are sequential), the builtin preload. ``hidden_paths`` matter only at
+    the ``namespaces`` level, so none are named (their default, the home directory, may not even
+    resolve for Lambda's sandbox user)."""
+    return SandboxConfig(
+        exclusive=True,
+        isolation="process",
+        pool_size=1,
+        wipe_paths=("/tmp",),
+        wipe_keep=(str(local_dir), str(lock_path(local_dir))),
+        hidden_paths=(),
+    )
+
+
+@functools.cache
+def get_sandbox() -> Sandbox:
+    """The sandbox of this process (``lambda_sandbox_config``). Its zygote starts on the first run and
+    stays warm for the life of the execution environment."""
+    return Sandbox(lambda_sandbox_config(get_workspace().local_dir))
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """One ``EnvRequest`` -> the run's ``EnvPointer`` as a dict (see the module docstring).
+
+    Raises:
+        pydantic.ValidationError: the event is not an ``EnvRequest``.
+        InvalidRequestError: the run id or the code breaks a rule (nothing runs).
+        SandboxError, botocore errors: a platform failure (the OnFailure destination records it).
+    """
+    request = EnvRequest.model_validate(event)
+    logger.append_keys(run_id=request.run_id, turn_id=request.turn_id, scope=request.scope.key)
+    pointer = run_request(
+        request,
+        workspace=get_workspace(),
+        sandbox=get_sandbox(),
+        max_sync_bytes=get_env_settings().ENV_SYNC_MAX_BYTES,
+        time_left_s=lambda: context.get_remaining_time_in_millis() / 1000,
+    )
+    logger.info("run finished", status=pointer.status)
+    return pointer.model_dump()
+
+
+def run_request(
+    request: EnvRequest,
+    *,
+    workspace: S3Workspace,
+    sandbox: Sandbox,
+    max_sync_bytes: int,
+    time_left_s: Callable[[], float],
+) -> EnvPointer:
+    """Sync down, run, sync up, write the claim check, wipe: the whole invocation but the parsing.
+
+    ``max_sync_bytes``: input budget of the sync down, in bytes. ``time_left_s``: seconds the invocation
+    has left (read after the sync down; the run gets that minus ``SYNC_MARGIN_S``, at most its own
+    ``limits.timeout_s``). A request whose claim check exists already is a second delivery of the same
+    asynchronous event (Lambda delivers at least once): the code is not run again and the existing
+    result's pointer is returned.
+
+    Raises:
+        InvalidRequestError: the run id is not 1-64 of ``[0-9A-Za-z_-]``, or the code is empty, not
+            UTF-8 or over 4 MiB (``Sandbox.run``).
+        SandboxError: the sandbox failed; botocore errors: S3 failed. The working copy is wiped anyway.
+    """
+    if not _RUN_ID.fullmatch(request.run_id):
+        raise InvalidRequestError(f"run_id: {request.run_id!r} is not 1-64 of [0-9A-Za-z_-]")
+    with one_invocation_at_a_time(workspace.local_dir):
+        return _run_locked(request, workspace, sandbox, max_sync_bytes, time_left_s)
+
+
+def _run_locked(
+    request: EnvRequest,
+    workspace: S3Workspace,
+    sandbox: Sandbox,
+    max_sync_bytes: int,
+    time_left_s: Callable[[], float],
+) -> EnvPointer:
+    scope, key = request.scope, run_result_key(request.run_id)
+    if workspace.stat(scope, key) is not None:
+        done = RunResult.model_validate_json(workspace.read_bytes(scope, key))
+        logger.warning("duplicate delivery: the run has a result already; not run again")
+        return EnvPointer(run_id=request.run_id, status=done.status, result_key=key)
+    # All working copies, not only this scope's: one left by an invocation that Lambda stopped (timeout,
+    # out of memory) must not be readable by the next run, which may be another scope's.
+    wipe_tree(workspace.local_dir)
+    try:
+        down = workspace.sync_down(scope, [""], max_sync_bytes, exclude=[RUNS_FOLDER])
+        root = workspace.local_root(scope)
+        for folder in SCOPE_FOLDERS:  # S3 has no folders; the code expects the six of DESIGN §4.2
+            with contextlib.suppress(FileExistsError):
+                (root / folder).mkdir()
+        logger.info("synced down", files=len(down.transferred), bytes=down.bytes_transferred)
+        limits = _fit_limits(request.limits, time_left_s() - SYNC_MARGIN_S)
+        result = sandbox.run(
+            request.code, cwd=root, limits=limits, network=request.network, run_id=request.run_id
+        )
+        result = sync_result(workspace, scope, result, down, max_sync_bytes)
+        workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))
+    finally:
+        with contextlib.suppress(OSError):
+            wipe_tree(workspace.local_dir)
+    return EnvPointer(run_id=result.run_id, status=result.status, result_key=key)
+
+
+def sync_result(
+    workspace: S3Workspace, scope: Scope, result: RunResult, down: SyncReport, max_sync_bytes: int
+) -> RunResult:
+    """Bring the scope in S3 up to date with what the run did; return the result as it is now true.
+
+    Uploads the created and modified regular files, deletes the deleted ones, uploads the spill files.
+    A file that is not uploaded (its name breaks a path rule, or it stopped being a regular file) is
+    taken out of ``files.created``/``modified`` and ``files_changed`` and listed in ``files.skipped``,
+    as is every file ``down`` left out; a spill file that is not uploaded is no longer named in
+    ``stdout_path``/``stderr_path``.
+
+    Raises:
+        botocore errors: S3 failed (a platform failure).
+    """
+    files = result.files
+    skipped = list(files.skipped)
+    skipped += [_skipped(item, _DOWN_REASONS, max_sync_bytes) for item in down.skipped]
+    canonical: list[str] = []
+    for path in [*files.created, *files.modified]:
+        if _canonical(scope, path):
+            canonical.append(path)
+        else:
+            skipped.append(SkippedPath(path=path, reason=_UP_REASONS[SKIP_PATH_RULE]))
+    up = workspace.sync_up(scope, canonical)
+    skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in up.skipped]
+    uploaded = set(up.transferred)
+    deleted = [path for path in files.deleted if _canonical(scope, path)]
+    for path in deleted:
+        workspace.delete(scope, path)
+    spills = [path for path in (result.stdout_path, result.stderr_path) if path]
+    spilled = workspace.sync_up(scope, spills)
+    skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in spilled.skipped]
+    created = [path for path in files.created if path in uploaded]
+    modified = [path for path in files.modified if path in uploaded]
+    report = files.model_copy(
+        update={
+            "created": created,
+            "modified": modified,
+            "deleted": deleted,
+            "skipped": sorted(skipped, key=lambda item: (item.path, item.reason)),
+        }
+    )
+    kept = set(spilled.transferred)
+    return result.model_copy(
+        update={
+            "files": report,
+            "files_changed": sorted({*created, *modified, *deleted}),
+            "stdout_path": result.stdout_path if result.stdout_path in kept else None,
+            "stderr_path": result.stderr_path if result.stderr_path in kept else None,
+        }
+    )
+
+
+def lock_path(local_dir: Path) -> Path:
+    """The lock file beside the working copies, ``{local_dir}.lock`` (outside the tree a run can
+    reach through its working directory, and outside what ``wipe_tree(local_dir)`` removes)."""
+    return local_dir.with_name(f"{local_dir.name}.lock")
+
+
+@contextlib.contextmanager
+def one_invocation_at_a_time(local_dir: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path(local_dir)`` for the body.
+
+    Every invocation wipes all of ``local_dir``; the lock makes that safe wherever processes or threads
+    share it. Lambda runs one invocation at a time per execution environment, so there it never waits;
+    in-process simulations and concurrent test runs sharing ``/tmp`` take turns instead of wiping each
+    other's working copies. The lock is released when the process dies, so it never outlives a crash.
+    """
+    local_dir.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path(local_dir), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def wipe_tree(path: Path) -> None:
+    """Remove ``path`` and everything below it, whatever the last run left there: a symlink is
+    unlinked (never followed), and directories the run made unreadable (``chmod 000``) are made
+    accessible to the owner first. A missing path is fine.
+
+    Raises:
+        OSError: something could not be removed.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        path.unlink()
+        return
+    os.chmod(path, 0o700)
+    for parent, dirnames, _ in os.walk(path):
+        for name in dirnames:  # os.walk lists a symlink to a directory here but never enters it
+            child = os.path.join(parent, name)
+            if not os.path.islink(child):
+                with contextlib.suppress(OSError):
+                    os.chmod(child, 0o700)
+    shutil.rmtree(path)
+
+
+def _fit_limits(limits: RunLimits, seconds_left: float) -> RunLimits:
+    timeout_s = min(limits.timeout_s, max(seconds_left, MIN_RUN_TIMEOUT_S))
+    if timeout_s == limits.timeout_s:
+        return limits
+    logger.info("run timeout cut to the invocation's remaining time", timeout_s=timeout_s)
+    return limits.model_copy(update={"timeout_s": timeout_s})
+
+
+def _canonical(scope: Scope, path: str) -> bool:
+    """True when ``path`` is exactly the NFC spelling of a valid workspace path of ``scope``."""
+    try:
+        return check_workspace_path(path, prefix=f"{scope.key}/") == path
+    except PathRuleError:
+        return False
+
+
+def _skipped(item: SkippedFile, reasons: dict[str, str], budget: int) -> SkippedPath:
+    reason = reasons.get(item.reason, item.reason).format(budget=budget)
+    return SkippedPath(path=item.path, reason=reason)

@@ -1,0 +1,226 @@
+"""``run_in_env`` on AWS: the coder invokes ``alphaagent-env-{environment_id}`` asynchronously and reads
+the result as soon as it exists (DESIGN §3 step 6).
+
+The invocation is ``InvocationType="Event"``: the function's ``MaximumRetryAttempts: 0`` then means
+user code never runs twice on its own, and its destinations record every run on the bus. The executor
+does not wait for those hops; it polls, with backoff, for whichever comes first:
+
+- the claim-check object ``work/runs/{run_id}/result.json`` in the scope, which the env function writes
+  after every file of the run is synced: the ``RunResult``;
+- a run record with status ``failed`` in the store, which the recorder writes from the OnFailure
+  destination (the function crashed, timed out or ran out of memory): ``EnvFunctionError``.
+
+Example::
+
+    executor = LambdaExecutor(
+        lambda_client=boto3.client("lambda"),
+        workspace=S3Workspace(bucket),
+        store=DynamoStore(table),
+        tenant_isolation=True,
+    )
+    result = executor.run(workdir, "print(1)", limits=RunLimits(), run_id=run_id, origin=origin)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
+from alphaagent.models.aws import EnvRequest, run_result_key
+from alphaagent.models.run import RunLimits, RunOrigin, RunResult
+from alphaagent.ports import Store, Workspace
+
+MAX_ASYNC_PAYLOAD_BYTES: Final = 256 * 1024
+"""256 KiB (262,144 bytes): the limit an invocation payload must stay within. It was Lambda's limit on
+asynchronous (``Event``) payloads (AWS's Invoke reference now gives 1 MB), and it is still EventBridge's
+limit on one event (PutEvents entry size), which binds here: the payload travels back to the bus as the
+``requestPayload`` of the env function's destination record."""
+
+DESTINATION_HEADROOM_BYTES: Final = 8 * 1024
+"""Bytes of those 256 KiB kept for the rest of the destination record: the event envelope, the request
+and response contexts and the response payload (a pointer, or Lambda's error with its stack trace)."""
+
+DEFAULT_FUNCTION_PREFIX: Final = "alphaagent-env-"
+"""Environment functions are named ``alphaagent-env-{environment_id}`` (template.yaml)."""
+
+DEFAULT_STARTUP_MARGIN_S: Final = 120.0
+"""Seconds allowed beyond the run's own timeout for a cold start (image pull, zygote preload), the
+sync down and the upload. The function itself stops at Lambda's 900 s maximum timeout."""
+
+POLL_START_S: Final = 0.1
+POLL_MAX_S: Final = 1.0
+
+
+class MissingOriginError(AlphaAgentError):
+    """``LambdaExecutor.run`` was called without ``origin``: the env function must know the turn,
+    session, user, scope and environment of the run."""
+
+
+class EnvPayloadTooLargeError(InvalidRequestError):
+    """The invocation payload (mostly the code) would not fit the 256 KiB limit of an asynchronous
+    invocation and its destination record (``MAX_ASYNC_PAYLOAD_BYTES``); nothing was invoked. Write
+    large inputs to files in the scope and read them from shorter code."""
+
+
+class EnvInvokeError(SandboxError):
+    """The Invoke call itself failed (throttled, function missing, access denied): the run never
+    started and nothing recorded it."""
+
+
+class EnvFunctionError(SandboxError):
+    """The env function failed (crashed, timed out, ran out of memory, or a sync failed): the recorder
+    has recorded the run as failed from the OnFailure destination (``RunFailed``)."""
+
+    recorded = True
+
+
+class EnvResultTimeoutError(SandboxError):
+    """Neither a result nor a failure record appeared within the run's timeout plus the start-up
+    margin; the run may still finish later."""
+
+
+@functools.cache
+def _botocore_errors() -> tuple[type[Exception], ...]:
+    # botocore ships no type information; importing it by name keeps mypy strict without stubs.
+    exceptions = importlib.import_module("botocore.exceptions")
+    return (exceptions.ClientError, exceptions.BotoCoreError)
+
+
+class LambdaExecutor:
+    """``alphaagent.ports.Executor`` for the coder on AWS: each run is one asynchronous invocation of
+    the environment function.
+
+    Args:
+        lambda_client: a boto3 Lambda client (``boto3.client("lambda")``; created on first use if None).
+        workspace: the workspaces bucket (``S3Workspace``), where the claim check appears.
+        store: the record store (``DynamoStore``), where the recorder writes a failed run.
+        tenant_isolation: the function runs in Lambda's tenant isolation mode (``EnvTenantIsolation``
+            in template.yaml): every Invoke then carries the scope key as ``TenantId``, so execution
+            environments are never shared between scopes.
+        function_prefix: functions are ``{function_prefix}{environment_id}``.
+        startup_margin_s: seconds allowed beyond ``limits.timeout_s`` (``DEFAULT_STARTUP_MARGIN_S``).
+        poll_start_s, poll_max_s: the polling interval starts at the first and doubles up to the second.
+        sleep, clock: ``time.sleep`` and ``time.monotonic`` (seconds); injected by tests.
+    """
+
+    publishes_run_events = True
+
+    def __init__(
+        self,
+        *,
+        lambda_client: Any = None,
+        workspace: Workspace,
+        store: Store,
+        tenant_isolation: bool,
+        function_prefix: str = DEFAULT_FUNCTION_PREFIX,
+        startup_margin_s: float = DEFAULT_STARTUP_MARGIN_S,
+        poll_start_s: float = POLL_START_S,
+        poll_max_s: float = POLL_MAX_S,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lambda = lambda_client
+        self.workspace = workspace
+        self.store = store
+        self.tenant_isolation = tenant_isolation
+        self.function_prefix = function_prefix
+        self.startup_margin_s = startup_margin_s
+        self.poll_start_s = poll_start_s
+        self.poll_max_s = poll_max_s
+        self._sleep = sleep
+        self._clock = clock
+
+    @property
+    def lambda_client(self) -> Any:
+        """The Lambda client, created on first use (nothing is created at import or construction)."""
+        if self._lambda is None:
+            self._lambda = importlib.import_module("boto3").client("lambda")
+        return self._lambda
+
+    def run(
+        self,
+        workdir: Path,
+        code: str,
+        *,
+        limits: RunLimits,
+        run_id: str,
+        network: bool = False,
+        origin: RunOrigin | None = None,
+    ) -> RunResult:
+        """Invoke ``{function_prefix}{origin.environment_id}`` with the ``EnvRequest`` of the run and
+        wait for its result. ``workdir`` is not used: the code runs in the function's own working copy
+        of ``origin.scope``. A failure of user code is a result (status ``error``, ``timeout``...).
+
+        Waits at most ``limits.timeout_s + startup_margin_s`` seconds, polling from ``poll_start_s``
+        to ``poll_max_s``.
+
+        Raises:
+            MissingOriginError: ``origin`` is None.
+            EnvPayloadTooLargeError: the payload, with ``DESTINATION_HEADROOM_BYTES`` for its
+                destination record, exceeds ``MAX_ASYNC_PAYLOAD_BYTES`` (256 KiB).
+            EnvInvokeError: the Invoke call failed (``recorded`` False).
+            EnvFunctionError: the function failed and the run is recorded failed (``recorded`` True).
+            EnvResultTimeoutError: no result and no failure record in time (``recorded`` False).
+        """
+        if origin is None:
+            raise MissingOriginError("origin: the Lambda executor needs the run's turn, user and scope")
+        request = EnvRequest.of(origin, run_id=run_id, code=code, limits=limits, network=network)
+        payload = request.model_dump_json().encode("utf-8")
+        # Measured as ASCII-escaped JSON, the longest spelling a re-serialised record may use.
+        size = len(json.dumps(request.model_dump(mode="json"), ensure_ascii=True))
+        if size + DESTINATION_HEADROOM_BYTES > MAX_ASYNC_PAYLOAD_BYTES:
+            raise EnvPayloadTooLargeError(
+                f"code: the invocation payload is {size:,} bytes; with its destination record it exceeds"
+                f" the 256 KiB ({MAX_ASYNC_PAYLOAD_BYTES:,} bytes) limit of an asynchronous invocation's"
+                " event; write large inputs to files in the scope and read them from shorter code"
+            )
+        function = f"{self.function_prefix}{origin.environment_id}"
+        self._invoke(function, payload, origin)
+        deadline = self._clock() + limits.timeout_s + self.startup_margin_s
+        return self._await_result(function, origin, run_id, deadline)
+
+    def _invoke(self, function: str, payload: bytes, origin: RunOrigin) -> None:
+        arguments: dict[str, Any] = {"FunctionName": function, "InvocationType": "Event", "Payload": payload}
+        if self.tenant_isolation:
+            arguments["TenantId"] = origin.scope.key
+        try:
+            response = self.lambda_client.invoke(**arguments)
+        except _botocore_errors() as error:
+            raise EnvInvokeError(f"invoking {function} failed: {error}") from error
+        status = response.get("StatusCode")
+        if status != 202:  # what Lambda answers an accepted asynchronous invocation
+            raise EnvInvokeError(f"invoking {function} failed: status {status}, expected 202")
+
+    def _await_result(self, function: str, origin: RunOrigin, run_id: str, deadline: float) -> RunResult:
+        key = run_result_key(run_id)
+        delay = self.poll_start_s
+        while True:
+            try:
+                return RunResult.model_validate_json(self.workspace.read_bytes(origin.scope, key))
+            except FileNotFoundError:
+                pass
+            record = self.store.get_run(origin.user_id, run_id)
+            if record is not None and record.status == "failed":
+                name, value = (record.error.name, record.error.value) if record.error else ("Unknown", "")
+                raise EnvFunctionError(f"{function} failed for run {run_id}: {name}: {value}")
+            left = deadline - self._clock()
+            if left <= 0:
+                raise EnvResultTimeoutError(
+                    f"{function}: no result for run {run_id} within its timeout plus"
+                    f" {self.startup_margin_s:g} s; it may still finish and be recorded"
+                )
+            self._sleep(min(delay, left))
+            delay = min(delay * 2, self.poll_max_s)
+
+
+if TYPE_CHECKING:
+    from alphaagent.ports import Executor
+
+    # mypy proves here that LambdaExecutor satisfies the Executor Protocol.
+    _EXECUTOR_PROTOCOL_CHECK: type[Executor] = LambdaExecutor

@@ -1,0 +1,570 @@
+"""The env function (``alphaagent.aws.env_function``) and the coder's ``LambdaExecutor`` under moto.
+
+The handler runs in-process exactly as Lambda calls it, on the sample ``events/env_invocation.json``,
+with a real sandbox; the assertions are on what a user would see: the objects in the bucket, the
+claim-check object, the pointer returned, the local working copy. The executor is driven with a fake
+Lambda client that plays the env function's part (writes the claim check, or nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from alphaagent.aws import env_function
+from alphaagent.aws.executor import (
+    DESTINATION_HEADROOM_BYTES,
+    MAX_ASYNC_PAYLOAD_BYTES,
+    EnvFunctionError,
+    EnvInvokeError,
+    EnvPayloadTooLargeError,
+    EnvResultTimeoutError,
+    LambdaExecutor,
+    MissingOriginError,
+)
+from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.aws.workspace import S3Workspace
+from alphaagent.errors import InvalidRequestError
+from alphaagent.models.aws import EnvPointer, EnvRequest
+from alphaagent.models.common import ConversationScope
+from alphaagent.models.records import RunRecord
+from alphaagent.models.run import FileChangeReport, RunError, RunLimits, RunOrigin, RunResult
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+REGION = "eu-west-1"
+BUCKET = "alphaagent-workspaces-123456789012-eu-west-1"
+TABLE = "alphaagent-state-test"
+SECRET = "the-supervisors-own-secret-0123456789"
+EVENT: dict[str, Any] = json.loads((ROOT / "events" / "env_invocation.json").read_text())
+SCOPE = ConversationScope.model_validate(EVENT["scope"])
+RUN_ID = EVENT["run_id"]
+RESULT_KEY = f"work/runs/{RUN_ID}/result.json"
+
+
+class Context:
+    """The attributes of a Lambda context the Powertools logger reads, and the time left."""
+
+    function_name = "alphaagent-env-builtin"
+    memory_limit_in_mb = 3008
+    invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:alphaagent-env-builtin"
+    aws_request_id = "req-env-1"
+
+    def __init__(self, remaining_ms: int = 900_000) -> None:
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    # Not lambda_sandbox_config(): exclusive mode sweeps every process of the uid after each run, and
+    # refuses to as root, which is how these tests run. Everything else the handler does is the same.
+    with Sandbox(SandboxConfig(isolation="process", pool_size=1, preload=(), warmup="")) as box:
+        yield box
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A moto account with the workspaces bucket and the state table; returns the S3 client."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "WORKSPACES_BUCKET_NAME": BUCKET,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
+    env_function.get_env_settings.cache_clear()
+    with mock_aws():
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+        yield s3
+    env_function.get_env_settings.cache_clear()
+
+
+@pytest.fixture
+def workspace(aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> S3Workspace:
+    """The handler's workspace (working copies under tmp_path) and the test sandbox, patched into the
+    handler's cached getters."""
+    workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / "working-copies")
+    monkeypatch.setattr(env_function, "get_workspace", lambda: workspace)
+    monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
+    workspace.ensure_scope(SCOPE)
+    return workspace
+
+
+def invoke(code: str, context: Context | None = None, **fields: Any) -> dict[str, Any]:
+    """The handler on the sample event with ``code`` (and any other field replaced)."""
+    event = {**EVENT, "code": code, **fields}
+    answer: dict[str, Any] = env_function.lambda_handler(event, context or Context())
+    return answer
+
+
+def scope_objects(s3: Any) -> dict[str, bytes]:
+    """The scope's files in the bucket (folder markers left out): workspace path -> bytes."""
+    found: dict[str, bytes] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{SCOPE.key}/"):
+        for item in page.get("Contents", []):
+            path = item["Key"][len(SCOPE.key) + 1 :]
+            if not path.endswith("/"):
+                found[path] = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
+    return found
+
+
+def stored_result(workspace: S3Workspace, run_id: str = RUN_ID) -> RunResult:
+    return RunResult.model_validate_json(workspace.read_bytes(SCOPE, f"work/runs/{run_id}/result.json"))
+
+
+# ----------------------------------------------------------------------------- the env function
+
+
+def test_a_run_reads_synced_files_and_its_changes_reach_the_bucket(aws: Any, workspace: S3Workspace) -> None:
+    # Given a scope with a document, a dataset and a report
+    workspace.write_bytes(SCOPE, "docs/brief.txt", b"count the rows")
+    workspace.write_bytes(SCOPE, "datasets/old.csv", b"v\n1\n")
+    workspace.write_bytes(SCOPE, "reports/gone.md", b"# obsolete\n")
+    code = (
+        "import os\n"
+        "brief = open('docs/brief.txt').read()\n"
+        "open('datasets/x.csv', 'w').write('brief\\n' + brief + '\\n')\n"
+        "open('datasets/old.csv', 'a').write('2\\n')\n"
+        "os.remove('reports/gone.md')\n"
+        "print('read:', brief)\n"
+    )
+
+    # When the env function runs code that reads the document, writes, modifies and deletes
+    answer = invoke(code)
+
+    # Then the bucket holds the new and modified files, the deleted one is gone
+    objects = scope_objects(aws)
+    assert objects["datasets/x.csv"] == b"brief\ncount the rows\n"
+    assert objects["datasets/old.csv"] == b"v\n1\n2\n"
+    assert "reports/gone.md" not in objects
+    # And the claim check holds the run result, the answer is the pointer to it
+    result = stored_result(workspace)
+    assert (result.run_id, result.status, result.stdout) == (RUN_ID, "ok", "read: count the rows\n")
+    assert result.files == FileChangeReport(
+        created=["datasets/x.csv"], modified=["datasets/old.csv"], deleted=["reports/gone.md"]
+    )
+    assert result.files_changed == ["datasets/old.csv", "datasets/x.csv", "reports/gone.md"]
+    assert answer == EnvPointer(run_id=RUN_ID, status="ok", result_key=RESULT_KEY).model_dump()
+    # And the local working copy is wiped
+    assert not workspace.local_dir.exists()
+
+
+def test_links_and_rule_breaking_names_are_not_uploaded_and_are_reported(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given code that plants links out of the scope and names that break the path rules
+    code = (
+        "import os\n"
+        "os.symlink('/etc/passwd', 'reports/passwd')\n"
+        "os.symlink('/etc', 'docs/etc')\n"
+        "os.symlink('../../..', 'work/up')\n"
+        "open('reports/back\\\\slash.txt', 'w').write('x')\n"
+        "open('reports/bell\\x07.txt', 'w').write('x')\n"
+        "open('reports/cafe\\u0301.txt', 'w').write('not NFC')\n"
+        "open('reports/fine.txt', 'w').write('fine')\n"
+    )
+
+    # When the env function runs it
+    invoke(code)
+
+    # Then only the regular file with a valid name reaches the bucket (besides the claim check)
+    assert sorted(scope_objects(aws)) == ["reports/fine.txt", RESULT_KEY]
+    # And every other entry is reported with its reason, none silently dropped
+    result = stored_result(workspace)
+    skipped = {item.path: item.reason for item in result.files.skipped}
+    assert skipped["reports/passwd"] == "symlink"
+    assert skipped["docs/etc"] == "symlink to directory (not followed)"
+    assert skipped["work/up"] == "symlink to directory (not followed)"
+    for name in ("reports/back\\slash.txt", "reports/bell\x07.txt", "reports/cafe\u0301.txt"):
+        assert skipped[name].startswith("not uploaded: the name breaks a workspace path rule"), name
+    assert result.files.created == ["reports/fine.txt"]
+    assert result.files_changed == ["reports/fine.txt"]
+
+
+def test_spill_files_of_older_runs_are_not_synced_down(aws: Any, workspace: S3Workspace) -> None:
+    # Given a scope with the spill file and claim check of an older run
+    workspace.write_bytes(SCOPE, "work/runs/01OLDRUN/stdout.txt", b"old output")
+    workspace.write_bytes(SCOPE, "work/runs/01OLDRUN/result.json", b"{}")
+    workspace.write_bytes(SCOPE, "work/notes.txt", b"kept")
+
+    # When a run looks for them
+    invoke("import os\nprint(os.path.exists('work/runs/01OLDRUN'), open('work/notes.txt').read())")
+
+    # Then they were not in its working copy, other work/ files were, and the old objects stay
+    assert stored_result(workspace).stdout == "False kept\n"
+    objects = scope_objects(aws)
+    assert objects["work/runs/01OLDRUN/stdout.txt"] == b"old output"
+
+
+def test_an_error_in_user_code_is_a_result_with_a_pointer(workspace: S3Workspace) -> None:
+    # When the code raises
+    answer = invoke("print('before')\n1 / 0\n")
+
+    # Then the function still answers with a pointer, and the error is data in the result
+    assert answer == EnvPointer(run_id=RUN_ID, status="error", result_key=RESULT_KEY).model_dump()
+    result = stored_result(workspace)
+    assert result.status == "error" and result.stdout == "before\n"
+    assert result.error is not None and result.error.name == "ZeroDivisionError"
+
+
+def test_files_over_the_sync_budget_are_not_downloaded_and_are_reported(
+    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a 100-byte sync budget and a scope with a small and a large file
+    monkeypatch.setenv("ENV_SYNC_MAX_BYTES", "100")
+    env_function.get_env_settings.cache_clear()
+    workspace.write_bytes(SCOPE, "docs/small.txt", b"s" * 10)
+    workspace.write_bytes(SCOPE, "datasets/big.bin", b"b" * 1000)
+
+    # When a run looks for both
+    invoke("import os\nprint(os.path.exists('docs/small.txt'), os.path.exists('datasets/big.bin'))")
+
+    # Then only the small one was there, the large one is reported, and it is untouched in the bucket
+    result = stored_result(workspace)
+    assert result.stdout == "True False\n"
+    assert [(s.path, s.reason) for s in result.files.skipped] == [
+        ("datasets/big.bin", "not synced down: over the input budget of 100 bytes (ENV_SYNC_MAX_BYTES)")
+    ]
+    assert result.files.deleted == []
+    assert scope_objects(aws)["datasets/big.bin"] == b"b" * 1000
+
+
+def test_the_run_sees_no_aws_variables(workspace: S3Workspace) -> None:
+    # Given the function's process holds AWS credentials (the aws fixture sets AWS_SECRET_ACCESS_KEY)
+    code = (
+        "import os\n"
+        "print(sorted(k for k in os.environ if k.startswith(('AWS', '_X_AMZN', 'LAMBDA'))))\n"
+        f"print(any({SECRET!r} in v for v in os.environ.values()))\n"
+    )
+
+    # When a run lists its environment
+    invoke(code)
+
+    # Then it has no AWS variable and no value holding the secret
+    assert stored_result(workspace).stdout == "[]\nFalse\n"
+
+
+def test_output_over_the_history_cap_is_spilled_and_uploaded(aws: Any, workspace: S3Workspace) -> None:
+    # When a run prints more than the stored-history cap (16 KiB)
+    invoke("print('x' * 40_000)")
+
+    # Then the full output is uploaded as the run's spill file and the result names it
+    result = stored_result(workspace)
+    assert result.stdout_path == f"work/runs/{RUN_ID}/stdout.txt"
+    assert scope_objects(aws)[result.stdout_path] == b"x" * 40_000 + b"\n"
+    assert result.files_changed == []
+
+
+def test_a_second_delivery_of_the_same_request_does_not_run_the_code_again(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given a run that appends to a file, already done once
+    code = "open('datasets/runs.txt', 'a').write('ran\\n')"
+    first = invoke(code)
+
+    # When Lambda delivers the same event again
+    second = invoke(code)
+
+    # Then the code ran once and both answers point at the same result
+    assert first == second
+    assert scope_objects(aws)["datasets/runs.txt"] == b"ran\n"
+
+
+def test_the_run_timeout_is_cut_to_the_time_the_invocation_has_left(workspace: S3Workspace) -> None:
+    # Given an invocation with 31.5 s left (30 s are kept for the sync) and a run allowed 60 s
+    context = Context(remaining_ms=31_500)
+
+    # When the code sleeps longer than what is left
+    answer = invoke("import time\ntime.sleep(10)", context)
+
+    # Then the run timed out after 1.5 s, its result says so, and it was still synced
+    assert answer["status"] == "timeout"
+    result = stored_result(workspace)
+    assert result.limits["timeout_s"] == 1.5
+    assert result.reason is not None and "1.5 s" in result.reason
+
+
+def test_a_request_that_cannot_run_raises_and_leaves_no_result(aws: Any, workspace: S3Workspace) -> None:
+    # When the code is empty (a platform-side refusal: the OnFailure destination records it)
+    with pytest.raises(InvalidRequestError, match="code: must not be empty"):
+        invoke("   ")
+
+    # Then there is no claim check and no working copy left
+    assert RESULT_KEY not in scope_objects(aws)
+    assert not workspace.local_dir.exists()
+
+
+def test_a_run_id_that_is_not_one_path_segment_is_refused(workspace: S3Workspace) -> None:
+    with pytest.raises(InvalidRequestError, match="run_id"):
+        invoke("print(1)", run_id="../../escape")
+
+
+def test_the_lambda_sandbox_is_exclusive_and_keeps_the_working_copies() -> None:
+    config = env_function.lambda_sandbox_config(Path("/tmp/alphaagent-workspaces"))
+    assert (config.exclusive, config.isolation, config.wipe_paths) == (True, "process", ("/tmp",))
+    assert config.wipe_keep == ("/tmp/alphaagent-workspaces", "/tmp/alphaagent-workspaces.lock")
+
+
+def test_invocations_sharing_the_working_copies_take_turns(tmp_path: Path) -> None:
+    # Given one invocation holding the working copies (each invocation wipes all of them)
+    local_dir = tmp_path / "working-copies"
+    entered = threading.Event()
+
+    def second_invocation() -> None:
+        with env_function.one_invocation_at_a_time(local_dir):
+            entered.set()
+
+    with env_function.one_invocation_at_a_time(local_dir):
+        # When a second one starts meanwhile (a thread of the same process, or another process)
+        thread = threading.Thread(target=second_invocation)
+        thread.start()
+        # Then it waits
+        assert not entered.wait(0.3)
+    # And goes on as soon as the first is done
+    assert entered.wait(5)
+    thread.join()
+
+
+def test_settings_default_the_sync_budget_to_2_gib(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKSPACES_BUCKET_NAME", BUCKET)
+    monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
+    env_function.get_env_settings.cache_clear()
+    try:
+        assert env_function.get_env_settings().ENV_SYNC_MAX_BYTES == 2 * 2**30
+    finally:
+        env_function.get_env_settings.cache_clear()
+
+
+# ----------------------------------------------------------------------------- the Lambda executor
+
+ORIGIN = RunOrigin(
+    turn_id=EVENT["turn_id"], session_id=EVENT["session_id"], user_id=EVENT["user_id"], scope=SCOPE
+)
+
+
+def a_result(run_id: str = RUN_ID) -> RunResult:
+    return RunResult(
+        run_id=run_id,
+        status="ok",
+        exit_code=0,
+        stdout="7\n",
+        stderr="",
+        stdout_bytes=2,
+        stderr_bytes=0,
+        stdout_truncated=False,
+        stderr_truncated=False,
+        error=None,
+        duration_ms=12,
+        files_changed=[],
+        files=FileChangeReport(),
+        limits={"timeout_s": 60.0},
+        isolation="process",
+        network="on",
+    )
+
+
+class FakeLambda:
+    """A Lambda client whose ``invoke`` records each call and then plays the function: ``on_invoke``
+    runs in a thread (as the real function runs elsewhere); ``error`` makes the call itself fail."""
+
+    def __init__(self, on_invoke: Callable[[EnvRequest], None] | None = None, error: Exception | None = None):
+        self.calls: list[dict[str, Any]] = []
+        self.on_invoke = on_invoke
+        self.error = error
+        self.threads: list[threading.Thread] = []
+
+    def invoke(self, **arguments: Any) -> dict[str, Any]:
+        self.calls.append(arguments)
+        if self.error is not None:
+            raise self.error
+        if self.on_invoke is not None:
+            request = EnvRequest.model_validate_json(arguments["Payload"])
+            thread = threading.Thread(target=self.on_invoke, args=(request,))
+            thread.start()
+            self.threads.append(thread)
+        return {"StatusCode": 202}
+
+
+@pytest.fixture
+def store(aws: Any) -> DynamoStore:
+    return DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION))
+
+
+def executor_with(
+    client: FakeLambda, workspace: S3Workspace, store: DynamoStore, *, tenant_isolation: bool = False
+) -> LambdaExecutor:
+    return LambdaExecutor(
+        lambda_client=client,
+        workspace=workspace,
+        store=store,
+        tenant_isolation=tenant_isolation,
+        startup_margin_s=0.0,
+        poll_start_s=0.01,
+        poll_max_s=0.05,
+    )
+
+
+def test_the_executor_returns_the_result_once_the_claim_check_exists(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given a function that writes the claim check a little later, as the env function does
+    def env_function_runs(request: EnvRequest) -> None:
+        workspace.write_bytes(
+            request.scope, f"work/runs/{request.run_id}/result.json", a_result().model_dump_json().encode()
+        )
+
+    client = FakeLambda(on_invoke=env_function_runs)
+    executor = executor_with(client, workspace, store)
+
+    # When the coder runs code through the executor
+    result = executor.run(
+        Path("/unused"), "print(3 + 4)", limits=RunLimits(timeout_s=5), run_id=RUN_ID, origin=ORIGIN
+    )
+
+    # Then it gets the run result, after one asynchronous invocation of the environment's function
+    assert result == a_result()
+    assert executor.publishes_run_events is True
+    [call] = client.calls
+    assert (call["FunctionName"], call["InvocationType"]) == ("alphaagent-env-builtin", "Event")
+    assert "TenantId" not in call
+    request = EnvRequest.model_validate_json(call["Payload"])
+    assert (request.run_id, request.code, request.scope, request.limits) == (
+        RUN_ID,
+        "print(3 + 4)",
+        SCOPE,
+        RunLimits(timeout_s=5),
+    )
+
+
+def test_tenant_isolation_passes_the_scope_key_as_tenant_id(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+    client = FakeLambda()
+    executor_with(client, workspace, store, tenant_isolation=True).run(
+        Path("/unused"), "print(1)", limits=RunLimits(timeout_s=1), run_id=RUN_ID, origin=ORIGIN
+    )
+    assert client.calls[0]["TenantId"] == SCOPE.key
+
+
+def test_a_failed_run_record_raises_env_function_error_marked_recorded(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given a function that fails, so the recorder writes a failed run record (from OnFailure)
+    def env_function_fails(request: EnvRequest) -> None:
+        store.put_run(
+            RunRecord(
+                run_id=request.run_id,
+                turn_id=request.turn_id,
+                session_id=request.session_id,
+                user_id=request.user_id,
+                scope_key=request.scope.key,
+                status="failed",
+                exit_code=None,
+                code=request.code,
+                stdout="",
+                stderr="",
+                stdout_bytes=0,
+                stderr_bytes=0,
+                stdout_truncated=False,
+                stderr_truncated=False,
+                error=RunError(name="Runtime.OutOfMemory", value="Runtime exited with error", traceback=""),
+                reason="Runtime exited with error",
+                duration_ms=0,
+                files_changed=[],
+                created_at=datetime(2026, 11, 30, tzinfo=UTC),
+            )
+        )
+
+    executor = executor_with(FakeLambda(on_invoke=env_function_fails), workspace, store)
+
+    # When the coder runs code
+    with pytest.raises(EnvFunctionError, match=r"Runtime\.OutOfMemory: Runtime exited with error") as raised:
+        executor.run(Path("/unused"), "x = 1", limits=RunLimits(timeout_s=5), run_id=RUN_ID, origin=ORIGIN)
+
+    # Then the error says the platform recorded the run already
+    assert raised.value.recorded is True
+
+
+def test_neither_result_nor_failure_raises_a_timeout_after_the_deadline(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    executor = executor_with(FakeLambda(), workspace, store)
+    with pytest.raises(EnvResultTimeoutError, match=RUN_ID) as raised:
+        executor.run(Path("/unused"), "x = 1", limits=RunLimits(timeout_s=0.2), run_id=RUN_ID, origin=ORIGIN)
+    assert raised.value.recorded is False
+
+
+def test_code_over_the_async_payload_limit_is_refused_before_any_invoke(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    client = FakeLambda()
+    with pytest.raises(EnvPayloadTooLargeError, match="256 KiB"):
+        executor_with(client, workspace, store).run(
+            Path("/unused"),
+            "#" * MAX_ASYNC_PAYLOAD_BYTES,
+            limits=RunLimits(),
+            run_id=RUN_ID,
+            origin=ORIGIN,
+        )
+    assert client.calls == []
+
+
+def test_code_just_under_the_limit_is_invoked(workspace: S3Workspace, store: DynamoStore) -> None:
+    workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+    client = FakeLambda()
+    code = "#" * (MAX_ASYNC_PAYLOAD_BYTES - DESTINATION_HEADROOM_BYTES - 1024)
+    executor_with(client, workspace, store).run(
+        Path("/unused"), code, limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
+    )
+    assert len(client.calls) == 1
+
+
+def test_non_ascii_code_is_measured_as_escaped_json(workspace: S3Workspace, store: DynamoStore) -> None:
+    # 60,000 "€" are 180,000 UTF-8 bytes but 360,000 bytes as \u20ac escapes in a re-serialised record
+    client = FakeLambda()
+    with pytest.raises(EnvPayloadTooLargeError):
+        executor_with(client, workspace, store).run(
+            Path("/unused"), "\u20ac" * 60_000, limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
+        )
+    assert client.calls == []
+
+
+def test_a_failed_invoke_call_raises_env_invoke_error_naming_the_function(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    throttled = ClientError(
+        {"Error": {"Code": "TooManyRequestsException", "Message": "Rate exceeded"}}, "Invoke"
+    )
+    executor = executor_with(FakeLambda(error=throttled), workspace, store)
+    with pytest.raises(EnvInvokeError, match="alphaagent-env-builtin") as raised:
+        executor.run(Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN)
+    assert raised.value.recorded is False
+
+
+def test_the_executor_needs_the_origin(workspace: S3Workspace, store: DynamoStore) -> None:
+    client = FakeLambda()
+    with pytest.raises(MissingOriginError, match="origin"):
+        executor_with(client, workspace, store).run(
+            Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID
+        )
+    assert client.calls == []
