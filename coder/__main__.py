@@ -4,12 +4,16 @@ Reads ``CODER_QUEUE_URL``, ``WORKER_CONCURRENCY``, ``HEARTBEAT_SECONDS``, ``STOP
 and the model's variables (``coder.settings``). SIGTERM (ECS stopping the task) and SIGINT stop it:
 no new message is taken and in-flight turns finish or are failed within the stop timeout.
 
-Until the AWS adapters exist, turns run on the local backend under ``$ALPHAAGENT_HOME``.
+With ``STATE_TABLE_NAME`` set (the ECS task definition in ``template.yaml``), turns run on the AWS
+backend (``alphaagent.aws.backend.coder_backend``: DynamoDB, S3, EventBridge, the env functions);
+without it, on the local backend under ``$ALPHAAGENT_HOME``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
 from types import FrameType
@@ -38,9 +42,15 @@ def main() -> int:
         coder = make_coder(model)
     else:
         logging.getLogger("coder").warning("no model configured: only specs with pinned steps can run")
-    with AlphaAgent() as agent:
+    with contextlib.ExitStack() as resources:
+        if os.environ.get("STATE_TABLE_NAME"):
+            from alphaagent.aws.backend import coder_backend
+
+            backend = coder_backend()
+        else:
+            backend = resources.enter_context(AlphaAgent()).backend
         worker = CoderWorker(
-            agent.backend, coder, settings, sqs=boto3.client("sqs"), sfn=boto3.client("stepfunctions")
+            backend, coder, settings, sqs=boto3.client("sqs"), sfn=boto3.client("stepfunctions")
         )
 
         def _stop(signum: int, _frame: FrameType | None) -> None:

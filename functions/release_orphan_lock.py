@@ -1,5 +1,6 @@
 """Releases the lease of a turn execution that ended FAILED, ABORTED or TIMED_OUT (the rule on Step
-Functions status changes): such an execution may never have reached its own release step."""
+Functions status changes): such an execution may never have reached its own release step. Its turn,
+if still running (an aborted execution never reached Finalize), is recorded as failed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
-from alphaagent.domain.turn_steps import release_scope_lock
+from alphaagent.domain.turn_steps import release_orphan
 from alphaagent.models.aws import ExecutionStatusChange
 
 logger = Logger(service="alphaagent-turn")
@@ -23,6 +24,5 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     """``ExecutionStatusChange`` -> ``LockReleased`` (the holder is the execution's name)."""
     change = parse(event=event, model=ExecutionStatusChange).detail
     logger.info("releasing orphan lease", execution=change.name, status=change.status)
-    return release_scope_lock(get_backend(), change.turn_input().scope_key, change.name).model_dump(
-        mode="json"
-    )
+    released = release_orphan(get_backend(), change.turn_input(), change.name, change.status)
+    return released.model_dump(mode="json")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from alphaagent.aws.bus import EventBridgeBus, event_from_eventbridge
+from alphaagent.aws.executor import LambdaExecutor
 from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
@@ -69,6 +70,32 @@ def get_backend() -> Backend:
         workspace=workspace,
         bus=EventBridgeBus(settings.EVENT_BUS_NAME, claim_check=workspace.write_bytes),
         executor=NoExecutor(),
+        turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
+    )
+
+
+@functools.cache
+def coder_backend() -> Backend:
+    """The backend of the coder worker on AWS (``python -m coder`` in the ECS service): the zip
+    functions' adapters, with ``run_in_env`` as asynchronous invocations of the env functions
+    (``LambdaExecutor``, tenant isolation as ``ENV_TENANT_ISOLATION`` says) and the scope lease
+    renewed with the same ``LOCK_LEASE_S`` the AcquireLock step grants.
+
+    Raises:
+        MissingSettingError: ``STATE_TABLE_NAME``, ``WORKSPACES_BUCKET_NAME`` or ``EVENT_BUS_NAME``
+            is not set.
+    """
+    settings = get_lambda_settings()
+    workspace = S3Workspace(settings.required("WORKSPACES_BUCKET_NAME"))
+    store = DynamoStore(settings.required("STATE_TABLE_NAME"))
+    executor = LambdaExecutor(
+        workspace=workspace, store=store, tenant_isolation=settings.ENV_TENANT_ISOLATION == "Enabled"
+    )
+    return Backend(
+        store=store,
+        workspace=workspace,
+        bus=EventBridgeBus(settings.required("EVENT_BUS_NAME"), claim_check=workspace.write_bytes),
+        executor=executor,
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
     )
 

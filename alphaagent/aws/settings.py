@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
@@ -29,7 +30,9 @@ class MissingSettingError(AlphaAgentError):
 
 
 class LambdaSettings(BaseModel):
-    """The environment of the zip functions (the starter, the turn steps, the recorder).
+    """The environment of the zip functions (the starter, the turn steps, the recorder) and of the
+    coder's AWS backend. ``ENV_TENANT_ISOLATION`` is the template's ``EnvTenantIsolation``: when
+    ``Enabled``, every env invocation carries the scope as its tenant id.
 
     Every name carries its resource type. Each function gets only the variables it needs (least
     privilege in ``template.yaml``), so every field may be empty here; ``required`` names the one that
@@ -47,6 +50,7 @@ class LambdaSettings(BaseModel):
         "", validation_alias=AliasChoices("STATE_MACHINE_ARN", "TURN_STATE_MACHINE_ARN")
     )
     LOCK_LEASE_S: float = Field(DEFAULT_LOCK_LEASE_S, gt=0)
+    ENV_TENANT_ISOLATION: Literal["Enabled", "Disabled"] = "Enabled"
 
     def required(self, name: str) -> str:
         """The value of setting ``name``.

@@ -20,6 +20,7 @@ from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import (
     _finalize,
     _resolve_inputs,
+    abandon_turn,
     check_spec_against,
     claim_scope_and_session,
     scope_label,
@@ -35,12 +36,17 @@ from alphaagent.models.aws import (
     TurnInput,
 )
 from alphaagent.models.common import scope_from_key, utcnow
-from alphaagent.models.events import Event, TurnFailed, TurnStarted
+from alphaagent.models.events import Event, TurnStarted
 from alphaagent.models.records import PreparedInput, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import Spec, parse_spec
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+CODE_STATE_MARGIN_S = 300
+"""Seconds the machine's Code state waits beyond the spec's ``turn_timeout_s``: the coder enforces the
+turn timeout itself and then still records its transcript, writes the result and answers; the state's
+own timeout is the backstop for a coder that never answers (heartbeats catch a dead one sooner)."""
 
 
 def _remote_coder(_ctx: object) -> str:
@@ -114,6 +120,15 @@ def release_scope_lock(backend: Backend, scope_key: str, holder: str) -> LockRel
     return LockReleased(scope_key=scope_key, holder=holder)
 
 
+def release_orphan(backend: Backend, turn_input: TurnInput, execution: str, status: str) -> LockReleased:
+    """For an execution that ended ``status`` (FAILED, ABORTED, TIMED_OUT) without its own release
+    step: release the scope's lease held under its name ``execution``, and record its turn, if still
+    ``running``, as failed (``TurnAbandoned``, ``TurnFailed`` published), so no turn stays running."""
+    released = release_scope_lock(backend, turn_input.scope_key, execution)
+    abandon_turn(backend, turn_input.user_id, turn_input.turn_id, f"the turn's execution ended {status}")
+    return released
+
+
 # ----------------------------------------------------------------------------- prepare
 
 
@@ -183,7 +198,7 @@ def _prepared(turn: Turn, spec: Spec, inputs: list[PreparedInput], *, finished: 
         scope_key=turn.scope_key,
         session_id=turn.session_id,
         spec_key=f"{turn.scope_key}/spec/{turn.turn_id}.json",
-        turn_timeout_s=math.ceil(spec.constraints.turn_timeout_s),
+        turn_timeout_s=math.ceil(spec.constraints.turn_timeout_s) + CODE_STATE_MARGIN_S,
         inputs=inputs,
         finished=finished,
     )
@@ -199,7 +214,7 @@ def finalize_turn(backend: Backend, request: FinalizeInput) -> TurnResult:
 
     A turn already finished keeps its result (no status regression): that includes a turn the coder
     worker finished itself. A failure before the turn record existed (the lock or prepare step failed)
-    publishes ``TurnFailed`` only: there is no record to end.
+    creates the record, failed (with no session), and publishes ``TurnFailed``.
 
     Raises:
         InvalidRequestError: neither or both of ``coded`` and ``error`` were given, or the pointer
@@ -225,15 +240,24 @@ def finalize_turn(backend: Backend, request: FinalizeInput) -> TurnResult:
         result = TurnResult(
             turn_id=request.turn_id, status="failed", error=error, failed_step=request.failed_step
         )
-    if turn is not None:
-        return _finalize(backend, turn, result)
-    assert result.error is not None
-    detail = TurnFailed(
-        turn_id=request.turn_id,
-        scope=scope_from_key(request.scope_key),
-        user_id=request.user_id,
-        error=result.error,
-        result=result,
-    )
-    backend.bus.publish(Event.of(detail, new_ulid()))
-    return result
+    if turn is None:
+        # The lock or prepare step failed before the record existed (a missing input, a scope that is
+        # not the user's, a scope that stayed busy). Record the turn as failed all the same, so that
+        # whoever waits for it (``alphaagent submit --wait``, a reader of the table) sees its end. The
+        # turn id stays taken, as the execution name does: the same turn never runs again.
+        turn = Turn(
+            turn_id=request.turn_id,
+            user_id=request.user_id,
+            scope_key=request.scope_key,
+            session_id="",
+            status="running",
+            goal=request.spec.goal,
+            started_at=utcnow(),
+        )
+        if not backend.store.create_turn(turn):
+            turn = backend.store.get_turn(request.user_id, request.turn_id)
+            if turn is None:  # another user's turn of that id: never touched, nothing revealed
+                return result
+            if turn.result is not None:
+                return turn.result
+    return _finalize(backend, turn, result)

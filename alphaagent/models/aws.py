@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.records import PreparedInput, TurnResult
@@ -107,8 +107,10 @@ class PreparedTurn(_Ours):
     ``spec_key`` is the bucket key of the stored spec, ``{scope key}/spec/{turn_id}.json``: the coder
     reads the spec from there (claim check, ``coder.worker.CoderMessage``), so the task message stays
     far below 256 KiB. ``inputs`` are the declared inputs brought into ``docs/`` (the coder's
-    message carries them, for citations). ``turn_timeout_s`` is the spec's turn timeout in whole seconds (the Code state's
-    ``TimeoutSecondsPath``). ``finished`` is true when an earlier attempt finished the turn.
+    message carries them, for citations). ``turn_timeout_s`` is the Code state's timeout
+    (``TimeoutSecondsPath``), in whole seconds: the spec's turn timeout plus
+    ``turn_steps.CODE_STATE_MARGIN_S``. ``finished`` is true when an earlier attempt
+    finished the turn.
     """
 
     turn_id: str
@@ -138,6 +140,12 @@ class TaskFailure(_Theirs):
 
     error: str = Field(alias="Error")
     cause: str = Field("", alias="Cause")
+
+    @field_validator("cause", mode="before")
+    @classmethod
+    def _no_cause(cls, value: Any) -> Any:
+        # SendTaskFailure's cause is optional: the Catch then puts "Cause": null (or nothing).
+        return "" if value is None else value
 
     def message(self) -> str:
         """``Cause`` as a readable line: the ``errorMessage`` of a Lambda error's JSON cause if any."""
@@ -178,11 +186,12 @@ class EnvRequest(_Theirs):
          "code": "<Python source>", "limits": {"timeout_s", "memory_mb", ...},
          "network": false, "environment_id": "builtin"}
 
-    The serialised payload must fit Lambda's asynchronous invocation limit (256 KiB), so the code is
-    at most a little less than that (``alphaagent.aws.executor`` refuses larger payloads before
-    invoking). ``limits``, ``network`` and ``environment_id`` have defaults, so records written before
-    they existed (``events/destination_*.json``) still validate. Unknown fields are ignored: the
-    model also reads Lambda's destination records.
+    The serialised payload must fit the asynchronous invocation payload limit (256 KiB), with room
+    left for the destination record that carries it back to the bus (an EventBridge event, also 256
+    KiB at most), so the code is a little less than 256 KiB at most (``alphaagent.aws.executor``
+    refuses larger payloads before invoking). ``limits``, ``network`` and ``environment_id`` have
+    defaults, so records written before they existed (``events/destination_*.json``) still validate.
+    Unknown fields are ignored: the model also reads Lambda's destination records.
     """
 
     run_id: str
@@ -212,9 +221,16 @@ class EnvRequest(_Theirs):
         )
 
 
+def run_result_key(run_id: str) -> str:
+    """The workspace path of a run's claim-check object, ``work/runs/{run_id}/result.json``: the full
+    run result, written by the env function after every file of the run is synced (its existence
+    means the run is complete in the scope)."""
+    return f"work/runs/{run_id}/result.json"
+
+
 class EnvPointer(_Theirs):
     """The env function's small return value: the run's status and its claim-check object
-    (``result_key``: the workspace path of the full run result, ``work/runs/{run_id}/result.json``)."""
+    (``result_key``: the workspace path of the full run result, ``run_result_key(run_id)``)."""
 
     run_id: str
     status: str

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from alphaagent.aws.backend import get_backend, get_stepfunctions_client
 from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
 from alphaagent.aws.store import create_table
-from alphaagent.domain.turn_steps import spec_from_message
+from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
 from alphaagent.models.aws import (
     AcquireLockInput,
     DestinationEvent,
@@ -81,6 +81,7 @@ MODELS: dict[str, type[BaseModel] | Callable[[dict[str, Any]], None]] = {
     "finalize_turn_failed.json": FinalizeInput,
     "destination_success.json": DestinationEvent,
     "destination_failure.json": DestinationEvent,
+    "env_invocation.json": importlib.import_module("alphaagent.models.aws").EnvRequest,
     "artifact_registered.json": lambda e: _eventbridge(e),
     "citation_emitted.json": lambda e: _eventbridge(e),
     "execution_aborted.json": ExecutionStatusChange,
@@ -291,7 +292,7 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
     # Then the spec is in the scope, one turn record is running, TurnStarted was published once
     assert prepared == again
     spec_key = f"{SCOPE.key}/spec/{TURN_ID}.json"
-    assert (prepared["spec_key"], prepared["turn_timeout_s"]) == (spec_key, 900)
+    assert (prepared["spec_key"], prepared["turn_timeout_s"]) == (spec_key, 900 + CODE_STATE_MARGIN_S)
     stored = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=spec_key)["Body"].read())
     assert stored["turn_id"] == TURN_ID
     store = get_backend().store
@@ -321,12 +322,19 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
 
 
 def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, Any]) -> None:
-    # Given no turn record (the lock step failed); When finalize runs on the caught failure
-    result = finalize_turn.lambda_handler(load("finalize_turn_failed.json"), Context())
-    # Then the turn failed with the error name of the contract, and TurnFailed was published
-    assert result["status"] == "failed"
+    # Given no turn record (the lock step failed); When finalize runs on the caught failure, twice
+    event = load("finalize_turn_failed.json")
+    result = finalize_turn.lambda_handler(event, Context())
+    again = finalize_turn.lambda_handler(event, Context())
+    # Then the turn failed with the error name of the contract, TurnFailed was published once, and the
+    # turn's record says so (whoever waits on the table sees the end)
+    assert result["status"] == "failed" and again == result
     assert result["error"]["name"] == "States.HeartbeatTimeout"
     assert published(aws) == ["TurnFailed"]
+    user, turn_id = event["spec"]["user_id"], event["turn_id"]
+    turn = get_backend().store.get_turn(user, turn_id)
+    assert turn is not None and turn.status == "failed" and turn.result is not None
+    assert turn.result.model_dump(mode="json") == result
 
 
 # ----------------------------------------------------------------------------- recorder

@@ -1,0 +1,862 @@
+"""One turn on the aws backend end to end, under moto (issue 4 acceptance; DESIGN §3, §6).
+
+The real ``statemachines/turn.asl.yaml`` runs in moto's Step Functions interpreter with the test's
+substitutions. Everything else is the product's own code, wired as ``template.yaml`` wires it:
+
+- the EventBridge rules of the template (their patterns read from ``template.yaml``) point at SQS
+  queues, and a pump hands each queue's messages to the function the template subscribes: the
+  starter (an SQS batch with partial failures, as the event source mapping gives it), the recorder,
+  the orphan-lock release;
+- the machine's ``lambda:invoke`` tasks and the coder's asynchronous ``Invoke`` of
+  ``alphaagent-env-builtin`` run the handlers in-process (moto would need Docker); an asynchronous
+  invocation's outcome goes on the bus as Lambda's EventBridge destination puts it;
+- the coder is the real worker (``coder.worker.CoderWorker``) without a model: it takes the task
+  token from the CoderQueue and drives the real tools for a spec with pinned steps, running code
+  through the real ``LambdaExecutor`` and the real env function (the sandbox at process level,
+  not exclusive: the tests run as root, where the exclusive uid sweep is refused).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+from cfn import load_template
+from moto import mock_aws
+from moto.awslambda.models import LambdaBackend
+from moto.awslambda_simple.models import LambdaSimpleBackend
+
+from alphaagent.aws import env_function
+from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
+from alphaagent.aws.settings import get_lambda_settings
+from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.aws.workspace import S3Workspace
+from alphaagent.ids import new_ulid
+from alphaagent.models.common import ConversationScope, utcnow
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
+from coder.worker import CoderWorker, WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+REGION = "eu-west-1"
+ACCOUNT = "123456789012"
+TABLE = "alphaagent-state-test"
+BUCKET = f"alphaagent-workspaces-{ACCOUNT}-{REGION}"
+BUS = "alphaagent-test"
+USER = "alice@example.com"
+
+HANDLERS = {
+    "alphaagent-acquire-lock": "functions.acquire_lock",
+    "alphaagent-prepare-turn": "functions.prepare_turn",
+    "alphaagent-finalize-turn": "functions.finalize_turn",
+    "alphaagent-release-lock": "functions.release_lock",
+    "alphaagent-env-builtin": "alphaagent.aws.env_function",
+}
+"""Function name -> the module whose ``lambda_handler`` the invocation runs in-process."""
+
+
+def function_arn(name: str) -> str:
+    return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+
+
+@dataclass
+class Context:
+    """The Lambda context attributes the handlers read (Powertools' logger, the env function's
+    remaining time)."""
+
+    function_name: str
+    memory_limit_in_mb: int = 512
+    aws_request_id: str = ""
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        self.invoked_function_arn = function_arn(self.function_name)
+        self.aws_request_id = self.aws_request_id or str(uuid.uuid4())
+        self._deadline = time.monotonic() + self.timeout_s
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+# ----------------------------------------------------------------------------- Lambda in-process
+
+
+class InProcessLambda:
+    """Replaces moto's ``LambdaBackend.invoke`` (which needs Docker): synchronous invocations return
+    the handler's result, or Lambda's error payload with ``FunctionError``; an asynchronous
+    (``Event``) invocation runs in a thread and its outcome goes on the bus as a destination record
+    (``template.yaml``: ``MaximumRetryAttempts: 0``, OnSuccess/OnFailure to the bus)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.failures: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self.threads: list[threading.Thread] = []
+
+    def invoke(self, function_name: str, body: Any, headers: Any, response_headers: dict[str, str]) -> bytes:
+        name = function_name.rsplit(":", 1)[-1] if function_name.startswith("arn:") else function_name
+        event = json.loads(body) if body else {}
+        self.calls.append((name, event))
+        if headers.get("X-Amz-Invocation-Type") == "Event":
+            thread = threading.Thread(target=self._invoke_async, args=(name, event), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+            return b""
+        ok, payload = self._call(name, event)
+        if not ok:
+            response_headers["x-amz-function-error"] = "Unhandled"
+        return json.dumps(payload).encode()
+
+    def _call(self, name: str, event: dict[str, Any]) -> tuple[bool, Any]:
+        try:
+            if name in self.failures:
+                self.failures[name](event)
+            handler = importlib.import_module(HANDLERS[name]).lambda_handler
+            return True, handler(event, Context(function_name=name))
+        except Exception as exc:
+            lines = traceback.format_exception(exc)
+            return False, {"errorType": type(exc).__name__, "errorMessage": str(exc), "stackTrace": lines}
+
+    def _invoke_async(self, name: str, event: dict[str, Any]) -> None:
+        request_id = str(uuid.uuid4())
+        ok, payload = self._call(name, event)
+        record = {
+            "version": "1.0",
+            "timestamp": utcnow().isoformat(),
+            "requestContext": {
+                "requestId": request_id,
+                "functionArn": function_arn(name) + ":$LATEST",
+                "condition": "Success" if ok else "RetriesExhausted",
+                "approximateInvokeCount": 1,
+            },
+            "requestPayload": event,
+            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST"}
+            | ({} if ok else {"functionError": "Unhandled"}),
+            "responsePayload": payload,
+        }
+        outcome = "Success" if ok else "Failure"
+        boto3.client("events", region_name=REGION).put_events(
+            Entries=[
+                {
+                    "EventBusName": BUS,
+                    "Source": "lambda",
+                    "DetailType": f"Lambda Function Invocation Result - {outcome}",
+                    "Detail": json.dumps(record),
+                    "Resources": [function_arn(name) + ":$LATEST"],
+                }
+            ]
+        )
+
+
+# ----------------------------------------------------------------------------- the stack
+
+
+class Pump:
+    """Feeds a queue's messages to a handler, as an event source mapping or a rule's Lambda target
+    would: ``batch=True`` gives the starter SQS batches (and honours ``batchItemFailures``), else each
+    message's body (an EventBridge event) goes to the handler alone. A failed message is left for
+    redelivery after its visibility timeout."""
+
+    def __init__(self, sqs: Any, queue_url: str, handler: Callable[[Any], Any], *, batch: bool) -> None:
+        self.sqs, self.queue_url, self.handler, self.batch = sqs, queue_url, handler, batch
+        self.errors: list[str] = []
+
+    def drain_once(self) -> int:
+        messages = self.sqs.receive_message(
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=0,
+            AttributeNames=["All"],
+        ).get("Messages", [])
+        if not messages:
+            return 0
+        if self.batch:
+            try:
+                failed = self._batch(messages)
+            except Exception:  # the whole batch failed (Powertools raises when every record did)
+                self.errors.append(traceback.format_exc())
+                failed = {m["MessageId"] for m in messages}
+        else:
+            failed = set()
+            for message in messages:
+                try:
+                    self.handler(json.loads(message["Body"]))
+                except Exception:
+                    self.errors.append(traceback.format_exc())
+                    failed.add(message["MessageId"])
+        for message in messages:
+            if message["MessageId"] not in failed:
+                self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
+        return len(messages)
+
+    def _batch(self, messages: list[dict[str, Any]]) -> set[str]:
+        arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        records = [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": m.get("Attributes", {}),
+                "messageAttributes": {},
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": arn,
+                "awsRegion": REGION,
+            }
+            for m in messages
+        ]
+        response = self.handler({"Records": records})
+        return {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
+
+
+class Stack:
+    """The template's resources in moto, the turn machine, the pumps and one coder worker."""
+
+    def __init__(self, lambdas: InProcessLambda) -> None:
+        self.lambdas = lambdas
+        self.template = load_template(ROOT / "template.yaml")
+        self.sqs = boto3.client("sqs", region_name=REGION)
+        self.events = boto3.client("events", region_name=REGION)
+        self.sfn = boto3.client("stepfunctions", region_name=REGION)
+        self.s3 = boto3.client("s3", region_name=REGION)
+        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+        self.s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        self.events.create_event_bus(Name=BUS)
+        self.store = DynamoStore(TABLE)
+        self.workspace = S3Workspace(BUCKET)
+
+        spec_queue = self.resource("SpecQueue")["Properties"]
+        self.spec_dlq = self.queue("SpecDeadLetterQueue")
+        self.max_receive_count = int(spec_queue["RedrivePolicy"]["maxReceiveCount"])
+        self.spec_queue = self.queue(
+            "SpecQueue",
+            # A short visibility timeout so a failed message comes back within the test.
+            VisibilityTimeout="1",
+            RedrivePolicy=json.dumps(
+                {"deadLetterTargetArn": self.arn_of(self.spec_dlq), "maxReceiveCount": self.max_receive_count}
+            ),
+        )
+        self.coder_queue = self.queue("CoderQueue")
+        self.recorder_queue = self.queue("RecordEventTarget", VisibilityTimeout="1")
+        self.orphan_queue = self.queue("ReleaseOrphanLockTarget", VisibilityTimeout="1")
+        self.sink = self.queue("EverythingOnTheBus")
+
+        substitutions = {
+            "AcquireLockFunctionArn": function_arn("alphaagent-acquire-lock"),
+            "PrepareFunctionArn": function_arn("alphaagent-prepare-turn"),
+            "FinalizeFunctionArn": function_arn("alphaagent-finalize-turn"),
+            "ReleaseLockFunctionArn": function_arn("alphaagent-release-lock"),
+            "CoderQueueUrl": self.coder_queue,
+            "EventBusName": BUS,
+        }
+        definition = (ROOT / "statemachines" / "turn.asl.yaml").read_text()
+        for name, value in substitutions.items():
+            definition = definition.replace("${" + name + "}", value)
+        self.machine = self.sfn.create_state_machine(
+            name="alphaagent-turn",
+            definition=json.dumps(yaml.safe_load(definition)),
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/alphaagent-turn",
+        )["stateMachineArn"]
+
+        # The template's rules, their patterns as written there, with queue targets.
+        self.rule(
+            BUS,
+            "SpecSubmittedRule",
+            self.resource("SpecSubmittedRule")["Properties"]["EventPattern"],
+            self.spec_queue,
+        )
+        for name, rule in self.function_rules("RecordEventFunction").items():
+            self.rule(BUS, name, rule["Pattern"], self.recorder_queue)
+        for name, rule in self.function_rules("ReleaseOrphanLockFunction").items():
+            self.rule("default", name, rule["Pattern"], self.orphan_queue)
+        self.rule(BUS, "Everything", {"source": [{"prefix": ""}]}, self.sink)
+
+        from functions import record_event, release_orphan_lock, start_turn
+
+        def call(module: Any, name: str) -> Callable[[Any], Any]:
+            return lambda event: module.lambda_handler(event, Context(function_name=name))
+
+        self.starter = Pump(self.sqs, self.spec_queue, call(start_turn, "alphaagent-start-turn"), batch=True)
+        self.pumps = [
+            self.starter,
+            Pump(self.sqs, self.recorder_queue, call(record_event, "alphaagent-record-event"), batch=False),
+            Pump(self.sqs, self.orphan_queue, call(release_orphan_lock, "alphaagent-orphan"), batch=False),
+        ]
+        self._stop = threading.Event()
+        self._pumping = threading.Thread(target=self._pump, name="pumps", daemon=True)
+        self.worker: CoderWorker | None = None
+        self._working: threading.Thread | None = None
+        self.seen: list[dict[str, Any]] = []
+
+    # -- template ------------------------------------------------------------------------------
+
+    def resource(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.template["Resources"][name]
+        return found
+
+    def function_rules(self, function: str) -> dict[str, dict[str, Any]]:
+        events = self.resource(function)["Properties"]["Events"]
+        return {
+            f"{function}{name}": event["Properties"]
+            for name, event in events.items()
+            if event["Type"] == "EventBridgeRule"
+        }
+
+    def resolve(self, value: Any) -> Any:
+        """A pattern with the template's references replaced by the test's resources."""
+        if isinstance(value, dict) and set(value) == {"Ref"}:
+            assert value["Ref"] == "TurnStateMachine", value
+            return self.machine
+        if isinstance(value, dict):
+            return {k: self.resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.resolve(v) for v in value]
+        return value
+
+    # -- resources -----------------------------------------------------------------------------
+
+    def queue(self, name: str, **attributes: str) -> str:
+        url: str = self.sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+        return url
+
+    def arn_of(self, queue_url: str) -> str:
+        attributes = self.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])
+        arn: str = attributes["Attributes"]["QueueArn"]
+        return arn
+
+    def rule(self, bus: str, name: str, pattern: dict[str, Any], queue_url: str) -> None:
+        self.events.put_rule(Name=name, EventBusName=bus, EventPattern=json.dumps(self.resolve(pattern)))
+        self.events.put_targets(
+            Rule=name, EventBusName=bus, Targets=[{"Id": "queue", "Arn": self.arn_of(queue_url)}]
+        )
+
+    # -- running -------------------------------------------------------------------------------
+
+    def start(self, *, worker: bool = True) -> None:
+        self._pumping.start()
+        if worker:
+            self.start_worker()
+
+    def start_worker(self) -> None:
+        settings = WorkerSettings(
+            coder_queue_url=self.coder_queue,
+            wait_time_seconds=1,
+            heartbeat_seconds=5,
+            stop_timeout_seconds=30,
+        )
+        self.worker = CoderWorker(
+            coder_backend(),
+            None,
+            settings,
+            sqs=boto3.client("sqs", region_name=REGION),
+            sfn=boto3.client("stepfunctions", region_name=REGION),
+        )
+        self._working = threading.Thread(target=self.worker.run, name="coder-worker", daemon=True)
+        self._working.start()
+
+    def _pump(self) -> None:
+        while not self._stop.is_set():
+            try:
+                moved = sum(pump.drain_once() for pump in self.pumps)
+            except Exception:  # moto or the network between threads: keep pumping, keep the trace
+                self.pumps[0].errors.append(traceback.format_exc())
+                moved = 0
+            if not moved:
+                self._stop.wait(0.1)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        if self._working is not None:
+            self._working.join(timeout=30)
+        self._stop.set()
+        if self._pumping.is_alive():
+            self._pumping.join(timeout=10)
+        for thread in self.lambdas.threads:
+            thread.join(timeout=30)
+
+    # -- observing -----------------------------------------------------------------------------
+
+    def bus_events(self) -> list[dict[str, Any]]:
+        """Every event put on the bus so far (drained from the catch-all rule's queue)."""
+        while messages := self.sqs.receive_message(QueueUrl=self.sink, MaxNumberOfMessages=10).get(
+            "Messages"
+        ):
+            for message in messages:
+                self.seen.append(json.loads(message["Body"]))
+                self.sqs.delete_message(QueueUrl=self.sink, ReceiptHandle=message["ReceiptHandle"])
+        return self.seen
+
+    def bus_events_of(self, turn_id: str, detail_type: str) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.bus_events()
+            if e["detail-type"] == detail_type and e["detail"].get("turn_id") == turn_id
+        ]
+
+    def executions(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.sfn.list_executions(stateMachineArn=self.machine)["executions"]
+        return found
+
+    def execution(self, turn_id: str, *, ended: bool = True, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The execution named ``turn_id`` (once it has ended, by default)."""
+        arn = f"{self.machine.replace(':stateMachine:', ':execution:')}:{turn_id}"
+        described: dict[str, Any] = {}
+
+        def ready() -> bool:
+            try:
+                described.update(self.sfn.describe_execution(executionArn=arn))
+            except self.sfn.exceptions.ExecutionDoesNotExist:
+                return False
+            return not ended or described["status"] != "RUNNING"
+
+        wait_for(ready, f"execution {turn_id}", timeout_s, self)
+        return described
+
+    def history(self, execution: dict[str, Any]) -> str:
+        """The execution's history, one event per line (for assertion messages)."""
+        events = self.sfn.get_execution_history(executionArn=execution["executionArn"])["events"]
+        lines = []
+        for event in events:
+            details = {k: v for k, v in event.items() if k.endswith("EventDetails")}
+            lines.append(f"{event['type']}: {json.dumps(details, default=str)[:600]}")
+        return "\n".join(lines)
+
+    def settled(self, turn_id: str, detail_type: str, count: int = 1, timeout_s: float = 30.0) -> None:
+        """Wait until the state table's event log has ``count`` events of ``detail_type`` for the turn
+        (the recorder has caught up)."""
+
+        def enough() -> bool:
+            return len([e for e in self.store.list_events(turn_id) if e.detail_type == detail_type]) >= count
+
+        try:
+            wait_for(enough, f"{count} {detail_type} of {turn_id} recorded", timeout_s, self)
+        except AssertionError as exc:
+            recorded = [e.detail_type for e in self.store.list_events(turn_id)]
+            on_bus = [e["detail-type"] for e in self.bus_events() if e["detail"].get("turn_id") == turn_id]
+            raise AssertionError(f"{exc}\nrecorded: {recorded}\non the bus: {on_bus}") from None
+
+    def errors(self) -> list[str]:
+        return [error for pump in self.pumps for error in pump.errors]
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float, stack: Stack | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            detail = "\n".join(stack.errors()[-3:]) if stack is not None else ""
+            raise AssertionError(f"timed out waiting for {what}\n{detail}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Stack]:
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "POWERTOOLS_METRICS_NAMESPACE": "alphaagent-test",
+        "STATE_TABLE_NAME": TABLE,
+        "WORKSPACES_BUCKET_NAME": BUCKET,
+        "EVENT_BUS_NAME": BUS,
+        "LOCK_LEASE_S": "600",
+        "ENV_TENANT_ISOLATION": "Disabled",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    lambdas = InProcessLambda()
+    # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
+    for backend in (LambdaBackend, LambdaSimpleBackend):
+        monkeypatch.setattr(
+            backend,
+            "invoke",
+            lambda _self, name, _qualifier, body, headers, response_headers: lambdas.invoke(
+                name, body, headers, response_headers
+            ),
+        )
+    # The env function's sandbox, not exclusive: its uid sweep is refused as root.
+    sandbox = Sandbox(SandboxConfig(isolation="process", pool_size=0))
+    monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
+    getters = (get_lambda_settings, get_backend, get_stepfunctions_client, coder_backend)
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}):
+        for getter in getters:
+            getter.cache_clear()
+        created = Stack(lambdas)
+        monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
+        monkeypatch.setenv("CODER_QUEUE_URL", created.coder_queue)
+        get_lambda_settings.cache_clear()
+        try:
+            yield created
+        finally:
+            created.close()
+            sandbox.close()
+            env_function.get_workspace.cache_clear()
+            env_function.get_env_settings.cache_clear()
+            for getter in getters:
+                getter.cache_clear()
+
+
+# ----------------------------------------------------------------------------- specs
+
+ANALYSIS_STEPS = [
+    {
+        "title": "summarise the measurements",
+        "code": (
+            "import pandas as pd\n"
+            "df = pd.read_csv('docs/measurements.csv')\n"
+            "summary = df.groupby('species')['mass_g'].mean().round(1)\n"
+            "summary.to_csv('datasets/summary.csv')\n"
+            "print(summary.to_string())\n"
+        ),
+    },
+    {
+        "title": "write the report",
+        "code": (
+            "import pandas as pd\n"
+            "s = pd.read_csv('datasets/summary.csv', index_col=0)['mass_g']\n"
+            "open('reports/mass.md', 'w').write(f'# Mass\\n\\nHeaviest: {s.idxmax()} ({s.max()} g)\\n')\n"
+        ),
+    },
+]
+
+
+def conversation() -> ConversationScope:
+    return ConversationScope(conversation_id="c-" + new_ulid().lower())
+
+
+def analysis_spec(scope: ConversationScope, **fields: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "spec_version": 1,
+        "turn_id": new_ulid(),
+        "user_id": USER,
+        "scope": scope.model_dump(),
+        "goal": "mean mass per species",
+        "inputs": [{"kind": "document", "path": "docs/measurements.csv"}],
+        "outputs": [{"kind": "dataset", "name": "summary"}, {"kind": "report", "name": "mass"}],
+        "steps": ANALYSIS_STEPS,
+    }
+    spec.update(fields)
+    return spec
+
+
+def upload_measurements(stack: Stack, scope: ConversationScope) -> None:
+    """The user's conversation with a document in it (as an earlier turn or an upload leaves it)."""
+    stack.store.claim_owner(scope.owner_key, USER, utcnow())
+    data = b"species,mass_g\nAdelie,3700\nAdelie,3800\nGentoo,5000\nGentoo,5100\n"
+    stack.workspace.write_bytes(scope, "docs/measurements.csv", data)
+
+
+def send_spec(stack: Stack, spec: dict[str, Any]) -> None:
+    stack.sqs.send_message(QueueUrl=stack.spec_queue, MessageBody=json.dumps(spec))
+
+
+def lock_is_free(stack: Stack, scope: ConversationScope) -> bool:
+    probe = "probe-" + new_ulid()
+    free = stack.store.acquire_lock(scope.key, probe, utcnow(), 60)
+    if free:
+        stack.store.release_lock(scope.key, probe)
+    return free
+
+
+# ----------------------------------------------------------------------------- the happy path
+
+
+def assert_completed_turn(stack: Stack, spec: dict[str, Any]) -> None:
+    """The records, files and events of a completed analysis turn."""
+    turn_id, scope = spec["turn_id"], ConversationScope.model_validate(spec["scope"])
+    execution = stack.execution(turn_id)
+    assert execution["status"] == "SUCCEEDED", stack.history(execution)
+    stack.settled(turn_id, "TurnCompleted")
+    stack.settled(turn_id, "RunCompleted", count=2)
+
+    # The turn record
+    turn = stack.store.get_turn(USER, turn_id)
+    assert turn is not None and turn.status == "completed" and turn.result is not None
+    assert turn.result.summary.startswith("2 step(s) ran")
+    assert len(turn.result.run_ids) == 2
+
+    # One run record per run, recorded from the env function's destination
+    runs = stack.store.list_runs(USER, scope.key)
+    assert sorted(r.run_id for r in runs) == sorted(turn.result.run_ids)
+    assert {r.status for r in runs} == {"ok"}
+    first = next(r for r in runs if r.run_id == turn.result.run_ids[0])
+    assert "Gentoo" in first.stdout and "5050.0" in first.stdout
+    assert "datasets/summary.csv" in first.files_changed
+
+    # The artifacts, version 1, and their files in the bucket
+    artifacts = {(a.kind, a.name, a.version) for a in stack.store.list_artifacts(USER, scope.key)}
+    assert artifacts == {("dataset", "summary", 1), ("report", "mass", 1)}
+    summary = stack.workspace.read_bytes(scope, "datasets/summary.csv").decode()
+    assert summary.splitlines() == ["species,mass_g", "Adelie,3750.0", "Gentoo,5050.0"]
+    assert "Heaviest: Gentoo" in stack.workspace.read_bytes(scope, "reports/mass.md").decode()
+    stored_spec = json.loads(stack.workspace.read_bytes(scope, f"spec/{turn_id}.json"))
+    assert stored_spec["turn_id"] == turn_id
+    for run_id in turn.result.run_ids:
+        result = json.loads(stack.workspace.read_bytes(scope, f"work/runs/{run_id}/result.json"))
+        assert result["status"] == "ok"
+    result = json.loads(stack.workspace.read_bytes(scope, f"work/turns/{turn_id}/result.json"))
+    assert result["status"] == "completed"
+
+    # The events: on the bus and in the state table's log, each run reported exactly once
+    [completed] = stack.bus_events_of(turn_id, "TurnCompleted")
+    assert completed["source"] == "alphaagent.turn"
+    assert completed["detail"]["result"]["status"] == "completed"
+    logged = [e.detail_type for e in stack.store.list_events(turn_id)]
+    assert logged.count("RunCompleted") == 2 and logged.count("ArtifactRegistered") == 2
+    assert "TurnStarted" in logged and "TurnCompleted" in logged and "RunFailed" not in logged
+
+    # The lock is free again
+    assert lock_is_free(stack, scope)
+
+
+def test_a_spec_on_the_spec_queue_runs_its_turn_to_turn_completed(stack: Stack) -> None:
+    # Given a conversation with a document and a spec with pinned steps
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope)
+    stack.start()
+
+    # When the spec is sent to the SpecQueue
+    send_spec(stack, spec)
+
+    # Then the turn ran through the machine, the coder and the env function, and is recorded
+    assert_completed_turn(stack, spec)
+    env_calls = [event for name, event in stack.lambdas.calls if name == "alphaagent-env-builtin"]
+    assert len(env_calls) == 2 and {c["turn_id"] for c in env_calls} == {spec["turn_id"]}
+
+
+def test_a_spec_submitted_event_on_the_bus_runs_its_turn(stack: Stack) -> None:
+    # Given a workflow that puts SpecSubmitted on the bus (as the README's put-events example)
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope)
+    stack.start()
+
+    # When the event is put on the bus
+    stack.events.put_events(
+        Entries=[
+            {
+                "EventBusName": BUS,
+                "Source": "alphaagent.client",
+                "DetailType": "SpecSubmitted",
+                "Detail": json.dumps(
+                    {"schema_version": 1, "turn_id": spec["turn_id"], "scope": spec["scope"], "spec": spec}
+                ),
+            }
+        ]
+    )
+
+    # Then the rule brought it to the SpecQueue and the turn completed
+    assert_completed_turn(stack, spec)
+
+
+# ----------------------------------------------------------------------------- at-least-once
+
+
+def test_the_same_spec_delivered_three_times_is_one_turn(stack: Stack) -> None:
+    # Given a spec delivered three times at once
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope)
+    for _ in range(3):
+        send_spec(stack, spec)
+    stack.start()
+    assert_completed_turn(stack, spec)
+
+    # When it is delivered once more after the turn completed
+    send_spec(stack, spec)
+    wait_for(lambda: stack.starter.drain_once() == 0 and not stack.starter.errors, "the starter", 10, stack)
+    time.sleep(1.0)
+
+    # Then there is one execution, one set of artifacts, and the turn is still completed
+    assert [e["name"] for e in stack.executions()] == [spec["turn_id"]]
+    versions = {(a.name, a.version) for a in stack.store.list_artifacts(USER, scope.key)}
+    assert versions == {("summary", 1), ("mass", 1)}
+    turn = stack.store.get_turn(USER, spec["turn_id"])
+    assert turn is not None and turn.status == "completed"
+    assert len(stack.bus_events_of(spec["turn_id"], "TurnCompleted")) == 1
+
+
+def test_a_poison_message_is_retried_alone_and_dead_lettered(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a batch of three specs, one of which the starter cannot start (StartExecution fails)
+    import functions.start_turn as starter
+
+    scopes = [conversation() for _ in range(3)]
+    specs = [
+        analysis_spec(scope, steps=[{"title": "noop", "code": "print(1)"}], inputs=[], outputs=[])
+        for scope in scopes
+    ]
+    poison = specs[1]["turn_id"]
+    attempts: list[str] = []
+    real_start = starter.start_turn_execution
+
+    def start(arn: str, turn_id: str, execution_input: str) -> bool:
+        if turn_id == poison:
+            attempts.append(turn_id)
+            raise RuntimeError("StartExecution failed for this one")
+        return real_start(arn, turn_id, execution_input)
+
+    monkeypatch.setattr(starter, "start_turn_execution", start)
+    for spec in specs:
+        send_spec(stack, spec)
+
+    # When the starter consumes the queue
+    stack.start()
+
+    # Then the others ran once each, and the poison message went to the DLQ after maxReceiveCount tries
+    def dead_lettered() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = stack.sqs.receive_message(
+            QueueUrl=stack.spec_dlq, MaxNumberOfMessages=10
+        ).get("Messages", [])
+        return found
+
+    letters: list[dict[str, Any]] = []
+    wait_for(
+        lambda: bool(letters.extend(dead_lettered()) or letters), "the poison message in the DLQ", 30, stack
+    )
+    assert [json.loads(m["Body"])["turn_id"] for m in letters] == [poison]
+    assert len(attempts) == stack.max_receive_count
+    for spec in (specs[0], specs[2]):
+        assert stack.execution(spec["turn_id"])["status"] == "SUCCEEDED"
+    assert sorted(e["name"] for e in stack.executions()) == sorted([specs[0]["turn_id"], specs[2]["turn_id"]])
+
+
+# ----------------------------------------------------------------------------- failure paths
+
+
+def test_an_env_function_failure_is_a_run_failed_that_the_coder_sees(stack: Stack) -> None:
+    # Given an env function that fails as a platform (an unhandled error, as a timeout or OOM would)
+    def crash(_event: dict[str, Any]) -> None:
+        raise MemoryError("Runtime exited with error: signal: killed")
+
+    stack.lambdas.failures["alphaagent-env-builtin"] = crash
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope)
+    stack.start()
+
+    # When the turn runs
+    send_spec(stack, spec)
+
+    # Then the run is recorded as failed from the failure destination, the coder got the error, the
+    # turn failed with it, and the lock is free
+    execution = stack.execution(spec["turn_id"])
+    assert execution["status"] == "SUCCEEDED"  # the coder answered: the turn's failure is a result
+    stack.settled(spec["turn_id"], "TurnFailed")
+    [run] = stack.store.list_runs(USER, scope.key)
+    assert run.status == "failed" and run.error is not None and run.error.name == "MemoryError"
+    turn = stack.store.get_turn(USER, spec["turn_id"])
+    assert turn is not None and turn.status == "failed" and turn.result is not None
+    assert turn.result.error is not None and turn.result.error.name == "EnvFunctionError"
+    assert "MemoryError" in turn.result.error.value
+    logged = [e.detail_type for e in stack.store.list_events(spec["turn_id"])]
+    assert logged.count("RunFailed") == 1 and "RunCompleted" not in logged
+    [failed] = stack.bus_events_of(spec["turn_id"], "TurnFailed")
+    assert failed["detail"]["error"]["name"] == "EnvFunctionError"
+    assert lock_is_free(stack, scope)
+
+
+def test_a_coder_failure_ends_the_turn_failed_and_releases_the_lock(stack: Stack) -> None:
+    # Given a spec without steps and a coder worker without a model (it answers SendTaskFailure)
+    scope = conversation()
+    spec = analysis_spec(scope, inputs=[])
+    del spec["steps"]
+    stack.start()
+
+    # When the turn runs
+    send_spec(stack, spec)
+
+    # Then the execution failed, the turn record ended failed with the coder's error, TurnFailed went
+    # out, and the lock is free
+    execution = stack.execution(spec["turn_id"])
+    assert execution["status"] == "FAILED", stack.history(execution)
+    turn = stack.store.get_turn(USER, spec["turn_id"])
+    assert turn is not None and turn.status == "failed" and turn.result is not None, stack.history(execution)
+    stack.settled(spec["turn_id"], "TurnFailed")
+    assert turn.result.error is not None and turn.result.error.name == "InvalidSpecError"
+    assert turn.result.failed_step == "Code"
+    [failed] = stack.bus_events_of(spec["turn_id"], "TurnFailed")
+    assert failed["detail"]["error"]["name"] == "InvalidSpecError"
+    assert lock_is_free(stack, scope)
+
+
+def test_an_aborted_executions_lock_is_released_by_the_rule(stack: Stack) -> None:
+    # Given a turn waiting for a coder (no worker runs) with the scope's lock held
+    scope = conversation()
+    spec = analysis_spec(scope, inputs=[], steps=[{"title": "noop", "code": "print(1)"}], outputs=[])
+    stack.start(worker=False)
+    send_spec(stack, spec)
+    execution = stack.execution(spec["turn_id"], ended=False)
+    wait_for(
+        lambda: not lock_is_free(stack, scope) and stack.store.get_turn(USER, spec["turn_id"]) is not None,
+        "the lock",
+        30,
+        stack,
+    )
+
+    # When the execution is aborted and Step Functions reports it on the default bus
+    stack.sfn.stop_execution(executionArn=execution["executionArn"], error="Aborted", cause="by an operator")
+    change = json.loads((ROOT / "events" / "execution_aborted.json").read_text())
+    detail = change["detail"] | {
+        "executionArn": execution["executionArn"],
+        "stateMachineArn": stack.machine,
+        "name": spec["turn_id"],
+        "status": "ABORTED",
+        "input": execution["input"],
+    }
+    stack.events.put_events(
+        Entries=[
+            {
+                "Source": "aws.states",
+                "DetailType": "Step Functions Execution Status Change",
+                "Detail": json.dumps(detail),
+                "Resources": [execution["executionArn"]],
+            }
+        ]
+    )
+
+    # Then the orphan rule's function released the lock and the turn no longer shows as running
+    wait_for(lambda: lock_is_free(stack, scope), "the lock's release", 30, stack)
+    turn = stack.store.get_turn(USER, spec["turn_id"])
+    assert turn is not None and turn.status == "failed"
+    assert turn.result is not None and turn.result.error is not None
+    assert "ABORTED" in turn.result.error.value
+
+
+def test_a_spec_whose_input_is_missing_fails_before_any_code_runs(stack: Stack) -> None:
+    # Given a spec naming a document the conversation does not have
+    scope = conversation()
+    spec = analysis_spec(scope)
+    stack.start()
+
+    # When it is submitted
+    send_spec(stack, spec)
+
+    # Then the prepare step refused it: the turn is recorded failed with the reason (so a client
+    # waiting on the table sees the end), nothing ran, and the lock is free
+    execution = stack.execution(spec["turn_id"])
+    assert execution["status"] == "FAILED", stack.history(execution)
+    turn = stack.store.get_turn(USER, spec["turn_id"])
+    assert turn is not None and turn.status == "failed" and turn.result is not None
+    assert turn.result.error is not None and turn.result.error.name == "InvalidSpecError"
+    assert "docs/measurements.csv" in turn.result.error.value
+    assert turn.result.failed_step == "Prepare"
+    assert not [name for name, _ in stack.lambdas.calls if name == "alphaagent-env-builtin"]
+    assert lock_is_free(stack, scope)
