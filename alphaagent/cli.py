@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 the work failed (a run's code failed, timed out or was killed; a turn
 failed) or the thing asked for was not found; 2 a usage error or bad input (one line naming the
-field or path, nothing written) or a platform failure.
+field or path, nothing written) or a platform failure. ``submit``, which talks to a deployed stack,
+exits 1 when AWS refuses or cannot be reached and when ``--wait`` times out (the turn goes on).
 
 Every command that reads a scope is scoped by ``--user`` (default ``$ALPHAAGENT_USER``, else
 ``local``) and answers for another user's conversation exactly as for one that does not exist.
@@ -15,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
@@ -27,9 +28,12 @@ from alphaagent.models.run import RunLimits
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
     from alphaagent.domain.turns import Coder
+    from alphaagent.models.records import TurnResult
+    from alphaagent.models.spec import Spec
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
+_SUBMIT_TIMEOUT_S = 3600.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -160,8 +164,8 @@ def _coder() -> Coder | None:
     return make_coder(settings)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run a spec end to end on the local backend."""
+def _spec_from(args: argparse.Namespace) -> Spec:
+    """The spec file (or stdin) of ``run``/``submit``, with ``--user`` and the scope flags applied."""
     from alphaagent.models.spec import parse_spec
 
     raw = _read_input(args.spec, "spec")
@@ -171,11 +175,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     scope = _scope_from(args, required=False)
     if scope is not None:
         overrides["scope"] = scope.model_dump()
-    spec = parse_spec(raw, overrides)
-    with _agent(args, with_coder=spec.steps is None) as agent:
-        result = agent.run_analysis(
-            spec, progress=lambda message: print(message, file=sys.stderr, flush=True)
-        )
+    return parse_spec(raw, overrides)
+
+
+def _emit_turn_result(args: argparse.Namespace, result: TurnResult, scope_root: PurePath) -> int:
+    """Print a turn's result (artifact paths under ``scope_root``); the exit code of its status."""
     lines = [f"turn {result.turn_id}: {result.status}"]
     if result.summary:
         lines.append(result.summary)
@@ -184,13 +188,92 @@ def cmd_run(args: argparse.Namespace) -> int:
         lines.append(f"error{where}: {result.error.name}: {result.error.value}")
         if result.error.traceback:
             lines.append(result.error.traceback.rstrip())
-    scope_root = Path(os.environ.get("ALPHAAGENT_HOME", ".alphaagent")) / spec.scope.key
     for artifact in result.artifacts:
         lines.append(f"  {artifact.kind:8} {artifact.name} v{artifact.version}  {scope_root / artifact.path}")
     for citation in result.citations:
         lines.append(f"  cites    {citation.source}" + (f" ({citation.claim})" if citation.claim else ""))
     _emit(args, result, lines)
     return EXIT_OK if result.status == "completed" else EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a spec end to end on the local backend."""
+    spec = _spec_from(args)
+    with _agent(args, with_coder=spec.steps is None) as agent:
+        result = agent.run_analysis(
+            spec, progress=lambda message: print(message, file=sys.stderr, flush=True)
+        )
+    scope_root = Path(os.environ.get("ALPHAAGENT_HOME", ".alphaagent")) / spec.scope.key
+    return _emit_turn_result(args, result, scope_root)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Send a spec to a deployed stack's SpecQueue; with ``--wait``, wait for the turn's result.
+
+    Everything is checked before anything is sent (the queue URL, the table when waiting, the flags,
+    the spec), so a usage error never leaves a turn behind. AWS failures and a wait timeout are one
+    line and exit 1; the turn itself keeps going after a timeout or an interrupted wait.
+    """
+    from alphaagent.aws.client import client_settings
+
+    settings = client_settings()
+    queue_url = args.queue_url or settings.spec_queue_url
+    if not queue_url:
+        raise InvalidRequestError(
+            "--queue-url: give the stack's SpecQueueUrl output, or set ALPHAAGENT_SPEC_QUEUE_URL"
+        )
+    table = args.table or settings.state_table
+    if not args.wait and (args.table is not None or args.timeout is not None):
+        raise InvalidRequestError("--table and --timeout go with --wait")
+    if args.wait and not table:
+        raise InvalidRequestError(
+            "--table: --wait reads the result from the stack's StateTableName output;"
+            " give --table NAME or set ALPHAAGENT_STATE_TABLE"
+        )
+    timeout_s = _SUBMIT_TIMEOUT_S if args.timeout is None else args.timeout
+    if not 0 < timeout_s < float("inf"):
+        raise InvalidRequestError("--timeout: a positive number of seconds")
+    spec = _spec_from(args)
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return _fail("submit needs boto3 (pip install 'alphaagent[lambda]')")
+    try:
+        return _submit(args, spec, queue_url, table, timeout_s)
+    except (BotoCoreError, ClientError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return _fail(f"AWS: {detail}", EXIT_FAILED)
+
+
+def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, timeout_s: float) -> int:
+    from alphaagent.aws.client import (
+        TurnWaitTimeoutError,
+        aws_client,
+        queue_region,
+        submit_spec,
+        wait_for_turn,
+    )
+    from alphaagent.aws.store import DynamoStore
+
+    region = queue_region(queue_url)
+    turn_id = submit_spec(spec, queue_url=queue_url, sqs=aws_client("sqs", region))
+    if not args.wait:
+        _emit(args, {"turn_id": turn_id, "queue_url": queue_url}, [f"submitted turn {turn_id}"])
+        return EXIT_OK
+    print(f"submitted turn {turn_id}", file=sys.stderr, flush=True)
+    store = DynamoStore(table, client=aws_client("dynamodb", region))
+    try:
+        result = wait_for_turn(
+            store,
+            spec.user_id,
+            turn_id,
+            timeout_s=timeout_s,
+            progress=lambda status: print(f"turn {turn_id}: {status}", file=sys.stderr, flush=True),
+        )
+    except TurnWaitTimeoutError as exc:
+        return _fail(f"{exc}; it may still finish", EXIT_FAILED)
+    # Artifacts live in the workspaces bucket under the scope's key (DESIGN §4.2).
+    return _emit_turn_result(args, result, PurePosixPath(spec.scope.key))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -305,7 +388,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="alphaagent",
-        description="The code-execution plane for AI agents (local backend).",
+        description=(
+            "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack."
+        ),
         epilog="See alphaagent COMMAND --help.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -331,15 +416,34 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the run result as JSON")
     run.set_defaults(handler=cmd_exec)
 
-    turn = scoped("run", "run an analysis spec end to end (progress on stderr)")
-    turn.add_argument("spec", metavar="SPEC.json", help="the spec ('-' reads standard input)")
+    def spec_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = scoped(name, help_text)
+        command.add_argument("spec", metavar="SPEC.json", help="the spec ('-' reads standard input)")
+        for action in command._actions:
+            if action.dest == "user":
+                action.default = None
+                action.help = "replaces (or supplies) the spec's user_id"
+            elif action.dest in ("conversation", "workflow"):
+                action.help = f"{action.help}; replaces (or supplies) the spec's scope"
+        return command
+
+    turn = spec_command("run", "run an analysis spec end to end (progress on stderr)")
     turn.set_defaults(handler=cmd_run)
-    for action in turn._actions:
-        if action.dest == "user":
-            action.default = None
-            action.help = "replaces (or supplies) the spec's user_id"
-        elif action.dest in ("conversation", "workflow"):
-            action.help = f"{action.help}; replaces (or supplies) the spec's scope"
+
+    submit = spec_command("submit", "send a spec to a deployed stack's SpecQueue (needs boto3)")
+    submit.add_argument(
+        "--queue-url", metavar="URL", help="the stack's SpecQueueUrl (default: $ALPHAAGENT_SPEC_QUEUE_URL)"
+    )
+    submit.add_argument("--wait", action="store_true", help="wait for the turn's result (progress on stderr)")
+    submit.add_argument(
+        "--table",
+        metavar="NAME",
+        help="with --wait: the stack's StateTableName (default: $ALPHAAGENT_STATE_TABLE)",
+    )
+    submit.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="with --wait: how long to wait (default 3600)"
+    )
+    submit.set_defaults(handler=cmd_submit)
 
     demo = sub.add_parser("demo", help="run the demo analysis on the embedded default")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -1,0 +1,432 @@
+"""`alphaagent submit` and the Python client of a deployed stack (DESIGN §3 step 1), under moto.
+
+The CLI is called in-process (``alphaagent.cli.main``); the assertions are on what a user sees: the
+message on the SpecQueue, the lines printed, the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from alphaagent.aws.client import (
+    TurnWaitTimeoutError,
+    client_settings,
+    queue_region,
+    submit_spec,
+    wait_for_turn,
+)
+from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.cli import main
+from alphaagent.errors import InvalidSpecError
+from alphaagent.models.common import ConversationScope, utcnow
+from alphaagent.models.records import ArtifactRef, Turn, TurnResult
+from alphaagent.models.run import RunError
+from alphaagent.models.spec import Spec, parse_spec
+
+REGION = "eu-west-1"
+TABLE = "alphaagent-state-test"
+USER = "alice@example.com"
+SCOPE = ConversationScope(conversation_id="c-demo")
+TURN_ID = "01JDQ8Z6Q4M3W8K2X5V7N9B0CD"
+ULID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+SPEC: dict[str, Any] = {
+    "spec_version": 1,
+    "user_id": USER,
+    "scope": {"conversation_id": "c-demo"},
+    "goal": "Summarise the monthly sales table.",
+    "steps": [{"title": "summary", "code": "print('total', 3 + 4)"}],
+}
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """A moto account with the stack's SpecQueue and state table, named by the client's variables."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "ALPHAAGENT_STATE_TABLE": TABLE,
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "ALPHAAGENT_SPEC_QUEUE_URL", "ALPHAAGENT_USER"):
+        monkeypatch.delenv(name, raising=False)
+    with mock_aws():
+        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+        sqs = boto3.client("sqs", region_name=REGION)
+        queue_url = sqs.create_queue(QueueName="alphaagent-spec-queue")["QueueUrl"]
+        monkeypatch.setenv("ALPHAAGENT_SPEC_QUEUE_URL", queue_url)
+        client_settings.cache_clear()
+        yield {
+            "sqs": sqs,
+            "queue_url": queue_url,
+            "store": DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION)),
+        }
+    client_settings.cache_clear()
+
+
+def _spec_file(tmp_path: Path, **fields: Any) -> str:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(SPEC | fields))
+    return str(path)
+
+
+def _messages(aws: dict[str, Any]) -> list[str]:
+    response = aws["sqs"].receive_message(QueueUrl=aws["queue_url"], MaxNumberOfMessages=10)
+    return [message["Body"] for message in response.get("Messages", [])]
+
+
+def _running_turn(store: DynamoStore, user_id: str = USER, turn_id: str = TURN_ID) -> Turn:
+    turn = Turn(
+        turn_id=turn_id,
+        user_id=user_id,
+        scope_key=SCOPE.key,
+        session_id="s-1",
+        status="running",
+        goal=SPEC["goal"],
+        started_at=utcnow(),
+    )
+    assert store.create_turn(turn)
+    return turn
+
+
+def _finish(store: DynamoStore, turn: Turn, result: TurnResult) -> None:
+    assert store.finish_turn(
+        turn.model_copy(update={"status": result.status, "finished_at": utcnow(), "result": result})
+    )
+
+
+COMPLETED = TurnResult(
+    turn_id=TURN_ID,
+    status="completed",
+    summary="total 7",
+    artifacts=[
+        ArtifactRef(
+            artifact_id="a-1",
+            kind="report",
+            name="summary",
+            version=1,
+            path="reports/summary.md",
+            sha256="0" * 64,
+            size_bytes=12,
+        )
+    ],
+)
+FAILED = TurnResult(
+    turn_id=TURN_ID,
+    status="failed",
+    error=RunError(name="ZeroDivisionError", value="division by zero", traceback=""),
+    failed_step="summary",
+)
+
+
+# ----------------------------------------------------------------------------- submit
+
+
+def test_submit_sends_one_message_that_is_the_spec_with_a_new_turn_id(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec without a turn id and the queue named by ALPHAAGENT_SPEC_QUEUE_URL
+    spec_path = _spec_file(tmp_path)
+
+    # When it is submitted
+    code = main(["submit", spec_path])
+
+    # Then exactly one message is on the queue, the spec with the turn id that was printed
+    out = capsys.readouterr().out
+    assert code == 0
+    turn_id = out.removeprefix("submitted turn ").strip()
+    assert ULID.match(turn_id), out
+    (body,) = _messages(aws)
+    sent = parse_spec(body)
+    assert sent.turn_id == turn_id
+    assert sent.model_dump(exclude={"turn_id"}) == parse_spec(json.dumps(SPEC)).model_dump(
+        exclude={"turn_id"}
+    )
+
+
+def test_an_explicit_turn_id_is_kept_and_json_names_the_queue(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec that carries its own turn id (a re-submission is then a duplicate, not a new turn)
+    spec_path = _spec_file(tmp_path, turn_id=TURN_ID)
+
+    # When it is submitted with --json
+    code = main(["submit", spec_path, "--json"])
+
+    # Then the turn id is unchanged, in the output and in the message
+    assert code == 0
+    assert json.loads(capsys.readouterr().out) == {"turn_id": TURN_ID, "queue_url": aws["queue_url"]}
+    (body,) = _messages(aws)
+    assert json.loads(body)["turn_id"] == TURN_ID
+
+
+def test_user_and_conversation_flags_replace_the_spec_fields(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec for alice in c-demo and an explicit queue URL (the environment's is not used)
+    spec_path = _spec_file(tmp_path)
+
+    # When bob submits it to another conversation
+    code = main(
+        ["submit", spec_path, "--user", "bob", "--conversation", "c-other", "--queue-url", aws["queue_url"]]
+    )
+
+    # Then the message carries bob and c-other
+    assert code == 0, capsys.readouterr().err
+    (body,) = _messages(aws)
+    sent = json.loads(body)
+    assert sent["user_id"] == "bob"
+    assert sent["scope"] == {"conversation_id": "c-other"}
+
+
+def test_a_missing_queue_url_is_a_usage_error_naming_flag_and_variable(
+    aws: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given no --queue-url and no ALPHAAGENT_SPEC_QUEUE_URL
+    monkeypatch.delenv("ALPHAAGENT_SPEC_QUEUE_URL")
+    client_settings.cache_clear()
+
+    # When a spec is submitted
+    code = main(["submit", _spec_file(tmp_path)])
+
+    # Then exit 2 with one line naming both, and nothing is sent
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--queue-url" in err and "ALPHAAGENT_SPEC_QUEUE_URL" in err
+    assert len(err.strip().splitlines()) == 1
+    assert _messages(aws) == []
+
+
+def test_wait_without_a_table_is_a_usage_error_before_anything_is_sent(
+    aws: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given no --table and no ALPHAAGENT_STATE_TABLE
+    monkeypatch.delenv("ALPHAAGENT_STATE_TABLE")
+    client_settings.cache_clear()
+
+    # When a spec is submitted with --wait
+    code = main(["submit", _spec_file(tmp_path), "--wait"])
+
+    # Then exit 2 naming --table and the variable, and no turn was left behind
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--table" in err and "ALPHAAGENT_STATE_TABLE" in err
+    assert _messages(aws) == []
+
+
+def test_an_invalid_spec_exits_2_with_one_line_and_sends_nothing(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec with an unknown environment id
+    spec_path = _spec_file(tmp_path, environment_id="Not Valid")
+
+    # When it is submitted
+    code = main(["submit", spec_path])
+
+    # Then exit 2, one line naming the field, nothing on the queue
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("alphaagent: error: environment_id:") and len(err.splitlines()) == 1
+    assert _messages(aws) == []
+
+
+def test_an_aws_error_is_one_line_and_exit_1(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a queue URL that names no queue
+    missing = aws["queue_url"].replace("alphaagent-spec-queue", "no-such-queue")
+
+    # When a spec is submitted to it
+    code = main(["submit", _spec_file(tmp_path), "--queue-url", missing])
+
+    # Then exit 1 with one line, no traceback
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("alphaagent: error: AWS: ") and len(err.splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_submit_spec_refuses_a_spec_over_the_size_limit(aws: dict[str, Any]) -> None:
+    # Given a spec built in Python (not parsed, so nothing checked its size) of about 100 KiB
+    spec = Spec.model_validate(SPEC | {"steps": [{"title": f"s{i}", "code": "x" * 1000} for i in range(100)]})
+
+    # When it is submitted
+    with pytest.raises(InvalidSpecError, match="larger than the 64 KiB limit") as caught:
+        submit_spec(spec, queue_url=aws["queue_url"])
+
+    # Then the error names the limits and nothing is sent
+    assert "SQS message 256 KiB" in str(caught.value)
+    assert _messages(aws) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "region"),
+    [
+        ("https://sqs.eu-west-1.amazonaws.com/123456789012/alphaagent-spec", "eu-west-1"),
+        ("https://ap-southeast-2.queue.amazonaws.com/123456789012/q", "ap-southeast-2"),
+        ("http://localhost:4566/000000000000/q", None),
+    ],
+)
+def test_queue_region_reads_the_region_from_the_url(url: str, region: str | None) -> None:
+    assert queue_region(url) == region
+
+
+# ----------------------------------------------------------------------------- wait
+
+
+def test_wait_reports_each_status_until_the_result(aws: dict[str, Any]) -> None:
+    # Given a turn that is queued, then starts, then completes (one step per poll)
+    store: DynamoStore = aws["store"]
+    statuses: list[str] = []
+    naps: list[float] = []
+    turn: list[Turn] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if not turn:
+            turn.append(_running_turn(store))
+        else:
+            _finish(store, turn[0], COMPLETED)
+
+    # When the client waits for it
+    result = wait_for_turn(
+        store, USER, TURN_ID, timeout_s=60, poll_s=2, progress=statuses.append, sleep=sleep
+    )
+
+    # Then it saw each status once and returns the stored result
+    assert statuses == ["queued", "running", "completed"]
+    assert naps == [2, 2]
+    assert result == COMPLETED
+
+
+def test_wait_times_out_naming_the_turn_and_the_seconds(aws: dict[str, Any]) -> None:
+    # Given a turn that never starts, and a clock that advances by each nap
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    # When the client waits 5 s, polling every 2 s
+    with pytest.raises(TurnWaitTimeoutError) as caught:
+        wait_for_turn(aws["store"], USER, TURN_ID, timeout_s=5, poll_s=2, sleep=sleep, clock=lambda: now[0])
+
+    # Then it gives up at the deadline (never sleeping past it) and says so
+    assert now[0] == 5
+    assert str(caught.value) == (
+        f"turn {TURN_ID}: no result after 5 s (no turn record yet: still queued, or not a turn of this user)"
+    )
+
+
+def test_submit_wait_prints_progress_and_the_result_and_exits_0(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a running turn that a worker finishes a moment later
+    store: DynamoStore = aws["store"]
+    turn = _running_turn(store)
+    worker = threading.Timer(0.3, _finish, (store, turn, COMPLETED))
+    worker.start()
+
+    # When its spec is submitted with --wait
+    started = time.monotonic()
+    code = main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--timeout", "30"])
+    worker.join()
+
+    # Then progress went to stderr, the result like `run` prints it to stdout, exit 0
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.err.splitlines() == [
+        f"submitted turn {TURN_ID}",
+        f"turn {TURN_ID}: running",
+        f"turn {TURN_ID}: completed",
+    ]
+    assert captured.out.splitlines() == [
+        f"turn {TURN_ID}: completed",
+        "total 7",
+        "  report   summary v1  conversations/c-demo/reports/summary.md",
+    ]
+    assert time.monotonic() - started < 10
+
+
+def test_submit_wait_json_prints_the_turn_result(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a turn of this spec that has already completed (a re-submission of a finished turn)
+    store: DynamoStore = aws["store"]
+    _finish(store, _running_turn(store), COMPLETED)
+
+    # When the spec is submitted again with --wait --json
+    code = main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--json"])
+
+    # Then the stored result is printed as JSON
+    assert code == 0
+    assert TurnResult.model_validate_json(capsys.readouterr().out) == COMPLETED
+
+
+def test_submit_wait_on_a_failed_turn_prints_the_error_and_exits_1(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a turn of this spec that failed
+    store: DynamoStore = aws["store"]
+    _finish(store, _running_turn(store), FAILED)
+
+    # When its spec is submitted with --wait
+    code = main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait"])
+
+    # Then the failure is printed and the exit code is 1
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.splitlines() == [
+        f"turn {TURN_ID}: failed",
+        "error in summary: ZeroDivisionError: division by zero",
+    ]
+
+
+def test_submit_wait_timeout_exits_1_naming_the_turn(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec whose turn never starts (no starter runs under moto)
+    spec_path = _spec_file(tmp_path, turn_id=TURN_ID)
+
+    # When it is submitted with a short --wait
+    code = main(["submit", spec_path, "--wait", "--timeout", "0.2"])
+
+    # Then exit 1 with one line naming the turn; the spec was still sent
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    last = captured.err.splitlines()[-1]
+    assert last.startswith(f"alphaagent: error: turn {TURN_ID}: no result after ")
+    assert len(_messages(aws)) == 1
+
+
+def test_another_users_turn_is_never_shown(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given bob's finished turn, and the answer for a turn id that exists nowhere
+    store: DynamoStore = aws["store"]
+    _finish(store, _running_turn(store, user_id="bob"), COMPLETED)
+    unknown = "01JDQ8Z6Q4M3W8K2X5V7N9B0ZZ"
+    assert main(["submit", _spec_file(tmp_path, turn_id=unknown), "--wait", "--timeout", "0.2"]) == 1
+    nowhere = capsys.readouterr()
+
+    # When alice waits for bob's turn id
+    code = main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--timeout", "0.2"])
+
+    # Then she gets exactly the answer of a turn that does not exist: queued, then a timeout
+    answer = capsys.readouterr()
+    assert code == 1
+    assert answer.out == nowhere.out == ""
+    assert answer.err == nowhere.err.replace(unknown, TURN_ID)
+    assert f"turn {TURN_ID}: queued" in answer.err
+    assert "total 7" not in answer.err and "completed" not in answer.err
