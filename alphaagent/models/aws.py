@@ -175,7 +175,7 @@ FinalizeOutput = TurnResult
 # ------------------------------------------------------------------------- Lambda destinations
 
 
-class EnvRequest(_Theirs):
+class EnvRequest(_Ours):
     """The payload the coder gives ``alphaagent-env-{environment_id}`` (``InvocationType="Event"``),
     and so the destination record's ``requestPayload``: who runs what, where, within which limits.
 
@@ -191,7 +191,8 @@ class EnvRequest(_Theirs):
     KiB at most), so the code is a little less than 256 KiB at most (``alphaagent.aws.executor``
     refuses larger payloads before invoking). ``limits``, ``network`` and ``environment_id`` have
     defaults, so records written before they existed (``events/destination_*.json``) still validate.
-    Unknown fields are ignored: the model also reads Lambda's destination records.
+    Unknown fields are refused (our own contract, STYLE §3): Lambda passes the payload through to the
+    destination record unchanged.
     """
 
     run_id: str

@@ -568,3 +568,12 @@ def test_the_executor_needs_the_origin(workspace: S3Workspace, store: DynamoStor
             Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID
         )
     assert client.calls == []
+
+
+def test_an_invocation_with_an_unknown_field_is_refused_before_anything_runs() -> None:
+    # Given the sample invocation with a field the contract does not have (a newer or a forged caller)
+    event = json.loads((Path(__file__).resolve().parents[2] / "events" / "env_invocation.json").read_text())
+    event["run_as"] = "root"
+    # When it is parsed as the handler parses it; Then it is refused, naming the field
+    with pytest.raises(ValueError, match="run_as"):
+        EnvRequest.model_validate(event)
