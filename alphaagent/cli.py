@@ -222,6 +222,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise InvalidRequestError(
             "--queue-url: give the stack's SpecQueueUrl output, or set ALPHAAGENT_SPEC_QUEUE_URL"
         )
+    if not queue_url.startswith(("https://", "http://")):
+        raise InvalidRequestError(
+            f"--queue-url: {queue_url!r} is not a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)"
+        )
     table = args.table or settings.state_table
     if not args.wait and (args.table is not None or args.timeout is not None):
         raise InvalidRequestError("--table and --timeout go with --wait")
@@ -235,11 +239,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--timeout: a positive number of seconds")
     spec = _spec_from(args)
     try:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
     except ImportError:
         return _fail("submit needs boto3 (pip install 'alphaagent[lambda]')")
     try:
         return _submit(args, spec, queue_url, table, timeout_s)
+    except NoRegionError:
+        return _fail("AWS: no region: the queue URL names none; set AWS_REGION", EXIT_FAILED)
     except (BotoCoreError, ClientError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return _fail(f"AWS: {detail}", EXIT_FAILED)

@@ -190,6 +190,20 @@ def test_user_and_conversation_flags_replace_the_spec_fields(
     assert sent["scope"] == {"conversation_id": "c-other"}
 
 
+def test_a_queue_url_that_is_not_a_url_is_a_usage_error(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a queue "URL" that is a name, not a URL
+    # When a spec is submitted
+    code = main(["submit", _spec_file(tmp_path), "--queue-url", "not-a-url"])
+
+    # Then exit 2 with one line saying what a queue URL looks like, and nothing is sent
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--queue-url" in err and "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME" in err
+    assert _messages(aws) == []
+
+
 def test_a_missing_queue_url_is_a_usage_error_naming_flag_and_variable(
     aws: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
