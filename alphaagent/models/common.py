@@ -37,18 +37,30 @@ class PathRuleError(ValueError):
     """A workspace path broke a rule of DESIGN §4.2; the message names the rule."""
 
 
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+MAX_SEGMENT_BYTES = 255
+"""Longest path segment, in UTF-8 bytes: NAME_MAX of Linux file systems (ext4, tmpfs, overlayfs)."""
+
+
 def check_workspace_path(path: str, *, prefix: str = "") -> str:
     """Validate and NFC-normalise a workspace-relative path handed in by code, the coder or a user.
 
     Rejected (``PathRuleError``): empty; absolute; ``..`` or ``.`` segments; NUL or other control
-    characters; a backslash; leading, trailing or doubled ``/``; a key (``prefix`` + path) over
-    1,024 UTF-8 bytes. Percent-encoding is not decoded: ``..%2F`` is a literal name.
+    characters (C0, DEL and C1: U+0080-U+009F holds the terminal's CSI); the bidirectional
+    overrides and isolates (U+202A-U+202E, U+2066-U+2069: ``report\u202egnp.exe`` shows as
+    ``reportexe.png``); a backslash; leading, trailing or doubled ``/``; a segment over 255 UTF-8
+    bytes (NAME_MAX of Linux filesystems: such a file could not be synced to a working copy); a key
+    (``prefix`` + path) over 1,024 UTF-8 bytes (S3's key limit). Percent-encoding is not decoded:
+    ``..%2F`` is a literal name.
     """
     if not isinstance(path, str) or path == "":
         raise PathRuleError("path must not be empty")
     normal = unicodedata.normalize("NFC", path)
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in normal):
+    if any(unicodedata.category(ch) == "Cc" for ch in normal):
         raise PathRuleError("path must not contain NUL or control characters")
+    if any(ch in _BIDI_CONTROLS for ch in normal):
+        raise PathRuleError("path must not contain bidirectional override characters (U+202A-E, U+2066-9)")
     if normal.startswith("/"):
         raise PathRuleError("path must be relative to the scope (no leading '/')")
     if "\\" in normal:
@@ -57,6 +69,10 @@ def check_workspace_path(path: str, *, prefix: str = "") -> str:
         raise PathRuleError("path must not contain empty segments (trailing or doubled '/')")
     if any(part in ("..", ".") for part in normal.split("/")):
         raise PathRuleError("path must stay inside the scope ('.' and '..' segments are not allowed)")
+    if any(len(part.encode("utf-8")) > MAX_SEGMENT_BYTES for part in normal.split("/")):
+        raise PathRuleError(
+            f"path has a segment over {MAX_SEGMENT_BYTES} UTF-8 bytes (a file system's limit)"
+        )
     if len((prefix + normal).encode("utf-8")) > MAX_KEY_BYTES:
         raise PathRuleError(f"path is too long: the full key exceeds {MAX_KEY_BYTES} UTF-8 bytes")
     return normal

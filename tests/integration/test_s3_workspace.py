@@ -213,8 +213,8 @@ def test_the_1024_byte_key_limit_counts_utf8_bytes_of_the_full_key(
     workspace: S3Workspace, scope: ConversationScope
 ) -> None:
     # Given paths whose full key "conversations/c1/<path>" is exactly 1,024 and 1,025 UTF-8 bytes
-    # (S3 has no 255-byte component limit, so one long segment of 2-byte 'é's is fine)
-    at_limit = "reports/" + "é" * 499 + "f"
+    # (segments of 2-byte 'é's, each within the 255-byte segment limit)
+    at_limit = "reports/" + "/".join(["é" * 120] * 4) + "/" + "f" * 35
     assert len(("conversations/c1/" + at_limit).encode()) == 1024
     over_limit = at_limit + "g"
 

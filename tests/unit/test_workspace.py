@@ -142,6 +142,11 @@ REJECTED_PATHS = [
     "reports/.",
     "..",
     "reports\\..\\..\\conv-OTHER\\reports\\leak.md",
+    "datasets/c1-\x85-\x9b[31m.csv",  # C1 controls: U+009B is the terminal's CSI
+    "reports/rtl-\u202egnp.exe",  # a right-to-left override: shows as "rtl-exe.png"
+    "reports/isolate-\u2066x.md",
+    "reports/" + "a" * 256 + ".md",  # a segment over NAME_MAX (255 bytes)
+    "reports/" + "é" * 128 + ".md",  # 256 + 3 bytes in UTF-8, though 131 characters
 ]
 
 
@@ -219,16 +224,19 @@ def test_the_1024_byte_key_limit_counts_utf8_bytes_of_the_full_key(
 def test_a_segment_over_the_local_255_byte_name_limit_is_never_found_and_never_written(
     workspace: LocalWorkspace, scope: ConversationScope
 ) -> None:
-    # Given a valid S3 key whose last segment is 256 bytes, more than a local file name may hold
+    # Given a path whose last segment is 256 bytes, more than a file name may hold
     path = "reports/" + "n" * 256
 
     # When it is written, read and stat'ed
-    # Then the write is refused with a rule error naming the limit, and the read finds nothing
-    with pytest.raises(PathRuleError, match="255"):
-        workspace.write_bytes(scope, path, b"x")
-    with pytest.raises(FileNotFoundError):
-        workspace.read_bytes(scope, path)
-    assert workspace.stat(scope, path) is None
+    # Then each is refused with a rule error naming the limit (the same rule as on S3, so every
+    # object of a scope can be synced to a working copy)
+    for operation in (
+        lambda: workspace.write_bytes(scope, path, b"x"),
+        lambda: workspace.read_bytes(scope, path),
+        lambda: workspace.stat(scope, path),
+    ):
+        with pytest.raises(PathRuleError, match="255"):
+            operation()
 
 
 def test_an_nfd_spelling_finds_the_nfc_file_and_files_are_stored_nfc(
