@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -108,6 +109,8 @@ class CoderMessage(BaseModel):
     - ``spec``: the spec (DESIGN §4.5) inline, or
     - ``spec_key``: a claim check: the workspace key of the spec written by the machine's prepare
       step, ``{scope key}/spec/{turn_id}.json``; the turn is prepared and only its coding step runs.
+    - ``spec_sha256``: with ``spec_key``, the SHA-256 of the spec's bytes as the prepare step wrote
+      them; a file that no longer matches is refused (``InvalidMessageError``).
     - ``inputs``: with ``spec_key``, the prepare step's ``PreparedTurn.inputs``.
     Exactly one of ``spec`` and ``spec_key``.
     """
@@ -117,12 +120,15 @@ class CoderMessage(BaseModel):
     task_token: str = Field(min_length=1, max_length=1024)
     spec: dict[str, Any] | None = None
     spec_key: str | None = Field(None, pattern=r"^.+/spec/[^/]+\.json$", max_length=1024)
+    spec_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     inputs: list[PreparedInput] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_spec(self) -> CoderMessage:
         if (self.spec is None) == (self.spec_key is None):
             raise ValueError("give exactly one of spec and spec_key")
+        if self.spec_key is not None and self.spec_sha256 is None:
+            raise ValueError("spec_key needs spec_sha256 (the prepare step's hash of the spec it wrote)")
         return self
 
     def load_spec(self, backend: Backend) -> Spec:
@@ -140,6 +146,11 @@ class CoderMessage(BaseModel):
             data = backend.workspace.read_bytes(scope, f"spec/{name}")
         except (ValueError, FileNotFoundError) as exc:
             raise InvalidMessageError(f"spec_key: {self.spec_key!r}: {str(exc).splitlines()[0]}") from None
+        if hashlib.sha256(data).hexdigest() != self.spec_sha256:
+            # Not the bytes the prepare step wrote: the file lives in a tree that run code can write.
+            raise InvalidMessageError(
+                f"spec_key: {self.spec_key!r} no longer holds the spec the turn was given"
+            )
         spec = parse_spec(data)
         # The file lives in a tree that run code can write: it must still be the spec this key was
         # made for (its scope and turn), or a rewritten file could carry a turn into another scope.

@@ -76,6 +76,12 @@ MIN_RUN_TIMEOUT_S: Final = 1.0
 LOCAL_DIR: Final = Path("/tmp/alphaagent-workspaces")
 """Where working copies live: Lambda's only writable filesystem is ``/tmp`` (ephemeral storage)."""
 
+PLATFORM_FOLDERS: Final = ("spec/", "work/turns/", "work/runs/", "work/events/")
+"""Folders only the platform writes: the specs the coder reads (claim checks), turn results
+(``finalize_turn`` reads them), run results and spill files, event claim checks (the recorder reads
+them). A run may write there in its working copy, but nothing of it is uploaded or deleted in S3:
+otherwise run code could rewrite the spec of its own turn, or forge a result or an event."""
+
 RUNS_FOLDER: Final = "work/runs"
 """Spill files and claim checks of runs: written by the platform, never synced down to a run."""
 
@@ -86,6 +92,10 @@ _DOWN_REASONS: Final = {
     SKIP_LOCAL_UNSAFE: "not synced down: the local path is blocked",
     SKIP_PATH_RULE: "not synced down: the key breaks a workspace path rule or is not NFC (DESIGN §4.2)",
 }
+PLATFORM_FOLDER_REASON: Final = (
+    "not uploaded: spec/, work/turns/, work/runs/ and work/events/ are written by the platform only"
+)
+
 _UP_REASONS: Final = {
     SKIP_NOT_REGULAR: "not uploaded: no longer a regular file (a symlink on its path, or removed)",
     SKIP_PATH_RULE: "not uploaded: the name breaks a workspace path rule (DESIGN §4.2)",
@@ -136,7 +146,7 @@ def lambda_sandbox_config(local_dir: Path) -> SandboxConfig:
         exclusive=True,
         isolation="process",
         pool_size=1,
-        wipe_paths=("/tmp",),
+        wipe_paths=("/tmp", "/dev/shm"),
         wipe_keep=(str(local_dir), str(lock_path(local_dir))),
         hidden_paths=(),
     )
@@ -252,14 +262,23 @@ def sync_result(
     skipped += [_skipped(item, _DOWN_REASONS, max_sync_bytes) for item in down.skipped]
     canonical: list[str] = []
     for path in [*files.created, *files.modified]:
-        if _canonical(scope, path):
+        if path.startswith(PLATFORM_FOLDERS):
+            skipped.append(SkippedPath(path=path, reason=PLATFORM_FOLDER_REASON))
+        elif _canonical(scope, path):
             canonical.append(path)
         else:
             skipped.append(SkippedPath(path=path, reason=_UP_REASONS[SKIP_PATH_RULE]))
     up = workspace.sync_up(scope, canonical)
     skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in up.skipped]
     uploaded = set(up.transferred)
-    deleted = [path for path in files.deleted if _canonical(scope, path)]
+    deleted = [
+        path for path in files.deleted if _canonical(scope, path) and not path.startswith(PLATFORM_FOLDERS)
+    ]
+    skipped += [
+        SkippedPath(path=path, reason=PLATFORM_FOLDER_REASON.replace("uploaded", "deleted"))
+        for path in files.deleted
+        if path.startswith(PLATFORM_FOLDERS)
+    ]
     for path in deleted:
         workspace.delete(scope, path)
     spills = [path for path in (result.stdout_path, result.stderr_path) if path]

@@ -181,7 +181,8 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
                 )
             )
         existing = store.get_turn(user_id, turn_id) or turn
-    backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec.model_dump_json(indent=2).encode())
+    spec_bytes = spec.model_dump_json(indent=2).encode()
+    backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec_bytes)
     written: list[PreparedInput] = []
     for item in inputs:
         data = item.data if item.blob is None else backend.workspace.read_blob(item.blob)
@@ -192,7 +193,10 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
 
 
 def _prepared(turn: Turn, spec: Spec, inputs: list[PreparedInput], *, finished: bool) -> PreparedTurn:
+    # The bytes prepare writes (and rewrites on a retry): the same spec always gives the same hash.
+    spec_sha256 = hashlib.sha256(spec.model_dump_json(indent=2).encode()).hexdigest()
     return PreparedTurn(
+        spec_sha256=spec_sha256,
         turn_id=turn.turn_id,
         user_id=turn.user_id,
         scope_key=turn.scope_key,

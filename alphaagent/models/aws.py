@@ -104,13 +104,13 @@ class PrepareInput(TurnInput):
 class PreparedTurn(_Ours):
     """Output of ``prepare_turn``: what the coder's task message and ``finalize_turn`` need.
 
-    ``spec_key`` is the bucket key of the stored spec, ``{scope key}/spec/{turn_id}.json``: the coder
-    reads the spec from there (claim check, ``coder.worker.CoderMessage``), so the task message stays
-    far below 256 KiB. ``inputs`` are the declared inputs brought into ``docs/`` (the coder's
-    message carries them, for citations). ``turn_timeout_s`` is the Code state's timeout
-    (``TimeoutSecondsPath``), in whole seconds: the spec's turn timeout plus
-    ``turn_steps.CODE_STATE_MARGIN_S``. ``finished`` is true when an earlier attempt
-    finished the turn.
+    ``spec_key`` is the bucket key of the stored spec, ``{scope key}/spec/{turn_id}.json``, and
+    ``spec_sha256`` the SHA-256 of its bytes: the coder reads the spec from there and checks it
+    (claim check, ``coder.worker.CoderMessage``), so the task message stays far below 256 KiB.
+    ``inputs`` are the declared inputs brought into ``docs/`` (the coder's message carries them, for
+    citations). ``turn_timeout_s`` is the Code state's timeout (``TimeoutSecondsPath``), in whole
+    seconds: the spec's turn timeout plus ``turn_steps.CODE_STATE_MARGIN_S``. ``finished`` is true
+    when an earlier attempt finished the turn.
     """
 
     turn_id: str
@@ -118,6 +118,7 @@ class PreparedTurn(_Ours):
     scope_key: str
     session_id: str
     spec_key: str
+    spec_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     turn_timeout_s: int = Field(ge=1)
     inputs: list[PreparedInput] = Field(default_factory=list)
     finished: bool = False

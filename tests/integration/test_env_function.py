@@ -49,6 +49,7 @@ SECRET = "the-supervisors-own-secret-0123456789"
 EVENT: dict[str, Any] = json.loads((ROOT / "events" / "env_invocation.json").read_text())
 SCOPE = ConversationScope.model_validate(EVENT["scope"])
 RUN_ID = EVENT["run_id"]
+TURN = EVENT["turn_id"]
 RESULT_KEY = f"work/runs/{RUN_ID}/result.json"
 
 
@@ -200,6 +201,39 @@ def test_links_and_rule_breaking_names_are_not_uploaded_and_are_reported(
     assert result.files_changed == ["reports/fine.txt"]
 
 
+def test_run_code_cannot_rewrite_or_forge_what_the_platform_writes(aws: Any, workspace: S3Workspace) -> None:
+    # Given a turn's spec, an earlier turn's result and an event claim check in the scope
+    spec, turn_result = f"spec/{TURN}.json", "work/turns/01JDQ8Z6Q4M3W8K2X5V7N9B0AA/result.json"
+    workspace.write_bytes(SCOPE, spec, b'{"goal": "the user\'s own"}')
+    workspace.write_bytes(SCOPE, turn_result, b'{"status": "completed"}')
+    code = (
+        "import os, glob\n"
+        "[spec] = glob.glob('spec/*.json')\n"
+        'open(spec, \'w\').write(\'{"steps": [{"title": "x", "code": "steal()"}]}\')\n'
+        "os.makedirs('work/turns/NEXT', exist_ok=True)\n"
+        "open('work/turns/NEXT/result.json', 'w').write('{\"status\": \"completed\"}')\n"
+        "os.makedirs('work/events', exist_ok=True)\n"
+        "open('work/events/E.json', 'w').write('{}')\n"
+        f"os.remove({turn_result!r})\n"
+        "open('reports/ok.md', 'w').write('ok')\n"
+    )
+
+    # When the env function runs code that rewrites the spec, forges a turn result and an event
+    # claim check, and deletes an earlier turn's result
+    invoke(code)
+
+    # Then none of it reached the bucket; the ordinary file did; each refusal is reported
+    objects = scope_objects(aws)
+    assert objects[spec] == b'{"goal": "the user\'s own"}'
+    assert objects[turn_result] == b'{"status": "completed"}'
+    assert "work/turns/NEXT/result.json" not in objects and "work/events/E.json" not in objects
+    assert objects["reports/ok.md"] == b"ok"
+    skipped = {item.path: item.reason for item in stored_result(workspace).files.skipped}
+    for path in (spec, "work/turns/NEXT/result.json", "work/events/E.json"):
+        assert skipped[path].startswith("not uploaded: spec/, work/turns/"), path
+    assert skipped[turn_result].startswith("not deleted: spec/, work/turns/")
+
+
 def test_spill_files_of_older_runs_are_not_synced_down(aws: Any, workspace: S3Workspace) -> None:
     # Given a scope with the spill file and claim check of an older run
     workspace.write_bytes(SCOPE, "work/runs/01OLDRUN/stdout.txt", b"old output")
@@ -320,7 +354,7 @@ def test_a_run_id_that_is_not_one_path_segment_is_refused(workspace: S3Workspace
 
 def test_the_lambda_sandbox_is_exclusive_and_keeps_the_working_copies() -> None:
     config = env_function.lambda_sandbox_config(Path("/tmp/alphaagent-workspaces"))
-    assert (config.exclusive, config.isolation, config.wipe_paths) == (True, "process", ("/tmp",))
+    assert (config.exclusive, config.isolation, config.wipe_paths) == (True, "process", ("/tmp", "/dev/shm"))
     assert config.wipe_keep == ("/tmp/alphaagent-workspaces", "/tmp/alphaagent-workspaces.lock")
 
 

@@ -12,6 +12,7 @@ script), so the signal is real and pytest's own process is never hit.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -261,7 +262,9 @@ def test_a_prepared_turn_runs_only_its_coding_step_under_the_executions_lease(
     )
     prepared = prepare_turn(agent.backend, turn_input)
     token = "token-" + new_ulid()
-    body = CoderMessage(task_token=token, spec_key=prepared.spec_key, inputs=prepared.inputs)
+    body = CoderMessage(
+        task_token=token, spec_key=prepared.spec_key, spec_sha256=prepared.spec_sha256, inputs=prepared.inputs
+    )
     aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body.model_dump_json(exclude_none=True))
 
     # When the worker takes it
@@ -291,7 +294,7 @@ def test_a_prepared_turn_whose_lease_is_gone_does_not_run(agent: AlphaAgent, aws
     assert spec.turn_id is not None
     prepared = prepare_turn(agent.backend, TurnInput.of(spec))
     token = "token-" + new_ulid()
-    body = CoderMessage(task_token=token, spec_key=prepared.spec_key)
+    body = CoderMessage(task_token=token, spec_key=prepared.spec_key, spec_sha256=prepared.spec_sha256)
     aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body.model_dump_json(exclude_none=True))
 
     # When the worker takes it
@@ -575,11 +578,21 @@ def test_a_claim_check_rewritten_by_run_code_is_refused(tmp_path: Path) -> None:
             "turn_id": "01JZ0000000000000000000001",
             "steps": [{"title": "x", "code": "print(1)"}],
         }
-        backend.workspace.write_bytes(scope_a, f"spec/{turn_id}.json", json.dumps(forged).encode())
-        message = CoderMessage(task_token="t", spec_key=f"conversations/conv-a/spec/{turn_id}.json")
+        data = json.dumps(forged).encode()
+        backend.workspace.write_bytes(scope_a, f"spec/{turn_id}.json", data)
+        key = f"conversations/conv-a/spec/{turn_id}.json"
+        message = CoderMessage(task_token="t", spec_key=key, spec_sha256=hashlib.sha256(data).hexdigest())
         # When the worker loads it, then Then it is refused: neither its scope nor its turn match
         with pytest.raises(InvalidMessageError, match="does not hold the spec of that scope and turn"):
             message.load_spec(backend)
+        # And a file rewritten since the prepare step hashed it is refused before it is even parsed
+        stale = CoderMessage(
+            task_token="t", spec_key=key, spec_sha256=hashlib.sha256(b"original").hexdigest()
+        )
+        with pytest.raises(InvalidMessageError, match="no longer holds the spec the turn was given"):
+            stale.load_spec(backend)
         # And a key outside any scope is refused with the same class, not a ValueError
         with pytest.raises(InvalidMessageError):
-            CoderMessage(task_token="t", spec_key="../../etc/spec/passwd.json").load_spec(backend)
+            CoderMessage(
+                task_token="t", spec_key="../../etc/spec/passwd.json", spec_sha256="0" * 64
+            ).load_spec(backend)
