@@ -50,7 +50,8 @@ class SandboxConfig(BaseModel):
     - ``preload``: modules imported once in the zygote; ``warmup``: code the zygote runs once after.
     - ``isolation``: ``auto`` uses namespaces where the kernel allows them, else processes.
     - ``exclusive``: one run at a time; after each, every other process of the uid is killed and
-      ``wipe_paths`` are emptied (except ``wipe_keep`` and the sandbox's own scratch root).
+      ``wipe_paths`` are emptied (except ``wipe_keep`` and the sandbox's own scratch root, which is
+      reset instead to what it held when the zygote became ready).
     - ``pool_size``: children forked ahead of time (0 forks on demand).
     - ``returned_output_bytes`` / ``spill_bytes``: DESIGN §4.3 caps, per stream; a stream that passes
       ``spill_bytes`` kills the run (status ``killed``, reason ``output limit``). A stream is spilled

@@ -23,6 +23,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -49,6 +50,9 @@ _PR_SET_DUMPABLE = 4
 _GRACE_AFTER_INTERRUPT_S = 0.5
 _DRAIN_AFTER_KILL_S = 2.0
 _SPILL_DIR = "work/runs"
+_ZYGOTE_LOG = "zygote.log"
+# What exclusive mode keeps of the scratch root's start-up contents (matplotlib's font cache is ~40 KiB).
+_BASELINE_MAX_BYTES = 8 * 2**20
 
 
 def _set_not_dumpable() -> None:
@@ -81,6 +85,7 @@ class Sandbox:
         self._reader: threading.Thread | None = None
         self._ready: dict[str, Any] = {}
         self._scratch_root: Path | None = None
+        self._scratch_baseline: _ScratchBaseline | None = None
         self._hash_cache = HashCache()
         self._cgroup: PidsCgroup | None = None
         self._exclusive_lock = threading.Lock()
@@ -144,9 +149,11 @@ class Sandbox:
             "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
             "scratch_root": str(self._scratch_root),
         }
-        log_path = self._scratch_root / "zygote.log"
+        log_path = self._scratch_root / _ZYGOTE_LOG
         try:
-            with open(log_path, "wb") as log:
+            # O_APPEND: exclusive mode empties the log after each run, and the zygote's next line then
+            # starts at offset 0 rather than after a hole.
+            with open(log_path, "ab") as log:
                 self._zygote = subprocess.Popen(
                     [self.config.python, str(ZYGOTE_PATH), json.dumps(zygote_config)],
                     pass_fds=[child.fileno()],
@@ -172,6 +179,8 @@ class Sandbox:
             raise SandboxError(f"the zygote exited during start-up: {log_text or 'no output'}")
         parent.settimeout(None)
         self._ready = ready
+        if self.config.exclusive:
+            self._scratch_baseline = _ScratchBaseline.capture(self._scratch_root, log_path)
         self._reader = threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True)
         self._reader.start()
 
@@ -183,8 +192,9 @@ class Sandbox:
     def _teardown(self) -> None:
         self._kill_zygote()
         if self._scratch_root is not None:
-            shutil.rmtree(self._scratch_root, ignore_errors=True)
+            _remove_path(self._scratch_root)
             self._scratch_root = None
+        self._scratch_baseline = None
         if self._cgroup is not None:
             self._cgroup.close()
             self._cgroup = None
@@ -329,7 +339,7 @@ class Sandbox:
             self._exclusive_cleanup(run_id, channel)
         after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
         changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
-        shutil.rmtree(scratch, ignore_errors=True)
+        _remove_path(scratch)
         return _build_result(
             run_id=run_id,
             outcome=outcome,
@@ -479,7 +489,8 @@ class Sandbox:
         return None
 
     def _exclusive_cleanup(self, run_id: str, channel: _RunChannel) -> None:
-        """Exclusive mode: kill every other process of the uid and wipe the shared scratch paths.
+        """Exclusive mode: kill every other process of the uid, wipe the shared scratch paths and put
+        the sandbox's own scratch root back as it was when the zygote became ready.
 
         The zygote does the sweep (it knows its spares); if it is gone (a run killed it), the
         supervisor sweeps itself, sparing only its own ancestors."""
@@ -504,6 +515,24 @@ class Sandbox:
             keep.add(self._scratch_root)
         for root in self.config.wipe_paths:
             _wipe_contents(Path(root), keep=keep)
+        self._reset_scratch_root()
+
+    def _reset_scratch_root(self) -> None:
+        """Empty the scratch root but for the zygote's log (emptied in place: the zygote writes to it)
+        and what was there when the zygote became ready (matplotlib's config dir, restored from memory).
+
+        Every run's private TMPDIR/HOME lives there, and a run of the same uid can write anywhere in it
+        (``$TMPDIR/../..``): without this, the next run -- maybe another tenant -- would read it. When the
+        root cannot be reset (the root or the log was replaced, linked elsewhere or removed, an entry
+        resists removal), the zygote is stopped and its scratch root removed: the next run starts a
+        new one in a new scratch root.
+        """
+        root, baseline = self._scratch_root, self._scratch_baseline
+        if root is None or baseline is None:
+            return
+        if not baseline.restore(root):
+            with self._lock:
+                self._teardown()
 
 
 def _sweep_uid_except_ancestors() -> None:
@@ -681,19 +710,147 @@ def _validate_workdir(cwd: Path) -> Path:
 
 
 def _wipe_contents(root: Path, keep: set[Path]) -> None:
-    """Remove everything under ``root`` except the paths in ``keep`` (and their ancestors)."""
+    """Remove everything under ``root`` except the paths in ``keep`` (and their ancestors).
+
+    Paths are compared as written, never resolved: an entry that is a symlink to ``/`` (or to a kept
+    path) is not an ancestor of a kept path, and is removed like any other entry."""
+    root = Path(os.path.abspath(root))
     if not root.is_dir():
         return
-    keep_resolved = {k.resolve() for k in keep}
+    keep_abs = {Path(os.path.abspath(k)) for k in keep}
     for entry in os.scandir(root):
-        path = Path(entry.path)
-        if path.resolve() in keep_resolved or any(path.resolve() in k.parents for k in keep_resolved):
+        path = root / entry.name
+        if path in keep_abs or any(path in k.parents for k in keep_abs):
             continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
+        _remove_path(path)
+
+
+def _remove_path(path: Path) -> bool:
+    """Remove ``path`` -- a file, a symlink (never followed) or a whole tree; True when it is gone.
+
+    A directory its owner made unwritable or unreadable (``chmod 500``) would make ``rmtree`` leave
+    its contents: if the first pass leaves anything, every directory of the tree is given back to
+    its owner (``u+rwx``) and the removal is tried once more."""
+    for attempt in range(2):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if not stat.S_ISDIR(mode):
             with contextlib.suppress(OSError):
-                path.unlink()
+                os.unlink(path)
+            continue
+        if attempt:
+            _grant_owner_access(path)
+        with contextlib.suppress(RecursionError):  # a tree deeper than Python's recursion limit
+            shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
+def _grant_owner_access(top: Path) -> None:
+    """``chmod 700`` every directory under ``top``, not following symlinks. Never as root (root
+    needs no permission to remove, and ``chmod`` follows a symlink swapped in after ``lstat``);
+    otherwise only called once every other process of the uid is gone, so nothing swaps it."""
+    if os.geteuid() == 0:
+        return
+    stack = [str(top)]
+    while stack:
+        directory = stack.pop()
+        with contextlib.suppress(OSError):
+            if not stat.S_ISDIR(os.lstat(directory).st_mode):
+                continue
+            os.chmod(directory, 0o700)
+            with os.scandir(directory) as entries:
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+
+
+@dataclass(frozen=True)
+class _ScratchBaseline:
+    """The scratch root as it was when the zygote became ready, which exclusive mode restores after
+    each run: its directories and regular files (matplotlib's config dir and font cache, built by
+    the preload), and the identity of the root and of the zygote's log (its stderr, kept open)."""
+
+    root_id: tuple[int, int]
+    log_id: tuple[int, int]
+    log_mode: int
+    dirs: tuple[tuple[str, int], ...]  # (path relative to the root, mode), parents first
+    files: tuple[tuple[str, int, bytes], ...]  # (path relative to the root, mode, content)
+
+    @classmethod
+    def capture(cls, root: Path, log: Path) -> _ScratchBaseline:
+        root_stat, log_stat = os.lstat(root), os.lstat(log)
+        dirs: list[tuple[str, int]] = []
+        files: list[tuple[str, int, bytes]] = []
+        budget = _BASELINE_MAX_BYTES
+        for current, dirnames, filenames in os.walk(root):  # symlinks are neither followed nor kept
+            for name in sorted(dirnames):
+                path = os.path.join(current, name)
+                st = os.lstat(path)
+                if stat.S_ISDIR(st.st_mode):
+                    dirs.append((os.path.relpath(path, root), stat.S_IMODE(st.st_mode)))
+            for name in sorted(filenames):
+                path = os.path.join(current, name)
+                st = os.lstat(path)
+                if path == str(log) or not stat.S_ISREG(st.st_mode) or st.st_size > budget:
+                    continue  # a cache too big to hold is simply not restored
+                with open(path, "rb") as fh:
+                    content = fh.read(budget + 1)
+                if len(content) <= budget:
+                    budget -= len(content)
+                    files.append((os.path.relpath(path, root), stat.S_IMODE(st.st_mode), content))
+        return cls(
+            root_id=(root_stat.st_dev, root_stat.st_ino),
+            log_id=(log_stat.st_dev, log_stat.st_ino),
+            log_mode=stat.S_IMODE(log_stat.st_mode),
+            dirs=tuple(dirs),
+            files=tuple(files),
+        )
+
+    def restore(self, root: Path) -> bool:
+        """Remove everything under ``root`` but the log, recreate the baseline and empty the log in
+        place; False when that cannot be done safely (see ``Sandbox._reset_scratch_root``)."""
+        try:
+            st = os.lstat(root)
+            if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != self.root_id:
+                return False  # replaced (renamed away, a symlink put in its place): never follow it
+            os.chmod(root, 0o700)  # as mkdtemp made it; a run may have taken its own write access away
+            with os.scandir(root) as entries:
+                names = [e.name for e in entries if e.name != _ZYGOTE_LOG]
+            removed = all([_remove_path(root / name) for name in names])
+            for rel, mode in self.dirs:
+                os.mkdir(root / rel)
+                os.chmod(root / rel, mode)
+            for rel, mode, content in self.files:
+                fd = os.open(
+                    root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
+                )
+                try:
+                    _write_all(fd, content)
+                finally:
+                    os.close(fd)
+            return removed and self._empty_log(root / _ZYGOTE_LOG)
+        except OSError:
+            return False
+
+    def _empty_log(self, path: Path) -> bool:
+        """Truncate the zygote's log in place, if it is still the very file the zygote writes to and
+        has no other name (a hard link elsewhere, or no name at all, would outlive the truncation's
+        intent: the zygote is replaced then)."""
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != self.log_id:
+            return False
+        os.chmod(path, self.log_mode)  # lstat just said: a regular file, and nothing else of the uid runs
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self.log_id or st.st_nlink != 1:
+                return False
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+        return True
 
 
 def _mib(size: int) -> str:

@@ -1646,3 +1646,150 @@ def test_path_01_the_output_spill_never_writes_through_a_symlinked_work_runs(
     assert result.stdout_path is None or not (scope / result.stdout_path).is_symlink()
     # And the link itself never shows up as a file
     assert "work/runs" not in result.files_changed
+
+
+# == ENV-01 in exclusive mode: the sandbox's own scratch root ======================================
+
+# What a run sees of the scratch root that holds every run's TMPDIR/HOME ($TMPDIR/../..), leaving out
+# its own run directory: each path, with a digest of each regular file's content.
+SCRATCH_LISTING = """
+import hashlib, json, os
+tmp = os.environ["TMPDIR"]                    # <scratch root>/<run id>/tmp
+own, root = os.path.dirname(tmp), os.path.dirname(os.path.dirname(tmp))
+
+def listing():
+    found = []
+    for current, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if os.path.join(current, d) != own]
+        for name in dirs + files:
+            path = os.path.join(current, name)
+            rel = os.path.relpath(path, root)
+            if os.path.isfile(path) and not os.path.islink(path) and name != "zygote.log":
+                rel += " " + hashlib.sha256(open(path, "rb").read()).hexdigest()[:12]
+            found.append(rel)
+    return sorted(found)
+"""
+SCRATCH_LEAVE = (
+    SCRATCH_LISTING
+    + """
+print(json.dumps({"before": listing(), "root": root, "zygote": os.getppid()}))
+written = []
+def leave(path, text="acct=ACME-123"):
+    with open(path, "w") as fh:
+        fh.write(text)
+    written.append(os.path.relpath(path, root))
+leave(os.path.join(tmp, "handoff.txt"))
+leave(os.path.join(tmp, "..", "handoff.txt"))
+leave(os.path.join(root, "handoff.txt"))
+os.makedirs(os.path.join(root, ".cache", "deep"))
+leave(os.path.join(root, ".cache", "deep", "handoff.txt"))
+leave(os.path.join(root, "mplconfig", "matplotlibrc"), "backend: TkAgg\\n")
+for name in os.listdir(os.path.join(root, "mplconfig")):
+    if name.startswith("fontlist"):
+        leave(os.path.join(root, "mplconfig", name), '{"acct": "ACME-123"}')
+os.mkdir(os.path.join(root, "locked"))
+leave(os.path.join(root, "locked", "handoff.txt"))
+os.chmod(os.path.join(root, "locked"), 0o500)   # its owner cannot delete what is inside any more
+os.symlink("/", os.path.join(root, "acct=ACME-123"))   # the name is the message
+with open(os.path.join(root, "zygote.log"), "a") as fh:
+    fh.write("acct=ACME-123\\n")
+os.chmod(tmp, 0o500)
+os.chmod(own, 0o500)                          # and the run's own directory, likewise
+print(json.dumps(written))
+"""
+)
+SCRATCH_PROBE = (
+    SCRATCH_LISTING
+    + """
+print(json.dumps({"after": listing(), "root": root, "zygote": os.getppid()}))
+print("acct" in open(os.path.join(root, "zygote.log")).read())
+"""
+)
+SCRATCH_AGAIN = """
+import os
+open(os.path.join(os.environ["TMPDIR"], "scratch.txt"), "w").write("x")
+print(os.getppid())
+"""
+
+
+def scratch_config(shared: Path, **overrides: Any) -> dict[str, Any]:
+    """The env Lambda's configuration, with a temporary directory standing in for /tmp (which holds
+    the scratch root there too), and matplotlib preloaded so that the zygote leaves its cache."""
+    return {
+        "isolation": "process",
+        "exclusive": True,
+        "wipe_paths": [str(shared)],
+        "scratch_dir": str(shared),
+        "preload": ["matplotlib.pyplot"],
+        "warmup": "",
+        "pool_size": 2,
+        "use_cgroup": False,
+        **overrides,
+    }
+
+
+def test_env_01_exclusive_mode_resets_the_scratch_root_between_runs(
+    private_uid_and_pids: list[str], tmp_path: Path
+) -> None:
+    # Given the env Lambda's exclusive mode, and user A's run leaving files in its $TMPDIR, in
+    # $TMPDIR/.. and $TMPDIR/../.. (the scratch root: a new file, a hidden tree, matplotlib's config
+    # and font cache overwritten, a directory its owner can no longer empty, a symlink whose name is
+    # the message, a line in the zygote's log) and taking write access to its own directories away
+    shared = tmp_path / "lambda-tmp"
+    shared.mkdir()
+    scopes = [fresh_scope(tmp_path, f"user-{n}") for n in "abcd"]
+    # When user B runs next on the same sandbox, then two more runs
+    out = run_supervisor_subprocess(
+        scratch_config(shared),
+        list(zip([SCRATCH_LEAVE, SCRATCH_PROBE, SCRATCH_AGAIN, SCRATCH_AGAIN], scopes, strict=True)),
+        prefix=private_uid_and_pids,
+    )
+    first, second, third, fourth = (RunResult.model_validate(r) for r in out["results"])
+
+    # Then A left all of it, and B finds the scratch root exactly as A found it at its start (the
+    # zygote's log, matplotlib's config dir and cache as the zygote built them), nothing of A's
+    assert first.status == "ok", first.error
+    a_state, written = (json.loads(line) for line in first.stdout.splitlines())
+    assert len(written) == 7 and any(w.startswith("mplconfig/fontlist") for w in written)
+    assert second.status == "ok", second.error
+    b_state, log_has_it = second.stdout.splitlines()
+    b = json.loads(b_state)
+    assert b["after"] == a_state["before"]
+    assert "zygote.log" in b["after"] and any(e.startswith("mplconfig/fontlist") for e in b["after"])
+    assert log_has_it == "False"
+    # And the same zygote served every run (it and its spares survived the reset): runs keep working
+    assert (b["root"], b["zygote"]) == (a_state["root"], a_state["zygote"])
+    for later in (third, fourth):
+        assert (later.status, later.stdout) == ("ok", f"{a_state['zygote']}\n"), later.error
+
+
+def test_env_01_exclusive_mode_replaces_the_zygote_when_its_log_gets_a_second_name(
+    private_uid_and_pids: list[str], tmp_path: Path
+) -> None:
+    # Given user A's run giving the zygote's log (its stderr, which it keeps open) a second name in
+    # A's own scope, where emptying the scratch root cannot reach it
+    shared = tmp_path / "lambda-tmp"
+    shared.mkdir()
+    scopes = [fresh_scope(tmp_path, f"user-{n}") for n in "abc"]
+    leave = SCRATCH_LISTING + (
+        'os.link(os.path.join(root, "zygote.log"), "work/log")\n'
+        'print(json.dumps({"root": root, "zygote": os.getppid()}))'
+    )
+    probe = (
+        SCRATCH_LISTING
+        + 'print(json.dumps({"root": root, "zygote": os.getppid(), "siblings": os.listdir(os.path.dirname(root))}))'
+    )
+    # When user B runs next, then one more run
+    out = run_supervisor_subprocess(
+        scratch_config(shared, preload=[]),
+        list(zip([leave, probe, SCRATCH_AGAIN], scopes, strict=True)),
+        prefix=private_uid_and_pids,
+    )
+    first, second, third = (RunResult.model_validate(r) for r in out["results"])
+
+    # Then B ran on a new zygote in a new scratch root, the old one is gone, and runs keep working
+    assert first.status == "ok" and second.status == "ok", (first.error, second.error)
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert b["zygote"] != a["zygote"] and b["root"] != a["root"]
+    assert b["siblings"] == [Path(b["root"]).name]
+    assert (third.status, third.stdout) == ("ok", f"{b['zygote']}\n"), third.error
