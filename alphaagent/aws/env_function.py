@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -53,7 +54,7 @@ from alphaagent.aws.workspace import (
     SkippedFile,
     SyncReport,
 )
-from alphaagent.errors import InvalidRequestError
+from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
 from alphaagent.models.run import RunLimits, RunResult, SkippedPath
@@ -61,6 +62,15 @@ from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
 GiB: Final = 2**30
+
+now: Callable[[], float] = time.time
+"""The wall clock (UNIX seconds) that ``EnvRequest.not_after`` is compared with; tests replace it."""
+
+
+class EnvRequestExpiredError(SandboxError):
+    """The invocation started, or its run ended, after the request's ``not_after``: the caller no
+    longer waits, so nothing is run or kept (the failure destination records the run as failed)."""
+
 
 DEFAULT_SYNC_MAX_BYTES: Final = 2 * GiB
 """Bytes of scope files synced down for one run (``ENV_SYNC_MAX_BYTES``): half of the function's
@@ -217,6 +227,10 @@ def _run_locked(
     time_left_s: Callable[[], float],
 ) -> EnvPointer:
     scope, key = request.scope, run_result_key(request.run_id)
+    if request.not_after is not None and now() > request.not_after:
+        raise EnvRequestExpiredError(
+            f"run {request.run_id}: the caller stopped waiting before the invocation started; not run"
+        )
     if workspace.stat(scope, key) is not None:
         done = RunResult.model_validate_json(workspace.read_bytes(scope, key))
         logger.warning("duplicate delivery: the run has a result already; not run again")
@@ -231,10 +245,17 @@ def _run_locked(
             with contextlib.suppress(FileExistsError):
                 (root / folder).mkdir()
         logger.info("synced down", files=len(down.transferred), bytes=down.bytes_transferred)
-        limits = _fit_limits(request.limits, time_left_s() - SYNC_MARGIN_S)
+        seconds_left = time_left_s()
+        if request.not_after is not None:
+            seconds_left = min(seconds_left, request.not_after - now())
+        limits = _fit_limits(request.limits, seconds_left - SYNC_MARGIN_S)
         result = sandbox.run(
             request.code, cwd=root, limits=limits, network=request.network, run_id=request.run_id
         )
+        if request.not_after is not None and now() > request.not_after:
+            raise EnvRequestExpiredError(
+                f"run {request.run_id}: ended after the caller stopped waiting; nothing of it was kept"
+            )
         result = sync_result(workspace, scope, result, down, max_sync_bytes)
         workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))
     finally:

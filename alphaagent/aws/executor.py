@@ -106,7 +106,9 @@ class LambdaExecutor:
         function_prefix: functions are ``{function_prefix}{environment_id}``.
         startup_margin_s: seconds allowed beyond ``limits.timeout_s`` (``DEFAULT_STARTUP_MARGIN_S``).
         poll_start_s, poll_max_s: the polling interval starts at the first and doubles up to the second.
-        sleep, clock: ``time.sleep`` and ``time.monotonic`` (seconds); injected by tests.
+        sleep, clock, wall: ``time.sleep``, ``time.monotonic`` and ``time.time`` (seconds); injected
+            by tests. The request's ``not_after`` is ``wall()`` plus the time the executor waits, so the
+            function never changes the scope after the executor gave up on the run.
     """
 
     publishes_run_events = True
@@ -124,6 +126,7 @@ class LambdaExecutor:
         poll_max_s: float = POLL_MAX_S,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._lambda = lambda_client
         self.workspace = workspace
@@ -135,6 +138,7 @@ class LambdaExecutor:
         self.poll_max_s = poll_max_s
         self._sleep = sleep
         self._clock = clock
+        self._wall = wall
 
     @property
     def lambda_client(self) -> Any:
@@ -170,7 +174,15 @@ class LambdaExecutor:
         """
         if origin is None:
             raise MissingOriginError("origin: the Lambda executor needs the run's turn, user and scope")
-        request = EnvRequest.of(origin, run_id=run_id, code=code, limits=limits, network=network)
+        waited_s = limits.timeout_s + self.startup_margin_s
+        request = EnvRequest.of(
+            origin,
+            run_id=run_id,
+            code=code,
+            limits=limits,
+            network=network,
+            not_after=self._wall() + waited_s,
+        )
         payload = request.model_dump_json().encode("utf-8")
         # Measured as ASCII-escaped JSON, the longest spelling a re-serialised record may use.
         size = len(json.dumps(request.model_dump(mode="json"), ensure_ascii=True))
@@ -182,7 +194,7 @@ class LambdaExecutor:
             )
         function = f"{self.function_prefix}{origin.environment_id}"
         self._invoke(function, payload, origin)
-        deadline = self._clock() + limits.timeout_s + self.startup_margin_s
+        deadline = self._clock() + waited_s
         return self._await_result(function, origin, run_id, deadline)
 
     def _invoke(self, function: str, payload: bytes, origin: RunOrigin) -> None:

@@ -194,6 +194,10 @@ class EnvRequest(_Ours):
     defaults, so records written before they existed (``events/destination_*.json``) still validate.
     Unknown fields are refused (our own contract, STYLE §3): Lambda passes the payload through to the
     destination record unchanged.
+
+    ``not_after`` (UNIX time, seconds) is when the caller stops waiting for the result: an invocation
+    that starts later does not run, and a run that ends later changes nothing in the scope (no upload,
+    no claim check): by then the turn may have failed and released its scope to the next turn.
     """
 
     run_id: str
@@ -205,11 +209,21 @@ class EnvRequest(_Ours):
     limits: RunLimits = RunLimits()
     network: bool = False
     environment_id: str = "builtin"
+    not_after: float | None = None
 
     @classmethod
-    def of(cls, origin: RunOrigin, *, run_id: str, code: str, limits: RunLimits, network: bool) -> EnvRequest:
+    def of(
+        cls,
+        origin: RunOrigin,
+        *,
+        run_id: str,
+        code: str,
+        limits: RunLimits,
+        network: bool,
+        not_after: float | None = None,
+    ) -> EnvRequest:
         """The request for one run of ``code`` on behalf of ``origin`` (turn, session, user, scope
-        and environment)."""
+        and environment); ``not_after``: see the class."""
         return cls(
             run_id=run_id,
             turn_id=origin.turn_id,
@@ -220,6 +234,7 @@ class EnvRequest(_Ours):
             limits=limits,
             network=network,
             environment_id=origin.environment_id,
+            not_after=not_after,
         )
 
 

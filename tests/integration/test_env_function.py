@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -487,6 +488,39 @@ def test_the_executor_returns_the_result_once_the_claim_check_exists(
         SCOPE,
         RunLimits(timeout_s=5),
     )
+    # And the request says until when the executor waits (its timeout plus the startup margin)
+    assert request.not_after is not None and 0 < request.not_after - time.time() <= 5
+
+
+def test_an_invocation_that_starts_after_its_caller_gave_up_runs_nothing(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given a request whose caller stopped waiting a minute ago (a delayed asynchronous event)
+    # When the env function receives it
+    # Then it refuses to run it: nothing is written, no claim check (the failure destination says so)
+    with pytest.raises(env_function.EnvRequestExpiredError, match="not run"):
+        invoke("open('reports/late.md', 'w').write('late')", not_after=time.time() - 60)
+    assert "reports/late.md" not in scope_objects(aws)
+    assert RESULT_KEY not in scope_objects(aws)
+
+
+def test_a_run_that_ends_after_its_caller_gave_up_changes_nothing_in_the_scope(
+    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a request that is on time when it starts, and a clock that has passed its not_after
+    # by the time the run ends (the executor has given up, the turn may have moved on)
+    start = time.time()
+    readings = iter([start, start])
+    monkeypatch.setattr(env_function, "now", lambda: next(readings, start + 3600))
+
+    # When the env function runs it
+    with pytest.raises(env_function.EnvRequestExpiredError, match="nothing of it was kept"):
+        invoke("open('reports/zombie.md', 'w').write('zombie')", not_after=start + 600)
+
+    # Then neither the run's files nor a claim check reached the scope, and the working copy is gone
+    assert "reports/zombie.md" not in scope_objects(aws)
+    assert RESULT_KEY not in scope_objects(aws)
+    assert not workspace.local_dir.exists()
 
 
 def test_tenant_isolation_passes_the_scope_key_as_tenant_id(
