@@ -51,7 +51,7 @@ lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,dev]'
 	/tmp/alphaagent-lock/bin/pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
-build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (runs build-% below)
+build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (through the build-% rule)
 	$(LINT_ENV) $(LINT_VENV)/bin/sam build --template template.yaml
 
 # sam build calls `make build-<LogicalId>` (BuildMethod: makefile) with ARTIFACTS_DIR set: one shared
@@ -107,8 +107,9 @@ SAVED_OVERRIDES = $(PYTHON) -c 'import sys, tomllib; \
 	p = tomllib.load(open("samconfig.toml", "rb")).get(sys.argv[1], {}).get("deploy", {}).get("parameters", {}); \
 	o = p.get("parameter_overrides", ""); print(o if isinstance(o, str) else " ".join(o))' $(ENV)
 
-deploy: $(LINT_STAMP) ## sam deploy --config-env ENV (default: default) with the images of ECR_REGISTRY/IMAGE_TAG
+deploy: ## make build, then sam deploy --config-env ENV (default: default) with the images of ECR_REGISTRY/IMAGE_TAG
 	@$(NEED_REGISTRY)
+	@$(MAKE) --no-print-directory build
 	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy --config-env $(ENV) --parameter-overrides \
 		"$$($(SAVED_OVERRIDES)) CoderImageUri=$(CODER_IMAGE) EnvBuiltinImageUri=$(call env_image,builtin)"
 
