@@ -3,17 +3,23 @@
 
 For one ``EnvRequest`` it
 
-1. wipes the local working copies (nothing of an earlier invocation is visible to this one);
-2. syncs the scope's files down into ``S3Workspace.local_root(scope)`` under ``/tmp`` (every folder
+1. claims the run: creates ``work/runs/{run_id}/claim.json`` only if it does not exist yet (one
+   conditional PutObject). Lambda delivers an asynchronous event at least once, so two deliveries of
+   the same request may run at the same time in two execution environments; only the one that
+   created the claim runs the code, and the other waits for the first one's claim check and returns
+   the same pointer (user code never runs twice on its own, DESIGN §3 step 6). The marker is removed
+   once the claim check exists (step 6), and kept if the run ends without one;
+2. wipes the local working copies (nothing of an earlier invocation is visible to this one);
+3. syncs the scope's files down into ``S3Workspace.local_root(scope)`` under ``/tmp`` (every folder
    but ``work/runs/``, the spill files and claim checks of earlier runs), within ``ENV_SYNC_MAX_BYTES``
    (default 2 GiB of the function's 4 GiB ephemeral storage, leaving room for what the run writes);
-3. runs the code in the process's warm ``Sandbox`` with the working copy as its working directory, the
+4. runs the code in the process's warm ``Sandbox`` with the working copy as its working directory, the
    wall clock cut to what the invocation has left minus ``SYNC_MARGIN_S`` for the upload;
-4. uploads the files the run created or modified, deletes in S3 the ones it deleted, uploads the spill
+5. uploads the files the run created or modified, deletes in S3 the ones it deleted, uploads the spill
    files ``work/runs/{run_id}/stdout.txt``/``stderr.txt`` if the sandbox wrote them;
-5. writes the full run result as the claim check ``work/runs/{run_id}/result.json`` LAST: its existence
-   means the run is completely synced (``LambdaExecutor`` waits for it);
-6. wipes the working copy and returns ``EnvPointer`` (``{"run_id", "status", "result_key"}``), which
+6. writes the full run result as the claim check ``work/runs/{run_id}/result.json`` LAST: its existence
+   means the run is completely synced (``LambdaExecutor`` waits for it); then removes the claim marker;
+7. wipes the working copy and returns ``EnvPointer`` (``{"run_id", "status", "result_key"}``), which
    the OnSuccess destination carries to the recorder.
 
 A failure of user code is data (status ``error``, ``timeout``, ``killed``) and still returns a pointer.
@@ -32,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import json
 import os
 import re
 import shutil
@@ -66,10 +73,20 @@ GiB: Final = 2**30
 now: Callable[[], float] = time.time
 """The wall clock (UNIX seconds) that ``EnvRequest.not_after`` is compared with; tests replace it."""
 
+sleep: Callable[[float], None] = time.sleep
+"""Pauses (seconds) between two looks for the claim check of a run claimed by another delivery."""
+
 
 class EnvRequestExpiredError(SandboxError):
     """The invocation started, or its run ended, after the request's ``not_after``: the caller no
     longer waits, so nothing is run or kept (the failure destination records the run as failed)."""
+
+
+class EnvDuplicateDeliveryError(SandboxError):
+    """Another delivery of the same request (Lambda delivers an asynchronous event at least once)
+    claimed the run, and its claim check did not appear while this invocation could wait: the code is
+    not run a second time (DESIGN §3 step 6), so this invocation has no result to return. The other
+    delivery may still finish, or it failed and its own failure was recorded."""
 
 
 DEFAULT_SYNC_MAX_BYTES: Final = 2 * GiB
@@ -94,6 +111,14 @@ otherwise run code could rewrite the spec of its own turn, or forge a result or 
 
 RUNS_FOLDER: Final = "work/runs"
 """Spill files and claim checks of runs: written by the platform, never synced down to a run."""
+
+CLAIM_POLL_START_S: Final = 0.1
+"""Seconds before a delivery that lost the claim first looks again for the run's claim check; the pause
+doubles after each look, up to ``CLAIM_POLL_MAX_S``."""
+
+CLAIM_POLL_MAX_S: Final = 1.0
+"""The longest pause, in seconds, between two looks for the claim check of a run claimed by another
+delivery (one HeadObject each)."""
 
 _RUN_ID: Final = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
@@ -204,19 +229,108 @@ def run_request(
 
     ``max_sync_bytes``: input budget of the sync down, in bytes. ``time_left_s``: seconds the invocation
     has left (read after the sync down; the run gets that minus ``SYNC_MARGIN_S``, at most its own
-    ``limits.timeout_s``). A request whose claim check exists already is a second delivery of the same
-    asynchronous event (Lambda delivers at least once): the code is not run again and the existing
-    result's pointer is returned.
+    ``limits.timeout_s``).
+
+    Lambda delivers an asynchronous event at least once, and the code must never run twice on its own
+    (DESIGN §3 step 6), so a request may arrive again:
+
+    * after the first delivery finished (its claim check exists): the code is not run again and the
+      existing result's pointer is returned;
+    * while the first delivery still runs, in another execution environment: only the delivery that
+      creates the marker ``work/runs/{run_id}/claim.json`` (``claim_key``; a conditional PutObject, so
+      exactly one does) runs the code. Another one runs nothing and waits for the claim check
+      (``await_claim_check``) outside the working-copy lock, then returns the same pointer. The
+      marker is removed once the claim check exists (``release_claim``), and kept when the run ends
+      without one, so that run's code is not run again by a later delivery either.
+
+    The marker is in ``work/runs/``, which is never synced down to a run nor uploaded from one, so run
+    code can neither create it in advance nor remove it.
 
     Raises:
         InvalidRequestError: the run id is not 1-64 of ``[0-9A-Za-z_-]``, or the code is empty, not
             UTF-8 or over 4 MiB (``Sandbox.run``).
+        EnvRequestExpiredError: the invocation started, or its run ended, after ``request.not_after``.
+        EnvDuplicateDeliveryError: another delivery claimed the run and its claim check did not appear
+            in time (nothing was run here).
         SandboxError: the sandbox failed; botocore errors: S3 failed. The working copy is wiped anyway.
     """
     if not _RUN_ID.fullmatch(request.run_id):
         raise InvalidRequestError(f"run_id: {request.run_id!r} is not 1-64 of [0-9A-Za-z_-]")
     with one_invocation_at_a_time(workspace.local_dir):
-        return _run_locked(request, workspace, sandbox, max_sync_bytes, time_left_s)
+        pointer = _run_locked(request, workspace, sandbox, max_sync_bytes, time_left_s)
+    if pointer is not None:
+        return pointer
+    # The working copies are not needed to wait, so the lock is released first.
+    return await_claim_check(request, workspace, time_left_s)
+
+
+def claim_key(run_id: str) -> str:
+    """The workspace path of a run's claim marker, ``work/runs/{run_id}/claim.json``: created (only if
+    missing) by the delivery of the request that runs the code, removed once the run's claim check
+    exists (``release_claim``); ``{"run_id", "claimed_at"}`` (UNIX seconds), for people reading the
+    bucket."""
+    return f"{RUNS_FOLDER}/{run_id}/claim.json"
+
+
+def release_claim(workspace: S3Workspace, scope: Scope, run_id: str) -> None:
+    """Remove the run's claim marker once its claim check (``result.json``) exists, so a finished run
+    leaves only its result and spill files in ``work/runs/{run_id}/``.
+
+    Safe because the claim check is written first and never removed: a delivery that claims the run
+    after this looks for the claim check again before running (strong read-after-write consistency,
+    so it sees it) and runs nothing. A run that ended without a claim check (a platform failure, an
+    expired request) keeps its marker, so no later delivery runs its code again. A failed delete is
+    only logged: the marker left behind changes nothing once the claim check exists.
+    """
+    try:
+        workspace.delete(scope, claim_key(run_id))
+    except Exception as error:  # the run is complete either way
+        logger.warning("the run's claim marker was not removed", error=str(error))
+
+
+def await_claim_check(
+    request: EnvRequest, workspace: S3Workspace, time_left_s: Callable[[], float]
+) -> EnvPointer:
+    """The pointer of the run that another delivery of ``request`` claimed, once its claim check exists.
+
+    Looks for ``work/runs/{run_id}/result.json`` (HeadObject), pausing ``CLAIM_POLL_START_S`` seconds
+    at first and twice as long after each look, up to ``CLAIM_POLL_MAX_S``. Waits at most what the
+    invocation has left (``time_left_s()``, seconds) minus ``SYNC_MARGIN_S``, and never past
+    ``request.not_after`` (when the caller stops waiting); it looks at least once.
+
+    Raises:
+        EnvDuplicateDeliveryError: no claim check appeared in that time.
+        botocore errors: S3 failed.
+    """
+    started = time.monotonic()
+    budget_s = time_left_s() - SYNC_MARGIN_S
+    if request.not_after is not None:
+        budget_s = min(budget_s, request.not_after - now())
+    deadline = started + budget_s
+    delay = CLAIM_POLL_START_S
+    logger.warning("duplicate delivery: another delivery claimed the run; waiting for its result")
+    while True:
+        pointer = _existing_pointer(request, workspace)
+        if pointer is not None:
+            return pointer
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise EnvDuplicateDeliveryError(
+                f"run {request.run_id}: another delivery of the same request claimed it"
+                f" ({claim_key(request.run_id)}) and its result did not appear within"
+                f" {time.monotonic() - started:.1f} s; not run a second time"
+            )
+        sleep(min(delay, left))
+        delay = min(delay * 2, CLAIM_POLL_MAX_S)
+
+
+def _existing_pointer(request: EnvRequest, workspace: S3Workspace) -> EnvPointer | None:
+    """The pointer of the run's claim check if it exists, else None."""
+    key = run_result_key(request.run_id)
+    if workspace.stat(request.scope, key) is None:
+        return None
+    done = RunResult.model_validate_json(workspace.read_bytes(request.scope, key))
+    return EnvPointer(run_id=request.run_id, status=done.status, result_key=key)
 
 
 def _run_locked(
@@ -225,16 +339,27 @@ def _run_locked(
     sandbox: Sandbox,
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
-) -> EnvPointer:
+) -> EnvPointer | None:
+    """The run under the working-copy lock; None when another delivery holds the claim (nothing run)."""
     scope, key = request.scope, run_result_key(request.run_id)
     if request.not_after is not None and now() > request.not_after:
         raise EnvRequestExpiredError(
             f"run {request.run_id}: the caller stopped waiting before the invocation started; not run"
         )
-    if workspace.stat(scope, key) is not None:
-        done = RunResult.model_validate_json(workspace.read_bytes(scope, key))
+    existing = _existing_pointer(request, workspace)
+    if existing is not None:
         logger.warning("duplicate delivery: the run has a result already; not run again")
-        return EnvPointer(run_id=request.run_id, status=done.status, result_key=key)
+        return existing
+    marker = json.dumps({"run_id": request.run_id, "claimed_at": time.time()}).encode("utf-8")
+    if not workspace.create_exclusive(scope, claim_key(request.run_id), marker):
+        return None
+    # A delivery that ended between the look above and the claim wrote its result before it removed
+    # its marker (see release_claim), so the result is visible now and the code must not run again.
+    existing = _existing_pointer(request, workspace)
+    if existing is not None:
+        logger.warning("duplicate delivery: the run has a result already; not run again")
+        release_claim(workspace, scope, request.run_id)
+        return existing
     # All working copies, not only this scope's: one left by an invocation that Lambda stopped (timeout,
     # out of memory) must not be readable by the next run, which may be another scope's.
     wipe_tree(workspace.local_dir)
@@ -258,6 +383,7 @@ def _run_locked(
             )
         result = sync_result(workspace, scope, result, down, max_sync_bytes)
         workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))
+        release_claim(workspace, scope, request.run_id)
     finally:
         with contextlib.suppress(OSError):
             wipe_tree(workspace.local_dir)

@@ -36,6 +36,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -68,6 +69,12 @@ HASH_BLOCK_BYTES: Final = MiB
 _SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 _MISSING_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
 _PRECONDITION_CODES: Final = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+_CONFLICT_CODES: Final = frozenset({"ConditionalRequestConflict"})
+
+CONFLICT_ATTEMPTS: Final = 3
+"""``create_exclusive`` puts at most this many times while S3 answers 409 ``ConditionalRequestConflict``."""
+CONFLICT_PAUSE_S: Final = 0.1
+"""Seconds before the second put after a 409 conflict (twice that before the third)."""
 
 SKIP_PATH_RULE: Final = "path_rule"
 """Skipped by a sync: the path breaks a rule of DESIGN §4.2."""
@@ -245,6 +252,37 @@ class S3Workspace:
         """
         key = self._key(scope, path)
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def create_exclusive(self, scope: Scope, path: str, data: bytes) -> bool:
+        """Create the object ``{scope.key}/{path}`` with ``data`` only if no object has that key: True
+        if this call created it, False if one existed already (which is then left as it was).
+
+        A conditional PutObject (``IfNoneMatch="*"``): S3 checks and writes atomically, so of concurrent
+        callers at most one gets True. S3 answers "the key exists" with ``PreconditionFailed`` (HTTP
+        412): False. It answers ``ConditionalRequestConflict`` (HTTP 409) while another operation on the
+        key is in flight, and advises a retry: the put is retried up to ``CONFLICT_ATTEMPTS`` times in
+        all, ``CONFLICT_PAUSE_S`` seconds apart, and a conflict that persists is False as well (never
+        two callers with True). The env function claims a run with it: two deliveries of one
+        asynchronous event may run at the same time.
+
+        Raises:
+            PathRuleError: ``path`` breaks a rule of DESIGN §4.2. Nothing is written in that case.
+            botocore errors: any other S3 failure.
+        """
+        key = self._key(scope, path)
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+            except _client_error() as error:
+                code = _error_code(error)
+                if code not in _PRECONDITION_CODES:
+                    raise
+                if code not in _CONFLICT_CODES or attempt == CONFLICT_ATTEMPTS:
+                    return False
+                time.sleep(CONFLICT_PAUSE_S * attempt)
+            else:
+                return True
+        return False  # not reached: the last attempt returns in the loop
 
     def stat(self, scope: Scope, path: str) -> FileInfo | None:
         """The ``FileInfo`` of the object (HeadObject), or None if there is none.

@@ -645,3 +645,204 @@ def test_an_invocation_with_an_unknown_field_is_refused_before_anything_runs() -
     # When it is parsed as the handler parses it; Then it is refused, naming the field
     with pytest.raises(ValueError, match="run_as"):
         EnvRequest.model_validate(event)
+
+
+# ------------------------------------------------- duplicate deliveries at the same time (the claim)
+
+CLAIM_KEY = f"work/runs/{RUN_ID}/claim.json"
+RAN_ONCE_CODE = (
+    "import time, uuid\ntime.sleep(0.5)\nopen(f'datasets/ran-{uuid.uuid4().hex}.txt', 'w').write('ran')\n"
+)
+
+
+def ran_files(s3: Any) -> list[str]:
+    """The side effects of ``RAN_ONCE_CODE``: one uniquely named file per time the code ran."""
+    return [path for path in scope_objects(s3) if path.startswith("datasets/ran-")]
+
+
+def deliver(
+    request: EnvRequest, workspace: S3Workspace, sandbox: Sandbox, seconds_left: float = 900.0
+) -> EnvPointer:
+    """One delivery of ``request`` as ``lambda_handler`` makes it, with ``seconds_left`` in the invocation."""
+    return env_function.run_request(
+        request, workspace=workspace, sandbox=sandbox, max_sync_bytes=2**30, time_left_s=lambda: seconds_left
+    )
+
+
+def test_two_deliveries_at_the_same_time_run_the_code_once(
+    aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two execution environments (own working copies, so no local lock orders them) and the
+    # pauses of a delivery that waits for another one's result
+    waits: list[float] = []
+
+    def pause(seconds: float) -> None:
+        waits.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(env_function, "sleep", pause)
+    request = EnvRequest.model_validate({**EVENT, "code": RAN_ONCE_CODE})
+    answers: list[EnvPointer] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def environment(number: int) -> None:
+        workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / f"env{number}" / "working-copies")
+        start.wait()
+        try:
+            answers.append(deliver(request, workspace, sandbox))
+        except BaseException as error:  # reported by the assertion below
+            errors.append(error)
+
+    # When Lambda delivers the same event to both at the same time
+    threads = [threading.Thread(target=environment, args=(number,)) for number in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    # Then the code ran once, and both answers are the pointer to the same result
+    assert errors == []
+    assert len(ran_files(aws)) == 1
+    assert len(answers) == 2 and answers[0] == answers[1]
+    assert answers[0] == EnvPointer(run_id=RUN_ID, status="ok", result_key=RESULT_KEY)
+    # And one of them waited for the other's result instead of running
+    assert waits
+    # And the claim marker is gone once the result exists
+    assert CLAIM_KEY not in scope_objects(aws)
+
+
+def test_a_delivery_that_finds_the_run_claimed_waits_for_the_result_and_runs_nothing(
+    aws: Any, workspace: S3Workspace, sandbox: Sandbox
+) -> None:
+    # Given a run claimed by another delivery, which writes its result 0.3 s later
+    workspace.write_bytes(
+        SCOPE, CLAIM_KEY, json.dumps({"run_id": RUN_ID, "claimed_at": time.time()}).encode()
+    )
+    winner = a_result().model_copy(update={"status": "error"})
+
+    def the_other_delivery_finishes() -> None:
+        time.sleep(0.3)
+        workspace.write_bytes(SCOPE, RESULT_KEY, winner.model_dump_json().encode())
+
+    other = threading.Thread(target=the_other_delivery_finishes)
+    other.start()
+
+    # When this delivery of the same request arrives
+    request = EnvRequest.model_validate({**EVENT, "code": RAN_ONCE_CODE})
+    answer = deliver(request, workspace, sandbox)
+    other.join()
+
+    # Then it returns the other delivery's pointer, its status included, without running the code
+    assert answer == EnvPointer(run_id=RUN_ID, status="error", result_key=RESULT_KEY)
+    assert ran_files(aws) == []
+    assert stored_result(workspace) == winner
+    # And the marker is the other delivery's to remove
+    assert CLAIM_KEY in scope_objects(aws)
+
+
+def test_a_delivery_whose_other_delivery_never_finishes_gives_up_within_the_invocation(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given a run claimed by another delivery that never writes a result
+    workspace.write_bytes(SCOPE, CLAIM_KEY, b'{"run_id": "x", "claimed_at": 0}')
+    # And an invocation with 30.3 s left, of which 30 s are kept back: 0.3 s to wait
+    context = Context(remaining_ms=30_300)
+
+    # When the same request is delivered
+    started = time.monotonic()
+    with pytest.raises(env_function.EnvDuplicateDeliveryError, match="not run a second time"):
+        invoke(RAN_ONCE_CODE, context)
+
+    # Then it gave up after its bounded wait, having run nothing and written no result
+    assert 0.25 <= time.monotonic() - started < 3
+    assert ran_files(aws) == []
+    assert RESULT_KEY not in scope_objects(aws)
+
+
+def test_a_delivery_waits_for_the_result_no_longer_than_its_caller(aws: Any, workspace: S3Workspace) -> None:
+    # Given a run claimed by another delivery that never writes a result, and a caller that waits
+    # 0.4 s more (the invocation itself has 15 minutes)
+    workspace.write_bytes(SCOPE, CLAIM_KEY, b'{"run_id": "x", "claimed_at": 0}')
+
+    # When the same request is delivered
+    started = time.monotonic()
+    with pytest.raises(env_function.EnvDuplicateDeliveryError, match=RUN_ID):
+        invoke(RAN_ONCE_CODE, not_after=time.time() + 0.4)
+
+    # Then it gives up when the caller stops waiting, having run nothing
+    assert 0.3 <= time.monotonic() - started < 3
+    assert ran_files(aws) == []
+
+
+def test_a_failed_run_keeps_its_claim_so_a_later_delivery_does_not_run_it_again(
+    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a run that ended after its caller stopped waiting (no result kept, a platform failure)
+    start = time.time()
+    readings = iter([start, start])
+    monkeypatch.setattr(env_function, "now", lambda: next(readings, start + 3600))
+    with pytest.raises(env_function.EnvRequestExpiredError):
+        invoke(RAN_ONCE_CODE.replace("0.5", "0"), not_after=start + 600)
+    monkeypatch.setattr(env_function, "now", time.time)
+
+    # When the same request is delivered again, with time to spare but no result ever coming
+    with pytest.raises(env_function.EnvDuplicateDeliveryError):
+        invoke(RAN_ONCE_CODE, Context(remaining_ms=30_200))
+
+    # Then the code was not run a second time: its marker stays and nothing reached the scope
+    assert CLAIM_KEY in scope_objects(aws)
+    assert ran_files(aws) == []
+
+
+def test_run_code_cannot_claim_another_run_in_advance(aws: Any, workspace: S3Workspace) -> None:
+    # Given a run whose code plants the claim marker of a later run
+    later = "01JDQ8ZA0000000000000000LT"
+    invoke(
+        f"import os\nos.makedirs('work/runs/{later}')\nopen('work/runs/{later}/claim.json', 'w').write('{{}}')"
+    )
+    assert f"work/runs/{later}/claim.json" not in scope_objects(aws)
+
+    # When the later run is delivered, Then it runs (its marker was never uploaded)
+    answer = invoke("open('reports/later.md', 'w').write('ran')", run_id=later)
+    assert answer["status"] == "ok"
+    assert scope_objects(aws)["reports/later.md"] == b"ran"
+
+
+def test_create_exclusive_creates_once_and_keeps_the_first_content(workspace: S3Workspace) -> None:
+    # When the same object is created exclusively twice
+    first = workspace.create_exclusive(SCOPE, "work/runs/R1/claim.json", b"first")
+    second = workspace.create_exclusive(SCOPE, "work/runs/R1/claim.json", b"second")
+
+    # Then only the first call created it, and its content stays
+    assert (first, second) == (True, False)
+    assert workspace.read_bytes(SCOPE, "work/runs/R1/claim.json") == b"first"
+    # And a path that breaks a rule is refused before any request
+    from alphaagent.models.common import PathRuleError
+
+    with pytest.raises(PathRuleError):
+        workspace.create_exclusive(SCOPE, "work/../escape.json", b"x")
+
+
+def test_create_exclusive_retries_a_conflict_and_reports_a_persistent_one_as_taken(aws: Any) -> None:
+    # Given S3 answering 409 ConditionalRequestConflict (another write of the key in flight)
+    class ConflictingS3:
+        def __init__(self, conflicts: int) -> None:
+            self.conflicts, self.calls = conflicts, 0
+
+        def put_object(self, **arguments: Any) -> dict[str, Any]:
+            self.calls += 1
+            if self.calls <= self.conflicts:
+                raise ClientError(
+                    {"Error": {"Code": "ConditionalRequestConflict", "Message": "retry"}}, "PutObject"
+                )
+            return aws.put_object(**arguments)  # type: ignore[no-any-return]
+
+    # When the conflict clears on the second put, Then the object is created
+    once = ConflictingS3(conflicts=1)
+    assert S3Workspace(BUCKET, client=once).create_exclusive(SCOPE, "work/runs/R2/claim.json", b"x")
+    assert once.calls == 2
+    # When it persists, Then the caller is told it did not create it (never two creators)
+    always = ConflictingS3(conflicts=99)
+    assert not S3Workspace(BUCKET, client=always).create_exclusive(SCOPE, "work/runs/R3/claim.json", b"x")
+    assert always.calls == 3
