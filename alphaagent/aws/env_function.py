@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.aws.workspace import (
     SKIP_LOCAL_UNSAFE,
+    SKIP_NOT_READABLE,
     SKIP_NOT_REGULAR,
     SKIP_OVER_BUDGET,
     SKIP_PATH_RULE,
@@ -133,6 +134,7 @@ PLATFORM_FOLDER_REASON: Final = (
 
 _UP_REASONS: Final = {
     SKIP_NOT_REGULAR: "not uploaded: no longer a regular file (a symlink on its path, or removed)",
+    SKIP_NOT_READABLE: "not uploaded: the run made it unreadable (its permissions or a folder's)",
     SKIP_PATH_RULE: "not uploaded: the name breaks a workspace path rule (DESIGN §4.2)",
 }
 

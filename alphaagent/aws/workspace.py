@@ -80,6 +80,9 @@ SKIP_PATH_RULE: Final = "path_rule"
 """Skipped by a sync: the path breaks a rule of DESIGN §4.2."""
 SKIP_NOT_REGULAR: Final = "not_regular_file"
 """Skipped by ``sync_up``: missing, a symlink (at any component), a directory, FIFO, socket or device."""
+SKIP_NOT_READABLE: Final = "not_readable"
+"""Skipped by ``sync_up``: the run took away the read permission of the file or of a folder on its
+path (``chmod 000``); the run's choice, not a platform failure."""
 SKIP_OVER_BUDGET: Final = "over_budget"
 """Skipped by ``sync_down``: taking it would pass the byte budget."""
 SKIP_LOCAL_UNSAFE: Final = "local_path_unsafe"
@@ -489,6 +492,9 @@ class S3Workspace:
                     fd = safefs.open_regular(root, path.split("/"))
                 except FileNotFoundError:
                     report.skipped.append(SkippedFile(path, SKIP_NOT_REGULAR))
+                    continue
+                except PermissionError:
+                    report.skipped.append(SkippedFile(path, SKIP_NOT_READABLE))
                     continue
                 with os.fdopen(fd, "rb") as reader:
                     size = os.fstat(reader.fileno()).st_size

@@ -8,7 +8,7 @@ import hashlib
 import os
 import tracemalloc
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from alphaagent.aws.workspace import (
     workspaces_bucket_name,
 )
 from alphaagent.errors import RetryableError
+from alphaagent.local import safefs
 from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError
 
 MiB = 2**20
@@ -488,6 +489,32 @@ def test_sync_up_uploads_regular_files_only_and_reports_links_and_bad_paths(
     after = bucket_contents(s3)
     assert after.pop("conversations/c1/reports/real.md") == b"# real\n"
     assert after == before
+
+
+def test_sync_up_reports_a_file_the_run_made_unreadable_and_uploads_the_rest(
+    s3: Any, workspace: S3Workspace, scope: ConversationScope, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a working copy with two reports, one of which the run made unreadable (chmod 000; the
+    # open fails as it would for the function's non-root user: root reads through any mode)
+    root = workspace.local_root(scope)
+    (root / "reports").mkdir(parents=True)
+    (root / "reports/ok.md").write_bytes(b"ok")
+    (root / "reports/locked.md").write_bytes(b"locked")
+    real_open = safefs.open_regular
+
+    def open_regular(dir_fd: int, parts: Sequence[str]) -> int:
+        if parts[-1] == "locked.md":
+            raise PermissionError(13, "Permission denied")
+        return real_open(dir_fd, parts)
+
+    monkeypatch.setattr(safefs, "open_regular", open_regular)
+
+    # When both are synced up
+    report = workspace.sync_up(scope, ["reports/locked.md", "reports/ok.md"])
+
+    # Then the readable one is uploaded and the other reported, not raised as a platform failure
+    assert report.transferred == ["reports/ok.md"]
+    assert [(item.path, item.reason) for item in report.skipped] == [("reports/locked.md", "not_readable")]
 
 
 def test_sync_up_sends_a_large_file_by_multipart_upload(
