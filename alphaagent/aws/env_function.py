@@ -44,7 +44,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -379,11 +379,10 @@ def _run_locked(
         result = sandbox.run(
             request.code, cwd=root, limits=limits, network=request.network, run_id=request.run_id
         )
-        if request.not_after is not None and now() > request.not_after:
-            raise EnvRequestExpiredError(
-                f"run {request.run_id}: ended after the caller stopped waiting; nothing of it was kept"
-            )
-        result = sync_result(workspace, scope, result, down, max_sync_bytes)
+        check_in_time = _deadline_check(request)
+        check_in_time()
+        result = sync_result(workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time)
+        check_in_time()
         workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))
         release_claim(workspace, scope, request.run_id)
     finally:
@@ -392,10 +391,39 @@ def _run_locked(
     return EnvPointer(run_id=result.run_id, status=result.status, result_key=key)
 
 
+def _deadline_check(request: EnvRequest) -> Callable[[], None]:
+    """A check to call before each change to the scope: raises ``EnvRequestExpiredError`` once the
+    request's ``not_after`` has passed (the caller stopped waiting; the scope may be the next turn's)."""
+
+    def check() -> None:
+        if request.not_after is not None and now() > request.not_after:
+            raise EnvRequestExpiredError(
+                f"run {request.run_id}: the caller stopped waiting before the run was synced; what was"
+                " not uploaded by then was dropped, and there is no result"
+            )
+
+    return check
+
+
+def _checked(paths: Iterable[str], check_in_time: Callable[[], None]) -> Iterator[str]:
+    for path in paths:
+        check_in_time()
+        yield path
+
+
 def sync_result(
-    workspace: S3Workspace, scope: Scope, result: RunResult, down: SyncReport, max_sync_bytes: int
+    workspace: S3Workspace,
+    scope: Scope,
+    result: RunResult,
+    down: SyncReport,
+    max_sync_bytes: int,
+    *,
+    check_in_time: Callable[[], None] = lambda: None,
 ) -> RunResult:
     """Bring the scope in S3 up to date with what the run did; return the result as it is now true.
+
+    ``check_in_time`` is called before each upload and delete; it raises to stop the sync (the
+    request's ``not_after`` passed), and the exception propagates.
 
     Uploads the created and modified regular files, deletes the deleted ones, uploads the spill files.
     A file that is not uploaded (its name breaks a path rule, or it stopped being a regular file) is
@@ -417,7 +445,7 @@ def sync_result(
             canonical.append(path)
         else:
             skipped.append(SkippedPath(path=path, reason=_UP_REASONS[SKIP_PATH_RULE]))
-    up = workspace.sync_up(scope, canonical)
+    up = workspace.sync_up(scope, _checked(canonical, check_in_time))
     skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in up.skipped]
     uploaded = set(up.transferred)
     deleted = [
@@ -428,10 +456,10 @@ def sync_result(
         for path in files.deleted
         if path.startswith(PLATFORM_FOLDERS)
     ]
-    for path in deleted:
+    for path in _checked(deleted, check_in_time):
         workspace.delete(scope, path)
     spills = [path for path in (result.stdout_path, result.stderr_path) if path]
-    spilled = workspace.sync_up(scope, spills)
+    spilled = workspace.sync_up(scope, _checked(spills, check_in_time))
     skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in spilled.skipped]
     created = [path for path in files.created if path in uploaded]
     modified = [path for path in files.modified if path in uploaded]

@@ -514,7 +514,9 @@ def test_a_run_that_ends_after_its_caller_gave_up_changes_nothing_in_the_scope(
     monkeypatch.setattr(env_function, "now", lambda: next(readings, start + 3600))
 
     # When the env function runs it
-    with pytest.raises(env_function.EnvRequestExpiredError, match="nothing of it was kept"):
+    with pytest.raises(
+        env_function.EnvRequestExpiredError, match="the caller stopped waiting before the run was synced"
+    ):
         invoke("open('reports/zombie.md', 'w').write('zombie')", not_after=start + 600)
 
     # Then neither the run's files nor a claim check reached the scope, and the working copy is gone
@@ -636,6 +638,32 @@ def test_the_executor_needs_the_origin(workspace: S3Workspace, store: DynamoStor
             Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID
         )
     assert client.calls == []
+
+
+def test_the_sync_stops_once_the_caller_gave_up_and_writes_no_result(
+    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a run that writes 20 files, and a clock that passes the request's not_after after the
+    # first five uploads (a slow S3, many files: the executor gives up while the sync is going on)
+    start = time.time()
+    real_upload = workspace.client.upload_fileobj
+    uploads: list[str] = []
+
+    def upload_fileobj(reader: Any, bucket: str, key: str, **kwargs: Any) -> None:
+        uploads.append(key)
+        real_upload(reader, bucket, key, **kwargs)
+
+    monkeypatch.setattr(workspace.client, "upload_fileobj", upload_fileobj)
+    monkeypatch.setattr(env_function, "now", lambda: start + (3600 if len(uploads) >= 5 else 0))
+    code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
+
+    # When the env function runs it
+    with pytest.raises(env_function.EnvRequestExpiredError, match="before the run was synced"):
+        invoke(code, not_after=start + 600)
+
+    # Then no upload happened after not_after, and there is no claim check (the run has no result)
+    assert len(uploads) == 5
+    assert RESULT_KEY not in scope_objects(aws)
 
 
 def test_an_invocation_with_an_unknown_field_is_refused_before_anything_runs() -> None:
