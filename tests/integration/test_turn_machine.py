@@ -125,7 +125,8 @@ class InProcessLambda:
             return True, handler(event, Context(function_name=name))
         except Exception as exc:
             lines = traceback.format_exception(exc)
-            return False, {"errorType": type(exc).__name__, "errorMessage": str(exc), "stackTrace": lines}
+            error_type = getattr(exc, "error_type", type(exc).__name__)
+            return False, {"errorType": error_type, "errorMessage": str(exc), "stackTrace": lines}
 
     def _invoke_async(self, name: str, event: dict[str, Any]) -> None:
         request_id = str(uuid.uuid4())
@@ -743,12 +744,28 @@ def test_a_poison_message_is_retried_alone_and_dead_lettered(
 # ----------------------------------------------------------------------------- failure paths
 
 
-def test_an_env_function_failure_is_a_run_failed_that_the_coder_sees(stack: Stack) -> None:
-    # Given an env function that fails as a platform (an unhandled error, as a timeout or OOM would)
-    def crash(_event: dict[str, Any]) -> None:
-        raise MemoryError("Runtime exited with error: signal: killed")
+class LambdaTimeout(Exception):
+    """How Lambda reports a function that ran past its timeout (the destination's errorType)."""
 
-    stack.lambdas.failures["alphaagent-env-builtin"] = crash
+    error_type = "Sandbox.Timedout"
+
+
+def out_of_memory(_event: dict[str, Any]) -> None:
+    raise MemoryError("Runtime exited with error: signal: killed")
+
+
+def timed_out(_event: dict[str, Any]) -> None:
+    raise LambdaTimeout("Task timed out after 900.00 seconds")
+
+
+@pytest.mark.parametrize(
+    ("failure", "error_name"), [(out_of_memory, "MemoryError"), (timed_out, "Sandbox.Timedout")]
+)
+def test_an_env_function_failure_is_a_run_failed_that_the_coder_sees(
+    stack: Stack, failure: Callable[[dict[str, Any]], None], error_name: str
+) -> None:
+    # Given an env function that fails as a platform (out of memory, or past the function's timeout)
+    stack.lambdas.failures["alphaagent-env-builtin"] = failure
     scope = conversation()
     upload_measurements(stack, scope)
     spec = analysis_spec(scope)
@@ -763,11 +780,11 @@ def test_an_env_function_failure_is_a_run_failed_that_the_coder_sees(stack: Stac
     assert execution["status"] == "SUCCEEDED"  # the coder answered: the turn's failure is a result
     stack.settled(spec["turn_id"], "TurnFailed")
     [run] = stack.store.list_runs(USER, scope.key)
-    assert run.status == "failed" and run.error is not None and run.error.name == "MemoryError"
+    assert run.status == "failed" and run.error is not None and run.error.name == error_name
     turn = stack.store.get_turn(USER, spec["turn_id"])
     assert turn is not None and turn.status == "failed" and turn.result is not None
     assert turn.result.error is not None and turn.result.error.name == "EnvFunctionError"
-    assert "MemoryError" in turn.result.error.value
+    assert error_name in turn.result.error.value
     logged = [e.detail_type for e in stack.store.list_events(spec["turn_id"])]
     assert logged.count("RunFailed") == 1 and "RunCompleted" not in logged
     [failed] = stack.bus_events_of(spec["turn_id"], "TurnFailed")
