@@ -344,14 +344,16 @@ def _run_locked(
 ) -> EnvPointer | None:
     """The run under the working-copy lock; None when another delivery holds the claim (nothing run)."""
     scope, key = request.scope, run_result_key(request.run_id)
-    if request.not_after is not None and now() > request.not_after:
-        raise EnvRequestExpiredError(
-            f"run {request.run_id}: the caller stopped waiting before the invocation started; not run"
-        )
+    # A late duplicate of a run that succeeded answers with that run's result, not a failure: a
+    # failure destination would record the run failed after it completed.
     existing = _existing_pointer(request, workspace)
     if existing is not None:
         logger.warning("duplicate delivery: the run has a result already; not run again")
         return existing
+    if request.not_after is not None and now() > request.not_after:
+        raise EnvRequestExpiredError(
+            f"run {request.run_id}: the caller stopped waiting before the invocation started; not run"
+        )
     marker = json.dumps({"run_id": request.run_id, "claimed_at": time.time()}).encode("utf-8")
     if not workspace.create_exclusive(scope, claim_key(request.run_id), marker):
         return None

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvRequest, run_result_key
+from alphaagent.models.records import RunRecord
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
 from alphaagent.ports import Store, Workspace
 
@@ -218,7 +219,7 @@ class LambdaExecutor:
             except FileNotFoundError:
                 pass
             record = self.store.get_run(origin.user_id, run_id)
-            if record is not None and record.status == "failed":
+            if record is not None and record.status == "failed" and not _another_delivery(record):
                 name, value = (record.error.name, record.error.value) if record.error else ("Unknown", "")
                 raise EnvFunctionError(f"{function} failed for run {run_id}: {name}: {value}")
             left = deadline - self._clock()
@@ -229,6 +230,13 @@ class LambdaExecutor:
                 )
             self._sleep(min(delay, left))
             delay = min(delay * 2, self.poll_max_s)
+
+
+def _another_delivery(record: RunRecord) -> bool:
+    """A failure recorded by a duplicate delivery of the invocation that gave up waiting for the
+    first one (``env_function.EnvDuplicateDeliveryError``): it says nothing of the run itself, whose
+    result may still come."""
+    return record.error is not None and record.error.name == "EnvDuplicateDeliveryError"
 
 
 if TYPE_CHECKING:

@@ -114,10 +114,19 @@ class Recorder:
     def __init__(self, store: Store) -> None:
         self.store = store
 
+    def _ran(self, detail: RunFailed) -> bool:
+        recorded = self.store.get_run(detail.user_id, detail.run_id)
+        return recorded is not None and recorded.status != "failed"
+
     def handle(self, event: Event) -> None:
-        """Append the event to the log, then persist its record (runs and citations)."""
+        """Append the event to the log, then persist its record (runs and citations). A run's record
+        never goes from a result (``RunCompleted``) back to ``failed``."""
         self.store.append_event(event)
         detail = event.detail
+        if isinstance(detail, RunFailed) and self._ran(detail):
+            # A failure reported after the run's result (a duplicate delivery of the invocation that
+            # gave up, the coder's own deadline): the event is kept, the record stays the result.
+            return
         if isinstance(detail, RunCompleted | RunFailed):
             self.store.put_run(run_record_from(detail, detail.code))
         elif isinstance(detail, CitationEmitted):

@@ -36,12 +36,17 @@ from alphaagent.models.aws import (
     TurnInput,
 )
 from alphaagent.models.common import scope_from_key, utcnow
-from alphaagent.models.events import Event, TurnStarted
+from alphaagent.models.events import Event, TurnFailed, TurnStarted
 from alphaagent.models.records import PreparedInput, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import Spec, parse_spec
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+MAX_TURN_TIMEOUT_S = 11 * 60 * 60
+"""The longest ``constraints.turn_timeout_s`` a turn may have on AWS (11 hours): the coder's message
+must stay invisible on the CoderQueue while the turn runs, and SQS keeps a received message invisible
+for at most 12 hours in all; past that another worker would get the same turn."""
 
 CODE_STATE_MARGIN_S = 300
 """Seconds the machine's Code state waits beyond the spec's ``turn_timeout_s``: the coder enforces the
@@ -150,6 +155,11 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
     if spec.turn_id != turn_id:
         raise InvalidSpecError("turn_id: the execution input disagrees with its spec")
     check_spec_against(backend, spec, _remote_coder)
+    if spec.constraints.turn_timeout_s > MAX_TURN_TIMEOUT_S:
+        raise InvalidSpecError(
+            f"constraints.turn_timeout_s: at most {MAX_TURN_TIMEOUT_S} s on AWS (SQS keeps the coder's"
+            " message invisible for at most 12 hours)"
+        )
     owner = store.owner_of(scope.owner_key)
     if owner is not None and owner != user_id:
         raise NotFoundError(f"{scope_label(scope)} not found")
@@ -244,24 +254,44 @@ def finalize_turn(backend: Backend, request: FinalizeInput) -> TurnResult:
         result = TurnResult(
             turn_id=request.turn_id, status="failed", error=error, failed_step=request.failed_step
         )
-    if turn is None:
-        # The lock or prepare step failed before the record existed (a missing input, a scope that is
-        # not the user's, a scope that stayed busy). Record the turn as failed all the same, so that
-        # whoever waits for it (``alphaagent submit --wait``, a reader of the table) sees its end. The
-        # turn id stays taken, as the execution name does: the same turn never runs again.
-        turn = Turn(
+    if turn is not None:
+        return _finalize(backend, turn, result)
+    return _fail_unstarted_turn(backend, request, result)
+
+
+def _fail_unstarted_turn(backend: Backend, request: FinalizeInput, result: TurnResult) -> TurnResult:
+    """The lock or prepare step failed before the turn's record existed (a missing input, a scope
+    that is not the user's, a scope that stayed busy). Record the turn as failed all the same, so that
+    whoever waits for it (``alphaagent submit --wait``, a reader of the table) sees its end, and
+    publish ``TurnFailed``. The record is the requesting user's own; the scope's files are not
+    touched (the scope may be another user's: no side effect there, DESIGN §4.7). The turn id stays
+    taken, as the execution name does: the same turn never runs again."""
+    now = utcnow()
+    turn = Turn(
+        turn_id=request.turn_id,
+        user_id=request.user_id,
+        scope_key=request.scope_key,
+        session_id="",
+        status="running",
+        goal=request.spec.goal,
+        started_at=now,
+    )
+    if not backend.store.create_turn(turn):
+        existing = backend.store.get_turn(request.user_id, request.turn_id)
+        if existing is None:  # another user's turn of that id: never touched, nothing revealed
+            return result
+        if existing.result is not None:
+            return existing.result
+        turn = existing
+    turn.status, turn.finished_at, turn.result = "failed", now, result
+    if backend.store.finish_turn(turn):
+        assert result.error is not None
+        detail = TurnFailed(
             turn_id=request.turn_id,
+            scope=scope_from_key(request.scope_key),
             user_id=request.user_id,
-            scope_key=request.scope_key,
-            session_id="",
-            status="running",
-            goal=request.spec.goal,
-            started_at=utcnow(),
+            error=result.error,
+            result=result,
         )
-        if not backend.store.create_turn(turn):
-            turn = backend.store.get_turn(request.user_id, request.turn_id)
-            if turn is None:  # another user's turn of that id: never touched, nothing revealed
-                return result
-            if turn.result is not None:
-                return turn.result
-    return _finalize(backend, turn, result)
+        backend.bus.publish(Event.of(detail, new_ulid()))
+    return result

@@ -504,6 +504,15 @@ def test_an_invocation_that_starts_after_its_caller_gave_up_runs_nothing(
     assert RESULT_KEY not in scope_objects(aws)
 
 
+def test_a_late_duplicate_of_a_finished_run_answers_with_its_result(aws: Any, workspace: S3Workspace) -> None:
+    # Given a run that finished
+    first = invoke("print('once')")
+    # When a duplicate delivery of the same request arrives after its caller stopped waiting
+    again = invoke("print('once')", not_after=time.time() - 60)
+    # Then it answers with the run's result (a failure would be recorded over the success)
+    assert again == first and stored_result(workspace).stdout == "once\n"
+
+
 def test_a_run_that_ends_after_its_caller_gave_up_changes_nothing_in_the_scope(
     aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -534,6 +543,30 @@ def test_tenant_isolation_passes_the_scope_key_as_tenant_id(
         Path("/unused"), "print(1)", limits=RunLimits(timeout_s=1), run_id=RUN_ID, origin=ORIGIN
     )
     assert client.calls[0]["TenantId"] == SCOPE.key
+
+
+def a_failed_record(request: EnvRequest, error_name: str) -> RunRecord:
+    return RunRecord(
+        run_id=request.run_id,
+        turn_id=request.turn_id,
+        session_id=request.session_id,
+        user_id=request.user_id,
+        scope_key=request.scope.key,
+        status="failed",
+        exit_code=None,
+        code=request.code,
+        stdout="",
+        stderr="",
+        stdout_bytes=0,
+        stderr_bytes=0,
+        stdout_truncated=False,
+        stderr_truncated=False,
+        error=RunError(name=error_name, value="Runtime exited with error", traceback=""),
+        reason="Runtime exited with error",
+        duration_ms=0,
+        files_changed=[],
+        created_at=datetime(2026, 11, 30, tzinfo=UTC),
+    )
 
 
 def test_a_failed_run_record_raises_env_function_error_marked_recorded(
@@ -573,6 +606,35 @@ def test_a_failed_run_record_raises_env_function_error_marked_recorded(
 
     # Then the error says the platform recorded the run already
     assert raised.value.recorded is True
+
+
+def test_a_failure_recorded_by_a_duplicate_delivery_does_not_end_the_wait(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given a duplicate delivery that gave up (its failure is recorded first), then the real result
+    def duplicate_then_result(request: EnvRequest) -> None:
+        record = a_failed_record(request, "EnvDuplicateDeliveryError")
+        store.put_run(record)
+
+        def later() -> None:
+            time.sleep(0.2)
+            workspace.write_bytes(
+                request.scope,
+                f"work/runs/{request.run_id}/result.json",
+                a_result().model_dump_json().encode(),
+            )
+
+        threading.Thread(target=later, daemon=True).start()
+
+    executor = executor_with(FakeLambda(on_invoke=duplicate_then_result), workspace, store)
+
+    # When the coder runs code
+    result = executor.run(
+        Path("/unused"), "x = 1", limits=RunLimits(timeout_s=5), run_id=RUN_ID, origin=ORIGIN
+    )
+
+    # Then it waited for, and got, the run's result
+    assert result == a_result()
 
 
 def test_neither_result_nor_failure_raises_a_timeout_after_the_deadline(

@@ -24,6 +24,7 @@ from alphaagent.aws.backend import get_backend, get_stepfunctions_client
 from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
 from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
+from alphaagent.errors import InvalidSpecError
 from alphaagent.models.aws import (
     AcquireLockInput,
     DestinationEvent,
@@ -275,6 +276,18 @@ def test_a_poison_record_is_the_only_failure_and_an_invalid_spec_is_acknowledged
 # ----------------------------------------------------------------------------- turn steps
 
 
+def test_a_turn_longer_than_sqs_can_hide_its_message_is_refused_before_anything_is_written(
+    aws: dict[str, Any],
+) -> None:
+    # Given a spec asking for a 12-hour turn (the coder's message may stay invisible 12 hours at most)
+    event = load("prepare_turn.json")
+    event["spec"]["constraints"] = {"turn_timeout_s": 12 * 3600}
+    # When Prepare runs; Then it refuses the spec naming the field and the limit, and writes nothing
+    with pytest.raises(InvalidSpecError, match=r"constraints.turn_timeout_s: at most 39600 s on AWS"):
+        prepare_turn.lambda_handler(event, Context())
+    assert aws["s3"].list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0
+
+
 def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -> None:
     # Given the sample task inputs of one execution
     lock = load("acquire_lock.json")
@@ -337,6 +350,28 @@ def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, An
     assert turn.result.model_dump(mode="json") == result
 
 
+def test_a_turn_refused_for_another_users_scope_touches_nothing_of_that_scope(aws: dict[str, Any]) -> None:
+    # Given alice's conversation, and mallory's turn for it that Prepare refused (NotFoundError)
+    backend = get_backend()
+    backend.store.claim_owner(SCOPE.owner_key, USER, utcnow())
+    event = load("finalize_turn_failed.json")
+    event["spec"]["user_id"] = "mallory"
+    event["error"] = {"Error": "NotFoundError", "Cause": "conversation c-demo not found"}
+    event["failed_step"] = "Prepare"
+    event.pop("prepared", None)
+    before = aws["s3"].list_objects_v2(Bucket=BUCKET).get("KeyCount", 0)
+
+    # When the failure path finalizes it
+    result = finalize_turn.lambda_handler(event, Context())
+
+    # Then mallory's own record ends failed, and nothing was written into alice's scope
+    assert result["status"] == "failed" and result["error"]["name"] == "NotFoundError"
+    turn = backend.store.get_turn("mallory", event["turn_id"])
+    assert turn is not None and turn.status == "failed"
+    assert aws["s3"].list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == before
+    assert backend.store.list_turns(USER, SCOPE.key) == []
+
+
 # ----------------------------------------------------------------------------- recorder
 
 
@@ -374,6 +409,19 @@ def test_a_destination_success_record_becomes_a_run_record(aws: dict[str, Any]) 
     assert run is not None
     assert (run.status, run.exit_code, run.stdout, run.turn_id) == ("ok", 0, "total 7\n", TURN_ID)
     assert [e.detail_type for e in get_backend().store.list_events(TURN_ID)] == ["RunCompleted"]
+
+
+def test_a_failure_reported_after_the_result_never_turns_the_run_failed(aws: dict[str, Any]) -> None:
+    # Given a run recorded from its success destination
+    key = f"{SCOPE.key}/work/runs/{RUN_ID}/result.json"
+    aws["s3"].put_object(Bucket=BUCKET, Key=key, Body=_run_result().model_dump_json().encode())
+    record_event.lambda_handler(load("destination_success.json"), Context())
+    # When a failure for the same run arrives later (a duplicate delivery that gave up waiting)
+    record_event.lambda_handler(load("destination_failure.json"), Context())
+    # Then both events are in the log, and the run's record is still its result
+    run = get_backend().store.get_run(USER, RUN_ID)
+    assert run is not None and run.status == "ok"
+    assert [e.detail_type for e in get_backend().store.list_events(TURN_ID)] == ["RunCompleted", "RunFailed"]
 
 
 def test_a_destination_failure_record_becomes_a_failed_run(aws: dict[str, Any]) -> None:
