@@ -164,6 +164,10 @@ class Store(Protocol):
     def release_lock(self, scope_key: str, holder: str) -> None:
         """Release the lease if ``holder`` has it (a no-op otherwise)."""
 
+    def lock_holder(self, scope_key: str, now: datetime) -> str | None:
+        """The holder of the scope's live lease at ``now``, or None (free or expired). A strongly
+        consistent read: the env function asks it before each change it makes to a scope."""
+
     # events
     def append_event(self, event: Event) -> None:
         """Append to the event log (idempotent on ``event_id``)."""

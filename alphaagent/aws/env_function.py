@@ -45,6 +45,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -52,6 +53,7 @@ from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field
 
+from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import (
     SKIP_LOCAL_UNSAFE,
     SKIP_NOT_READABLE,
@@ -66,6 +68,7 @@ from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
 from alphaagent.models.run import RunLimits, RunResult, SkippedPath
+from alphaagent.ports import Store
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
@@ -76,6 +79,14 @@ now: Callable[[], float] = time.time
 
 sleep: Callable[[float], None] = time.sleep
 """Pauses (seconds) between two looks for the claim check of a run claimed by another delivery."""
+
+
+LEASE_CHECK_INTERVAL_S: Final = 1.0
+"""Seconds between two reads of the scope's lease while a run's files are synced up."""
+
+
+class EnvLeaseLostError(SandboxError):
+    """The request's turn does not hold its scope's lease: nothing (more) is run or kept there."""
 
 
 class EnvRequestExpiredError(SandboxError):
@@ -146,12 +157,14 @@ class EnvSettings(BaseModel):
     """The environment of an env function (STYLE §7); values are set in ``template.yaml``.
 
     - ``WORKSPACES_BUCKET_NAME``: the workspaces bucket (required).
+    - ``STATE_TABLE_NAME``: the state table, where the scopes' leases are (required).
     - ``ENV_SYNC_MAX_BYTES``: bytes of scope files synced down per run (default 2 GiB).
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     WORKSPACES_BUCKET_NAME: str = Field(min_length=1)
+    STATE_TABLE_NAME: str = Field(min_length=1)
     ENV_SYNC_MAX_BYTES: int = Field(DEFAULT_SYNC_MAX_BYTES, gt=0)
 
 
@@ -164,6 +177,13 @@ def get_env_settings() -> EnvSettings:
             not a positive integer (the message names the variable).
     """
     return EnvSettings.model_validate(dict(os.environ))
+
+
+@functools.cache
+def get_store() -> Store:
+    """The state table (``DynamoStore``; its client is created on first use): only the scope's lease
+    is read here (``Store.lock_holder``)."""
+    return DynamoStore(get_env_settings().STATE_TABLE_NAME)
 
 
 @functools.cache
@@ -211,6 +231,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     pointer = run_request(
         request,
         workspace=get_workspace(),
+        store=get_store(),
         sandbox=get_sandbox(),
         max_sync_bytes=get_env_settings().ENV_SYNC_MAX_BYTES,
         time_left_s=lambda: context.get_remaining_time_in_millis() / 1000,
@@ -223,6 +244,7 @@ def run_request(
     request: EnvRequest,
     *,
     workspace: S3Workspace,
+    store: Store,
     sandbox: Sandbox,
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
@@ -252,6 +274,9 @@ def run_request(
         InvalidRequestError: the run id is not 1-64 of ``[0-9A-Za-z_-]``, or the code is empty, not
             UTF-8 or over 4 MiB (``Sandbox.run``).
         EnvRequestExpiredError: the invocation started, or its run ended, after ``request.not_after``.
+        EnvLeaseLostError: the request's turn does not hold its scope's lease (before the run, or
+            before one of its uploads, deletes or the claim check): the turn ended and the scope may
+            be the next turn's, so nothing (more) is run or kept.
         EnvDuplicateDeliveryError: another delivery claimed the run and its claim check did not appear
             in time (nothing was run here).
         SandboxError: the sandbox failed; botocore errors: S3 failed. The working copy is wiped anyway.
@@ -259,7 +284,7 @@ def run_request(
     if not _RUN_ID.fullmatch(request.run_id):
         raise InvalidRequestError(f"run_id: {request.run_id!r} is not 1-64 of [0-9A-Za-z_-]")
     with one_invocation_at_a_time(workspace.local_dir):
-        pointer = _run_locked(request, workspace, sandbox, max_sync_bytes, time_left_s)
+        pointer = _run_locked(request, workspace, store, sandbox, max_sync_bytes, time_left_s)
     if pointer is not None:
         return pointer
     # The working copies are not needed to wait, so the lock is released first.
@@ -338,6 +363,7 @@ def _existing_pointer(request: EnvRequest, workspace: S3Workspace) -> EnvPointer
 def _run_locked(
     request: EnvRequest,
     workspace: S3Workspace,
+    store: Store,
     sandbox: Sandbox,
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
@@ -354,6 +380,8 @@ def _run_locked(
         raise EnvRequestExpiredError(
             f"run {request.run_id}: the caller stopped waiting before the invocation started; not run"
         )
+    check_in_time = _deadline_check(request, store)
+    check_in_time()  # a turn that no longer holds its scope runs nothing there
     marker = json.dumps({"run_id": request.run_id, "claimed_at": time.time()}).encode("utf-8")
     if not workspace.create_exclusive(scope, claim_key(request.run_id), marker):
         return None
@@ -381,7 +409,6 @@ def _run_locked(
         result = sandbox.run(
             request.code, cwd=root, limits=limits, network=request.network, run_id=request.run_id
         )
-        check_in_time = _deadline_check(request)
         check_in_time()
         result = sync_result(workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time)
         check_in_time()
@@ -393,9 +420,13 @@ def _run_locked(
     return EnvPointer(run_id=result.run_id, status=result.status, result_key=key)
 
 
-def _deadline_check(request: EnvRequest) -> Callable[[], None]:
-    """A check to call before each change to the scope: raises ``EnvRequestExpiredError`` once the
-    request's ``not_after`` has passed (the caller stopped waiting; the scope may be the next turn's)."""
+def _deadline_check(request: EnvRequest, store: Store) -> Callable[[], None]:
+    """A check to call before each change to the scope. It raises ``EnvRequestExpiredError`` once the
+    request's ``not_after`` has passed (the caller stopped waiting), and ``EnvLeaseLostError`` when the
+    request's turn no longer holds its scope's lease: its execution failed, timed out or was aborted
+    and released the scope, which may be the next turn's now. The lease is read at most every
+    ``LEASE_CHECK_INTERVAL_S`` seconds (one strongly consistent GetItem)."""
+    checked_at: list[float] = []
 
     def check() -> None:
         if request.not_after is not None and now() > request.not_after:
@@ -403,8 +434,24 @@ def _deadline_check(request: EnvRequest) -> Callable[[], None]:
                 f"run {request.run_id}: the caller stopped waiting before the run was synced; what was"
                 " not uploaded by then was dropped, and there is no result"
             )
+        moment = time.monotonic()
+        if checked_at and moment - checked_at[0] < LEASE_CHECK_INTERVAL_S:
+            return
+        holder = store.lock_holder(request.scope.key, datetime.now(UTC))
+        if not holds_lease(holder, request.turn_id):
+            raise EnvLeaseLostError(
+                f"run {request.run_id}: turn {request.turn_id} no longer holds {request.scope.key};"
+                " nothing (more) of the run is kept"
+            )
+        checked_at[:] = [moment]
 
     return check
+
+
+def holds_lease(holder: str | None, turn_id: str) -> bool:
+    """Whether the lease ``holder`` is the turn ``turn_id``: the turn machine's execution is named by
+    the turn id; a turn driven outside the machine (``run_turn``) holds it as ``{turn_id}/{attempt}``."""
+    return holder is not None and (holder == turn_id or holder.startswith(f"{turn_id}/"))
 
 
 def _checked(paths: Iterable[str], check_in_time: Callable[[], None]) -> Iterator[str]:

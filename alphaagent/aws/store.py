@@ -602,6 +602,14 @@ class DynamoStore:
         except self._client.exceptions.ConditionalCheckFailedException:
             return
 
+    def lock_holder(self, scope_key: str, now: datetime) -> str | None:
+        """The holder of the scope's live lease at ``now`` (it expires after ``now``), or None. One
+        strongly consistent ``GetItem``; an expired item that TTL has not deleted yet counts as free."""
+        item = self._get(f"LOCK#{scope_key}", "LOCK")
+        if item is None or _str(item, "expires_at") <= _iso(_utc(now)):
+            return None
+        return _str(item, "holder")
+
     # events
 
     def append_event(self, event: Event) -> None:

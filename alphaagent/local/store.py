@@ -591,6 +591,13 @@ class SqliteStore:
         with self._write() as db:
             db.execute("DELETE FROM locks WHERE scope_key = ? AND holder = ?", (scope_key, holder))
 
+    def lock_holder(self, scope_key: str, now: datetime) -> str | None:
+        """The holder of the scope's live lease at ``now`` (it expires after ``now``), or None."""
+        row = self._read_one(
+            "SELECT holder FROM locks WHERE scope_key = ? AND expires_at > ?", (scope_key, _iso(_utc(now)))
+        )
+        return None if row is None else str(row["holder"])
+
     # events
 
     def append_event(self, event: Event) -> None:

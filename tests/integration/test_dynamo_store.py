@@ -640,6 +640,18 @@ def test_an_expired_lease_cannot_be_renewed_and_locks_of_scopes_are_independent(
         store.acquire_lock(CONV, "turn-A", T0, 0)
 
 
+def test_the_lock_holder_is_the_live_leases_holder_or_none(store: Store) -> None:
+    # Given no lease, then A's 60 s lease, then its expiry, then its release
+    assert store.lock_holder(CONV, T0) is None
+    store.acquire_lock(CONV, "turn-A", T0, 60)
+    # When the holder is asked at various moments / Then it is A while the lease lives, else None
+    assert store.lock_holder(CONV, T0 + timedelta(seconds=59)) == "turn-A"
+    assert store.lock_holder(CONV, T0 + timedelta(seconds=60)) is None
+    assert store.lock_holder("conversations/c2", T0) is None
+    store.release_lock(CONV, "turn-A")
+    assert store.lock_holder(CONV, T0) is None
+
+
 # events
 
 

@@ -87,17 +87,22 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         "AWS_DEFAULT_REGION": REGION,
         "POWERTOOLS_TRACE_DISABLED": "true",
         "WORKSPACES_BUCKET_NAME": BUCKET,
+        "STATE_TABLE_NAME": TABLE,
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
+    env_function.get_store.cache_clear()
     with mock_aws():
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
         create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+        # The sample request's turn holds its scope's lease, as its execution does while it runs.
+        DynamoStore(TABLE).acquire_lock(SCOPE.key, TURN, datetime.now(UTC), 3600)
         yield s3
     env_function.get_env_settings.cache_clear()
+    env_function.get_store.cache_clear()
 
 
 @pytest.fixture
@@ -381,6 +386,7 @@ def test_invocations_sharing_the_working_copies_take_turns(tmp_path: Path) -> No
 
 def test_settings_default_the_sync_budget_to_2_gib(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKSPACES_BUCKET_NAME", BUCKET)
+    monkeypatch.setenv("STATE_TABLE_NAME", TABLE)
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
     try:
@@ -728,6 +734,45 @@ def test_the_sync_stops_once_the_caller_gave_up_and_writes_no_result(
     assert RESULT_KEY not in scope_objects(aws)
 
 
+def test_a_turn_that_no_longer_holds_its_scope_runs_nothing_there(aws: Any, workspace: S3Workspace) -> None:
+    # Given the turn's execution ended and released the scope, and the next turn took it
+    store = DynamoStore(TABLE)
+    store.release_lock(SCOPE.key, TURN)
+    store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
+
+    # When a late invocation of the old turn arrives; Then it runs nothing and keeps nothing
+    with pytest.raises(env_function.EnvLeaseLostError, match="no longer holds"):
+        invoke("open('reports/late.md', 'w').write('late')")
+    assert "reports/late.md" not in scope_objects(aws) and RESULT_KEY not in scope_objects(aws)
+
+
+def test_a_run_whose_turn_loses_the_scope_stops_syncing(
+    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a run that writes 20 files, and the turn's lease taken over after the third upload (its
+    # execution was aborted and the next turn started), with every lease check reading the table
+    monkeypatch.setattr(env_function, "LEASE_CHECK_INTERVAL_S", 0.0)
+    store, real_upload = DynamoStore(TABLE), workspace.client.upload_fileobj
+    uploads: list[str] = []
+
+    def upload_fileobj(reader: Any, bucket: str, key: str, **kwargs: Any) -> None:
+        uploads.append(key)
+        real_upload(reader, bucket, key, **kwargs)
+        if len(uploads) == 3:
+            store.release_lock(SCOPE.key, TURN)
+            store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
+
+    monkeypatch.setattr(workspace.client, "upload_fileobj", upload_fileobj)
+    code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
+
+    # When the env function runs it
+    with pytest.raises(env_function.EnvLeaseLostError):
+        invoke(code)
+
+    # Then nothing was uploaded once the lease was gone, and there is no claim check
+    assert len(uploads) == 3 and RESULT_KEY not in scope_objects(aws)
+
+
 def test_an_invocation_with_an_unknown_field_is_refused_before_anything_runs() -> None:
     # Given the sample invocation with a field the contract does not have (a newer or a forged caller)
     event = json.loads((Path(__file__).resolve().parents[2] / "events" / "env_invocation.json").read_text())
@@ -755,7 +800,12 @@ def deliver(
 ) -> EnvPointer:
     """One delivery of ``request`` as ``lambda_handler`` makes it, with ``seconds_left`` in the invocation."""
     return env_function.run_request(
-        request, workspace=workspace, sandbox=sandbox, max_sync_bytes=2**30, time_left_s=lambda: seconds_left
+        request,
+        workspace=workspace,
+        store=DynamoStore(TABLE),
+        sandbox=sandbox,
+        max_sync_bytes=2**30,
+        time_left_s=lambda: seconds_left,
     )
 
 

@@ -495,7 +495,15 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Stack]:
     # The env function's sandbox, not exclusive: its uid sweep is refused as root.
     sandbox = Sandbox(SandboxConfig(isolation="process", pool_size=0))
     monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
-    getters = (get_lambda_settings, get_backend, get_stepfunctions_client, coder_backend)
+    getters = (
+        get_lambda_settings,
+        get_backend,
+        get_stepfunctions_client,
+        coder_backend,
+        env_function.get_store,
+        env_function.get_env_settings,
+        env_function.get_workspace,
+    )
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}):
         for getter in getters:
             getter.cache_clear()
@@ -510,6 +518,7 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Stack]:
             sandbox.close()
             env_function.get_workspace.cache_clear()
             env_function.get_env_settings.cache_clear()
+            env_function.get_store.cache_clear()
             for getter in getters:
                 getter.cache_clear()
 
