@@ -580,29 +580,7 @@ def test_a_failed_run_record_raises_env_function_error_marked_recorded(
 ) -> None:
     # Given a function that fails, so the recorder writes a failed run record (from OnFailure)
     def env_function_fails(request: EnvRequest) -> None:
-        store.put_run(
-            RunRecord(
-                run_id=request.run_id,
-                turn_id=request.turn_id,
-                session_id=request.session_id,
-                user_id=request.user_id,
-                scope_key=request.scope.key,
-                status="failed",
-                exit_code=None,
-                code=request.code,
-                stdout="",
-                stderr="",
-                stdout_bytes=0,
-                stderr_bytes=0,
-                stdout_truncated=False,
-                stderr_truncated=False,
-                error=RunError(name="Runtime.OutOfMemory", value="Runtime exited with error", traceback=""),
-                reason="Runtime exited with error",
-                duration_ms=0,
-                files_changed=[],
-                created_at=datetime(2026, 11, 30, tzinfo=UTC),
-            )
-        )
+        store.put_run(a_failed_record(request, "Runtime.OutOfMemory"))
 
     executor = executor_with(FakeLambda(on_invoke=env_function_fails), workspace, store)
 
