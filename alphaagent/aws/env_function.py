@@ -139,6 +139,16 @@ _DOWN_REASONS: Final = {
     SKIP_LOCAL_UNSAFE: "not synced down: the local path is blocked",
     SKIP_PATH_RULE: "not synced down: the key breaks a workspace path rule or is not NFC (DESIGN §4.2)",
 }
+
+
+def platform_owned(path: str) -> bool:
+    """Whether ``path`` is in a platform folder, or is a platform folder or one of its parents (a run
+    that replaces ``spec/`` or ``work/`` with a file would hide the folder from every later run)."""
+    return path.startswith(PLATFORM_FOLDERS) or any(
+        folder.startswith(f"{path}/") for folder in PLATFORM_FOLDERS
+    )
+
+
 PLATFORM_FOLDER_REASON: Final = (
     "not uploaded: spec/, work/turns/, work/runs/ and work/events/ are written by the platform only"
 )
@@ -488,7 +498,7 @@ def sync_result(
     skipped += [_skipped(item, _DOWN_REASONS, max_sync_bytes) for item in down.skipped]
     canonical: list[str] = []
     for path in [*files.created, *files.modified]:
-        if path.startswith(PLATFORM_FOLDERS):
+        if platform_owned(path):
             skipped.append(SkippedPath(path=path, reason=PLATFORM_FOLDER_REASON))
         elif _canonical(scope, path):
             canonical.append(path)
@@ -497,13 +507,11 @@ def sync_result(
     up = workspace.sync_up(scope, _checked(canonical, check_in_time))
     skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in up.skipped]
     uploaded = set(up.transferred)
-    deleted = [
-        path for path in files.deleted if _canonical(scope, path) and not path.startswith(PLATFORM_FOLDERS)
-    ]
+    deleted = [path for path in files.deleted if _canonical(scope, path) and not platform_owned(path)]
     skipped += [
         SkippedPath(path=path, reason=PLATFORM_FOLDER_REASON.replace("uploaded", "deleted"))
         for path in files.deleted
-        if path.startswith(PLATFORM_FOLDERS)
+        if platform_owned(path)
     ]
     for path in _checked(deleted, check_in_time):
         workspace.delete(scope, path)

@@ -115,8 +115,13 @@ class Recorder:
         self.store = store
 
     def _ran(self, detail: RunFailed) -> bool:
+        """Whether the run's record must stay as it is: it holds a result, or it holds a failure and
+        this one only says that a duplicate delivery of the invocation gave up waiting (the AWS env
+        function's ``EnvDuplicateDeliveryError``), which must not hide the real failure."""
         recorded = self.store.get_run(detail.user_id, detail.run_id)
-        return recorded is not None and recorded.status != "failed"
+        if recorded is None:
+            return False
+        return recorded.status != "failed" or detail.error.name == "EnvDuplicateDeliveryError"
 
     def handle(self, event: Event) -> None:
         """Append the event to the log, then persist its record (runs and citations). A run's record

@@ -106,8 +106,15 @@ def acquire_scope_lock(backend: Backend, request: AcquireLockInput) -> LockGrant
     ``backend.turns.lock_lease_s`` seconds; re-acquiring by the same holder extends it.
 
     Raises:
+        NotFoundError: the scope belongs to another user (the answer a missing scope gets; nothing
+            is locked).
         ScopeBusyError: another execution holds a live lease (the state machine retries with backoff).
     """
+    # Ownership first: another user's scope is never locked (no side effect there), and its answer
+    # is the one a missing scope gets, whether or not a turn runs there (DESIGN §4.7).
+    owner = backend.store.owner_of(request.spec.scope.owner_key)
+    if owner is not None and owner != request.user_id:
+        raise NotFoundError(f"{scope_label(request.spec.scope)} not found")
     now = utcnow()
     lease_s = backend.turns.lock_lease_s
     if not backend.store.acquire_lock(request.scope_key, request.holder, now, lease_s):

@@ -37,7 +37,12 @@ class PathRuleError(ValueError):
     """A workspace path broke a rule of DESIGN §4.2; the message names the rule."""
 
 
-_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_BIDI_CONTROLS = frozenset(
+    "\u200e\u200f\u061c"  # the directional marks
+    "\u202a\u202b\u202c\u202d\u202e"  # embeddings and overrides
+    "\u2066\u2067\u2068\u2069"  # isolates
+    "\u206a\u206b\u206c\u206d\u206e\u206f"  # the deprecated shaping and direction controls
+)
 
 MAX_SEGMENT_BYTES = 255
 """Longest path segment, in UTF-8 bytes: NAME_MAX of Linux file systems (ext4, tmpfs, overlayfs)."""
@@ -47,9 +52,10 @@ def check_workspace_path(path: str, *, prefix: str = "") -> str:
     """Validate and NFC-normalise a workspace-relative path handed in by code, the coder or a user.
 
     Rejected (``PathRuleError``): empty; absolute; ``..`` or ``.`` segments; NUL or other control
-    characters (C0, DEL and C1: U+0080-U+009F holds the terminal's CSI); the bidirectional
-    overrides and isolates (U+202A-U+202E, U+2066-U+2069: ``report\u202egnp.exe`` shows as
-    ``reportexe.png``); a backslash; leading, trailing or doubled ``/``; a segment over 255 UTF-8
+    characters (C0, DEL and C1: U+0080-U+009F holds the terminal's CSI) and the line and paragraph
+    separators (U+2028, U+2029: ``splitlines()`` splits on them); the bidirectional marks,
+    overrides and isolates (U+200E-F, U+061C, U+202A-E, U+2066-F: ``report\u202egnp.exe`` shows
+    as ``reportexe.png``); a backslash; leading, trailing or doubled ``/``; a segment over 255 UTF-8
     bytes (NAME_MAX of Linux filesystems: such a file could not be synced to a working copy); a key
     (``prefix`` + path) over 1,024 UTF-8 bytes (S3's key limit). Percent-encoding is not decoded:
     ``..%2F`` is a literal name.
@@ -57,10 +63,12 @@ def check_workspace_path(path: str, *, prefix: str = "") -> str:
     if not isinstance(path, str) or path == "":
         raise PathRuleError("path must not be empty")
     normal = unicodedata.normalize("NFC", path)
-    if any(unicodedata.category(ch) == "Cc" for ch in normal):
-        raise PathRuleError("path must not contain NUL or control characters")
+    if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in normal):
+        raise PathRuleError("path must not contain NUL, control characters or line separators")
     if any(ch in _BIDI_CONTROLS for ch in normal):
-        raise PathRuleError("path must not contain bidirectional override characters (U+202A-E, U+2066-9)")
+        raise PathRuleError(
+            "path must not contain bidirectional control characters (U+200E-F, U+202A-E, U+2066-F)"
+        )
     if normal.startswith("/"):
         raise PathRuleError("path must be relative to the scope (no leading '/')")
     if "\\" in normal:

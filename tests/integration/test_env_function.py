@@ -240,6 +240,30 @@ def test_run_code_cannot_rewrite_or_forge_what_the_platform_writes(aws: Any, wor
     assert skipped[turn_result].startswith("not deleted: spec/, work/turns/")
 
 
+def test_a_platform_folder_replaced_by_a_file_is_not_uploaded(aws: Any, workspace: S3Workspace) -> None:
+    # Given the turn's spec in the scope
+    spec = f"spec/{TURN}.json"
+    workspace.write_bytes(SCOPE, spec, b"{}")
+    code = (
+        "import os\n"
+        "os.rename('spec', 'x')\n"
+        "open('spec', 'w').write('a file where the folder was')\n"
+        "os.makedirs('work', exist_ok=True)\n"
+        "open('work/events', 'w').write('and another')\n"
+    )
+
+    # When a run replaces spec/ and work/events/ with files of the same names
+    invoke(code)
+
+    # Then neither file is uploaded (later runs still see the folders), the spec is still there,
+    # and both are reported
+    objects = scope_objects(aws)
+    assert "spec" not in objects and "work/events" not in objects and objects[spec] == b"{}"
+    skipped = {item.path: item.reason for item in stored_result(workspace).files.skipped}
+    assert skipped["spec"].startswith("not uploaded: spec/, work/turns/")
+    assert skipped["work/events"].startswith("not uploaded: spec/, work/turns/")
+
+
 def test_spill_files_of_older_runs_are_not_synced_down(aws: Any, workspace: S3Workspace) -> None:
     # Given a scope with the spill file and claim check of an older run
     workspace.write_bytes(SCOPE, "work/runs/01OLDRUN/stdout.txt", b"old output")

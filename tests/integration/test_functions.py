@@ -24,7 +24,7 @@ from alphaagent.aws.backend import get_backend, get_stepfunctions_client
 from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
 from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
-from alphaagent.errors import InvalidSpecError
+from alphaagent.errors import InvalidSpecError, NotFoundError
 from alphaagent.models.aws import (
     AcquireLockInput,
     DestinationEvent,
@@ -348,6 +348,41 @@ def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, An
     turn = get_backend().store.get_turn(user, turn_id)
     assert turn is not None and turn.status == "failed" and turn.result is not None
     assert turn.result.model_dump(mode="json") == result
+
+
+def test_another_users_scope_is_never_locked_and_answers_as_a_missing_one(aws: dict[str, Any]) -> None:
+    # Given alice's conversation, idle
+    backend = get_backend()
+    backend.store.claim_owner(SCOPE.owner_key, USER, utcnow())
+    event = load("acquire_lock.json")
+    event["spec"]["user_id"] = "mallory"
+
+    # When mallory's turn asks for its lease; Then it is refused as a missing conversation is, and
+    # alice's scope was never locked
+    with pytest.raises(NotFoundError, match="conversation c-demo not found"):
+        acquire_lock.lambda_handler(event, Context())
+    assert backend.store.lock_holder(SCOPE.key, utcnow()) is None
+
+    # And while alice's own turn holds the scope, mallory gets the very same answer, not "busy"
+    backend.store.acquire_lock(SCOPE.key, "alice-turn", utcnow(), 600)
+    with pytest.raises(NotFoundError, match="conversation c-demo not found"):
+        acquire_lock.lambda_handler(event, Context())
+
+
+def test_a_duplicate_deliverys_failure_never_hides_the_runs_real_failure(aws: dict[str, Any]) -> None:
+    # Given a run recorded failed from its failure destination (the function timed out)
+    record_event.lambda_handler(load("destination_failure.json"), Context())
+    # When a duplicate delivery's "gave up waiting" failure arrives for the same run
+    duplicate = load("destination_failure.json")
+    duplicate["detail"]["requestContext"]["requestId"] = "c0ffee00-0000-4000-8000-00000000dup1"
+    duplicate["detail"]["responsePayload"] = {
+        "errorType": "EnvDuplicateDeliveryError",
+        "errorMessage": "another delivery claimed the run",
+    }
+    record_event.lambda_handler(duplicate, Context())
+    # Then the run's record still holds the real failure
+    run = get_backend().store.get_run(USER, RUN_ID)
+    assert run is not None and run.error is not None and run.error.name == "Sandbox.Timedout"
 
 
 def test_a_turn_refused_for_another_users_scope_touches_nothing_of_that_scope(aws: dict[str, Any]) -> None:

@@ -145,6 +145,9 @@ REJECTED_PATHS = [
     "datasets/c1-\x85-\x9b[31m.csv",  # C1 controls: U+009B is the terminal's CSI
     "reports/rtl-\u202egnp.exe",  # a right-to-left override: shows as "rtl-exe.png"
     "reports/isolate-\u2066x.md",
+    "reports/mark-\u200fx.md",  # a right-to-left mark
+    "reports/line\u2028break.md",  # splitlines() splits here: a fake line in a listing
+    "reports/para\u2029break.md",
     "reports/" + "a" * 256 + ".md",  # a segment over NAME_MAX (255 bytes)
     "reports/" + "é" * 128 + ".md",  # 256 + 3 bytes in UTF-8, though 131 characters
 ]
