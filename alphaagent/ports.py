@@ -122,8 +122,10 @@ class Store(Protocol):
         """The user's turns in a scope, oldest first."""
 
     # runs
-    def put_run(self, run: RunRecord) -> None:
-        """Insert or replace a run record (idempotent on ``run_id``)."""
+    def put_run(self, run: RunRecord, *, only_over_failed: bool = False) -> bool:
+        """Insert or replace a run record (idempotent on ``run_id``); True if written. With
+        ``only_over_failed`` the write happens only if the run has no record yet or a ``failed``
+        one, in the same atomic step: a failure reported late never replaces a run's result."""
 
     def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
         """A run of ``user_id``, or None."""

@@ -381,16 +381,24 @@ class DynamoStore:
 
     # runs
 
-    def put_run(self, run: RunRecord) -> None:
+    def put_run(self, run: RunRecord, *, only_over_failed: bool = False) -> bool:
         """Insert or replace a run record, idempotent on ``run_id`` (the recorder may see the same
-        destination record twice). A replacement under another user or scope moves the record."""
+        destination record twice); True if written. A replacement under another user or scope moves
+        the record. With ``only_over_failed``, the transaction holds only if the run has no record or
+        a ``failed`` one (a condition on the run's index item, which carries the status)."""
         stored = run.model_copy(update={"created_at": _utc(run.created_at)})
         main = _key(_user_scope(stored.user_id, stored.scope_key), f"RUN#{stored.run_id}")
         pk = f"RUN#{stored.run_id}"
         pointer = _key(pk, f"USER#{stored.user_id}")
         links = {"main_pk": main["pk"], "main_sk": main["sk"], "pointer_sk": pointer["sk"]}
+        index = {**_key(pk, "RUN"), **links, "run_status": _s(stored.status)}
+        guard = (
+            ("attribute_not_exists(pk) OR run_status = :failed", {":failed": _s("failed")})
+            if only_over_failed
+            else (None, None)
+        )
         actions = [
-            _put(self._table, {**_key(pk, "RUN"), **links}),
+            _put(self._table, index, *guard),
             _put(self._table, {**pointer, **links}),
             _put(self._table, {**main, **_record_attributes("run", stored)[0]}),
         ]
@@ -399,7 +407,7 @@ class DynamoStore:
             actions.append(_delete(self._table, _key(_str(previous, "main_pk"), _str(previous, "main_sk"))))
             if _str(previous, "pointer_sk") != pointer["sk"]["S"]:
                 actions.append(_delete(self._table, _key(pk, _str(previous, "pointer_sk"))))
-        self._transact(actions)
+        return self._transact(actions)
 
     def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
         """The run ``run_id`` if it belongs to ``user_id``, else None."""
@@ -798,10 +806,14 @@ def _key(pk: str, sk: str) -> dict[str, Any]:
     return {"pk": _s(pk), "sk": _s(sk)}
 
 
-def _put(table: str, item: dict[str, Any], condition: str | None = None) -> dict[str, Any]:
+def _put(
+    table: str, item: dict[str, Any], condition: str | None = None, values: dict[str, Any] | None = None
+) -> dict[str, Any]:
     put: dict[str, Any] = {"TableName": table, "Item": item}
     if condition is not None:
         put["ConditionExpression"] = condition
+    if values:
+        put["ExpressionAttributeValues"] = values
     return {"Put": put}
 
 

@@ -108,31 +108,33 @@ def history_view(result: RunResult) -> RunResult:
     )
 
 
+DUPLICATE_DELIVERY_ERROR = "EnvDuplicateDeliveryError"
+"""The error of a duplicate delivery of an env invocation that gave up waiting for the first one
+(``alphaagent.aws.env_function.EnvDuplicateDeliveryError``)."""
+
+
 class Recorder:
     """Persists what events report. ``handle`` is idempotent: a redelivered event changes nothing."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def _ran(self, detail: RunFailed) -> bool:
-        """Whether the run's record must stay as it is: it holds a result, or it holds a failure and
-        this one only says that a duplicate delivery of the invocation gave up waiting (the AWS env
-        function's ``EnvDuplicateDeliveryError``), which must not hide the real failure."""
-        recorded = self.store.get_run(detail.user_id, detail.run_id)
-        if recorded is None:
-            return False
-        return recorded.status != "failed" or detail.error.name == "EnvDuplicateDeliveryError"
-
     def handle(self, event: Event) -> None:
         """Append the event to the log, then persist its record (runs and citations). A run's record
         never goes from a result (``RunCompleted``) back to ``failed``."""
         self.store.append_event(event)
         detail = event.detail
-        if isinstance(detail, RunFailed) and self._ran(detail):
-            # A failure reported after the run's result (a duplicate delivery of the invocation that
-            # gave up, the coder's own deadline): the event is kept, the record stays the result.
-            return
-        if isinstance(detail, RunCompleted | RunFailed):
+        if isinstance(detail, RunFailed):
+            if detail.error.name == DUPLICATE_DELIVERY_ERROR and self.store.get_run(
+                detail.user_id, detail.run_id
+            ):
+                # A duplicate delivery of the invocation gave up waiting for the first one: this says
+                # nothing of the run, whose record (a result or its real failure) stays as it is.
+                return
+            # A failure reported after the run's result (the coder's own deadline, a late duplicate)
+            # never replaces it; checked in the write itself, so a concurrent result cannot slip in.
+            self.store.put_run(run_record_from(detail, detail.code), only_over_failed=True)
+        elif isinstance(detail, RunCompleted):
             self.store.put_run(run_record_from(detail, detail.code))
         elif isinstance(detail, CitationEmitted):
             self.store.add_citation(

@@ -404,16 +404,19 @@ class SqliteStore:
 
     # runs
 
-    def put_run(self, run: RunRecord) -> None:
+    def put_run(self, run: RunRecord, *, only_over_failed: bool = False) -> bool:
         """Insert or replace a run record, idempotent on ``run_id`` (the recorder may see the same
-        destination record twice). A replacement keeps the run's place in ``list_runs``."""
+        destination record twice); True if written. A replacement keeps the run's place in
+        ``list_runs``. With ``only_over_failed``, an existing record is replaced only if it is
+        ``failed`` (one statement: no other write can come in between)."""
         stored = run.model_copy(update={"created_at": _utc(run.created_at)})
+        guard = " WHERE json_extract(runs.record, '$.status') = 'failed'" if only_over_failed else ""
         with self._write() as db:
-            db.execute(
+            written = db.execute(
                 "INSERT INTO runs (run_id, turn_id, user_id, scope_key, created_at, record) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET turn_id = excluded.turn_id, "
                 "user_id = excluded.user_id, scope_key = excluded.scope_key, "
-                "created_at = excluded.created_at, record = excluded.record",
+                "created_at = excluded.created_at, record = excluded.record" + guard,
                 (
                     stored.run_id,
                     stored.turn_id,
@@ -422,7 +425,8 @@ class SqliteStore:
                     _iso(stored.created_at),
                     stored.model_dump_json(),
                 ),
-            )
+            ).rowcount
+        return written == 1
 
     def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
         """The run ``run_id`` if it belongs to ``user_id``, else None."""

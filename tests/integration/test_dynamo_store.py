@@ -496,6 +496,23 @@ def test_put_run_is_idempotent_on_run_id(store: Store) -> None:
     assert store.get_run(ALICE, "R2") == make_run("R2", status="error", created_at=T0 + minutes(1))
 
 
+def test_a_failure_written_only_over_failed_never_replaces_a_result(store: Store) -> None:
+    # Given a run with a result, one with a failure, and none for a third id
+    assert store.put_run(make_run("R1")) is True
+    store.put_run(make_run("R2", status="failed"))
+
+    # When failures are written with only_over_failed
+    kept = store.put_run(make_run("R1", status="failed", stdout=""), only_over_failed=True)
+    replaced = store.put_run(make_run("R2", status="failed", stdout="again"), only_over_failed=True)
+    new = store.put_run(make_run("R3", status="failed"), only_over_failed=True)
+
+    # Then the result stays, the earlier failure and the missing record are written
+    assert (kept, replaced, new) == (False, True, True)
+    assert store.get_run(ALICE, "R1") == make_run("R1")
+    assert store.get_run(ALICE, "R2") == make_run("R2", status="failed", stdout="again")
+    assert store.get_run(ALICE, "R3") == make_run("R3", status="failed")
+
+
 # artifacts
 
 
