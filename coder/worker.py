@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from alphaagent.aws.sdk import error_code
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import Coder, abandon_turn, code_prepared_turn, run_turn
 from alphaagent.errors import AlphaAgentError
@@ -362,9 +363,9 @@ class CoderWorker:
         try:
             self.sfn.send_task_heartbeat(taskToken=task.token)
         except Exception as exc:
-            if _error_code(exc) in _GONE_TASK_ERRORS:
+            if error_code(exc) in _GONE_TASK_ERRORS:
                 logger.warning(
-                    "task gone (%s); the turn runs on, its answer will be dropped", _error_code(exc)
+                    "task gone (%s); the turn runs on, its answer will be dropped", error_code(exc)
                 )
                 return False
             logger.warning("SendTaskHeartbeat failed: %s", exc)
@@ -398,8 +399,8 @@ class CoderWorker:
                 getattr(self.sfn, action)(taskToken=task.token, **kwargs)
                 break
             except Exception as exc:
-                if _error_code(exc) in _GONE_TASK_ERRORS:
-                    logger.warning("%s: task gone (%s); dropping the message", action, _error_code(exc))
+                if error_code(exc) in _GONE_TASK_ERRORS:
+                    logger.warning("%s: task gone (%s); dropping the message", action, error_code(exc))
                     break
                 if attempt == 3:
                     logger.exception("%s failed; the message will be delivered again", action)
@@ -427,11 +428,3 @@ def _task_token_of(body: str) -> str | None:
         return None
     token = data.get("task_token") if isinstance(data, dict) else None
     return token if isinstance(token, str) and token else None
-
-
-def _error_code(exc: BaseException) -> str:
-    """The AWS error code of a botocore ``ClientError`` (``""`` for anything else)."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code", ""))
-    return ""

@@ -12,10 +12,10 @@ Example::
 from __future__ import annotations
 
 import functools
-import importlib
 from pathlib import Path
 from typing import Any
 
+from alphaagent.aws import sdk
 from alphaagent.aws.bus import EventBridgeBus, event_from_eventbridge
 from alphaagent.aws.executor import LambdaExecutor
 from alphaagent.aws.settings import get_lambda_settings
@@ -103,7 +103,7 @@ def coder_backend() -> Backend:
 @functools.cache
 def get_stepfunctions_client() -> Any:
     """The Step Functions client of this process (boto3 has no type information: ``Any``)."""
-    return importlib.import_module("boto3").client("stepfunctions")
+    return sdk.client("stepfunctions")
 
 
 def start_turn_execution(state_machine_arn: str, turn_id: str, execution_input: str) -> bool:

@@ -24,12 +24,11 @@ Example::
 
 from __future__ import annotations
 
-import functools
-import importlib
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from alphaagent.aws import sdk
 from alphaagent.errors import AlphaAgentError, RetryableError
 from alphaagent.models.common import Scope, check_workspace_path
 from alphaagent.models.events import EVENT_MODELS, Event
@@ -66,18 +65,6 @@ _RETRYABLE_CODES: Final = frozenset(
 """PutEvents error codes (after botocore's own retries) that are worth another attempt."""
 
 
-@functools.cache
-def _boto3() -> Any:
-    # boto3 ships no type information; importing it by name keeps mypy strict without stubs.
-    return importlib.import_module("boto3")
-
-
-@functools.cache
-def _client_error() -> type[Exception]:
-    error: type[Exception] = importlib.import_module("botocore.exceptions").ClientError
-    return error
-
-
 def entry_size(entry: dict[str, Any]) -> int:
     """The size EventBridge counts for one PutEvents entry, in bytes (AWS, "Calculating PutEvents
     event entry size"): 14 for ``Time`` if present, plus the UTF-8 bytes of ``Source``, ``DetailType``,
@@ -109,7 +96,7 @@ class EventBridgeBus:
     def client(self) -> Any:
         """The EventBridge client, created on first use (nothing is created at import or construction)."""
         if self._client is None:
-            self._client = _boto3().client("events")
+            self._client = sdk.client("events")
         return self._client
 
     def publish(self, event: Event) -> None:
@@ -127,7 +114,7 @@ class EventBridgeBus:
             entry = self._claim_checked(event, entry)
         try:
             response = self.client.put_events(Entries=[entry])
-        except _client_error() as error:
+        except sdk.client_error() as error:
             details: dict[str, Any] = getattr(error, "response", {}).get("Error", {})
             if details.get("Code") not in _RETRYABLE_CODES:
                 raise

@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import re
 import time
@@ -27,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from alphaagent.aws import sdk
 from alphaagent.errors import AlphaAgentError, InvalidSpecError
 from alphaagent.ids import new_ulid
 from alphaagent.models.records import TurnResult
@@ -89,8 +89,7 @@ def queue_region(queue_url: str) -> str | None:
 def aws_client(service: str, region: str | None = None) -> Any:
     """A boto3 client for ``service`` (imported here, on first use: STYLE 2). ``region`` None means
     the region of the environment or profile. boto3 ships without types, so the client is ``Any``."""
-    boto3 = importlib.import_module("boto3")
-    return boto3.client(service, region_name=region)
+    return sdk.client(service, region)
 
 
 def submit_spec(spec: Spec, *, queue_url: str, sqs: Any = None) -> str:

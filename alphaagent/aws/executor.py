@@ -24,13 +24,13 @@ Example::
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from alphaagent.aws import sdk
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvRequest, run_result_key
 from alphaagent.models.records import RunRecord
@@ -87,12 +87,6 @@ class EnvResultTimeoutError(SandboxError):
 
 
 @functools.cache
-def _botocore_errors() -> tuple[type[Exception], ...]:
-    # botocore ships no type information; importing it by name keeps mypy strict without stubs.
-    exceptions = importlib.import_module("botocore.exceptions")
-    return (exceptions.ClientError, exceptions.BotoCoreError)
-
-
 class LambdaExecutor:
     """``alphaagent.ports.Executor`` for the coder on AWS: each run is one asynchronous invocation of
     the environment function.
@@ -145,7 +139,7 @@ class LambdaExecutor:
     def lambda_client(self) -> Any:
         """The Lambda client, created on first use (nothing is created at import or construction)."""
         if self._lambda is None:
-            self._lambda = importlib.import_module("boto3").client("lambda")
+            self._lambda = sdk.client("lambda")
         return self._lambda
 
     def run(
@@ -204,7 +198,7 @@ class LambdaExecutor:
             arguments["TenantId"] = origin.scope.key
         try:
             response = self.lambda_client.invoke(**arguments)
-        except _botocore_errors() as error:
+        except sdk.sdk_errors() as error:
             raise EnvInvokeError(f"invoking {function} failed: {error}") from error
         status = response.get("StatusCode")
         if status != 202:  # what Lambda answers an accepted asynchronous invocation

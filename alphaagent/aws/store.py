@@ -93,7 +93,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import math
 import random
@@ -103,6 +102,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from alphaagent.aws import sdk
 from alphaagent.errors import RetryableError
 from alphaagent.local.store import (
     StoreError,
@@ -188,10 +188,7 @@ class DynamoStore:
         if self._client_value is None:
             with self._client_lock:
                 if self._client_value is None:
-                    # Imported here: nothing AWS happens at import time (STYLE 2), and boto3 ships
-                    # without type information, so it is used as Any.
-                    boto3 = importlib.import_module("boto3")
-                    self._client_value = boto3.client("dynamodb")
+                    self._client_value = sdk.client("dynamodb")
         return self._client_value
 
     # ownership

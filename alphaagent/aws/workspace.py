@@ -29,7 +29,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib
 import os
@@ -43,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
+from alphaagent.aws import sdk
 from alphaagent.errors import RetryableError
 from alphaagent.local import safefs
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
@@ -118,23 +118,6 @@ class FileChangedError(RetryableError):
     content."""
 
 
-@functools.cache
-def _boto3() -> Any:
-    # boto3 ships no type information; importing it by name keeps mypy strict without stubs.
-    return importlib.import_module("boto3")
-
-
-@functools.cache
-def _client_error() -> type[Exception]:
-    error: type[Exception] = importlib.import_module("botocore.exceptions").ClientError
-    return error
-
-
-def _error_code(error: Exception) -> str:
-    response: dict[str, Any] = getattr(error, "response", {}) or {}
-    return str(response.get("Error", {}).get("Code", ""))
-
-
 class S3Workspace:
     """``alphaagent.ports.Workspace`` on S3: scope files at ``{scope.key}/{path}`` in ``bucket``.
 
@@ -181,7 +164,7 @@ class S3Workspace:
     def client(self) -> Any:
         """The S3 client, created on first use (nothing is created at import or construction)."""
         if self._client is None:
-            self._client = _boto3().client("s3")
+            self._client = sdk.client("s3")
         return self._client
 
     def _transfer_config(self) -> Any:
@@ -202,8 +185,8 @@ class S3Workspace:
                 self.client.put_object(
                     Bucket=self.bucket, Key=f"{scope.key}/{folder}/", Body=b"", IfNoneMatch="*"
                 )
-            except _client_error() as error:
-                if _error_code(error) not in _PRECONDITION_CODES:
+            except sdk.client_error() as error:
+                if sdk.error_code(error) not in _PRECONDITION_CODES:
                     raise
 
     def scope_exists(self, scope: Scope) -> bool:
@@ -239,8 +222,8 @@ class S3Workspace:
         key = self._key(scope, path)
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=key)
-        except _client_error() as error:
-            if _error_code(error) in _MISSING_CODES:
+        except sdk.client_error() as error:
+            if sdk.error_code(error) in _MISSING_CODES:
                 raise FileNotFoundError(f"no file {path!r} in scope {scope.key!r}") from None
             raise
         body: BinaryIO = response["Body"]
@@ -276,8 +259,8 @@ class S3Workspace:
         for attempt in range(1, CONFLICT_ATTEMPTS + 1):
             try:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
-            except _client_error() as error:
-                code = _error_code(error)
+            except sdk.client_error() as error:
+                code = sdk.error_code(error)
                 if code not in _PRECONDITION_CODES:
                     raise
                 if code not in _CONFLICT_CODES or attempt == CONFLICT_ATTEMPTS:
@@ -296,8 +279,8 @@ class S3Workspace:
         key = self._key(scope, path)
         try:
             response = self.client.head_object(Bucket=self.bucket, Key=key)
-        except _client_error() as error:
-            if _error_code(error) in _MISSING_CODES:
+        except sdk.client_error() as error:
+            if sdk.error_code(error) in _MISSING_CODES:
                 return None
             raise
         return FileInfo(
@@ -355,8 +338,8 @@ class S3Workspace:
         key = self._key(scope, path)
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=key)
-        except _client_error() as error:
-            if _error_code(error) in _MISSING_CODES:
+        except sdk.client_error() as error:
+            if sdk.error_code(error) in _MISSING_CODES:
                 raise FileNotFoundError(f"no file {path!r} in scope {scope.key!r}") from None
             raise
         digest = hashlib.sha256()
@@ -383,8 +366,8 @@ class S3Workspace:
                     CopySourceIfMatch=etag,
                     IfNoneMatch="*",
                 )
-            except _client_error() as error:
-                if _error_code(error) not in _PRECONDITION_CODES:
+            except sdk.client_error() as error:
+                if sdk.error_code(error) not in _PRECONDITION_CODES:
                     raise
                 # IfNoneMatch: a concurrent writer stored the same bytes first, which is fine.
                 # CopySourceIfMatch: the file changed after it was hashed; nothing is stored.
@@ -413,8 +396,8 @@ class S3Workspace:
             raise FileNotFoundError(f"no blob stored under {sha256!r}")
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=_blob_key(sha256))
-        except _client_error() as error:
-            if _error_code(error) in _MISSING_CODES:
+        except sdk.client_error() as error:
+            if sdk.error_code(error) in _MISSING_CODES:
                 raise FileNotFoundError(f"no blob stored under {sha256!r}") from None
             raise
         with contextlib.closing(response["Body"]) as body:
@@ -523,8 +506,8 @@ class S3Workspace:
     def _exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
-        except _client_error() as error:
-            if _error_code(error) in _MISSING_CODES:
+        except sdk.client_error() as error:
+            if sdk.error_code(error) in _MISSING_CODES:
                 return False
             raise
         return True
