@@ -3,7 +3,7 @@
 ``alphaagent.domain.turns.run_turn`` drives the same steps in one process (lease renewed in a thread,
 the coder called in between). On AWS each step is a Lambda function and the machine holds the state
 in between, so the steps are exposed here one by one. They reuse the in-process driver's input
-resolution (``_resolve_inputs``) and end-of-turn recording (``_finalize``), so both backends write
+resolution (``resolve_inputs``) and end-of-turn recording (``record_turn_end``), so both backends write
 the same records, files and events. Every step is safe to repeat: Lambda and the state machine
 retry, and a repeat must neither create a second turn nor regress a finished one.
 """
@@ -18,12 +18,13 @@ from typing import Any
 
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import (
-    _finalize,
-    _resolve_inputs,
     abandon_turn,
     check_spec_against,
     claim_scope_and_session,
+    record_turn_end,
+    resolve_inputs,
     scope_label,
+    start_turn,
 )
 from alphaagent.errors import InvalidRequestError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid
@@ -36,7 +37,7 @@ from alphaagent.models.aws import (
     TurnInput,
 )
 from alphaagent.models.common import scope_from_key, utcnow
-from alphaagent.models.events import Event, TurnFailed, TurnStarted
+from alphaagent.models.events import Event, TurnFailed
 from alphaagent.models.records import PreparedInput, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import Spec, parse_spec
@@ -177,27 +178,13 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
         raise InvalidSpecError(f"turn_id: already used in another scope ({existing.scope_key})")
     if existing is not None and existing.result is not None:
         return _prepared(existing, spec, [], finished=True)
-    inputs = _resolve_inputs(backend, spec)
+    inputs = resolve_inputs(backend, spec)
     now = utcnow()
     if existing is None:
         session, _created = claim_scope_and_session(backend, spec, turn_id, now)
-        turn = Turn(
-            turn_id=turn_id,
-            user_id=user_id,
-            scope_key=scope.key,
-            session_id=session.session_id,
-            status="running",
-            goal=spec.goal,
-            started_at=now,
-        )
-        if store.create_turn(turn):
-            backend.bus.publish(
-                Event.of(
-                    TurnStarted(turn_id=turn_id, scope=scope, user_id=user_id, session_id=session.session_id),
-                    new_ulid(),
-                )
-            )
-        existing = store.get_turn(user_id, turn_id) or turn
+        existing = start_turn(backend, spec, turn_id, session, now) or store.get_turn(user_id, turn_id)
+        if existing is None:
+            raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")
     spec_bytes = spec.model_dump_json(indent=2).encode()
     backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec_bytes)
     written: list[PreparedInput] = []
@@ -262,7 +249,7 @@ def finalize_turn(backend: Backend, request: FinalizeInput) -> TurnResult:
             turn_id=request.turn_id, status="failed", error=error, failed_step=request.failed_step
         )
     if turn is not None:
-        return _finalize(backend, turn, result)
+        return record_turn_end(backend, turn, result)
     return _fail_unstarted_turn(backend, request, result)
 
 

@@ -173,7 +173,7 @@ def run_turn(
             if existing.result is not None:
                 return existing.result
             # Still "running" while we hold the lease: its process died and its lease expired.
-            return _finalize(backend, existing, _abandoned(existing.turn_id))
+            return record_turn_end(backend, existing, _abandoned(existing.turn_id))
         return _locked_turn(backend, spec, turn_id, coder, say, lease)
     finally:
         lease.release()
@@ -187,7 +187,7 @@ def abandon_turn(backend: Backend, user_id: str, turn_id: str, reason: str) -> b
     if turn is None or turn.status != "running":
         return False
     error = RunError(name="TurnAbandoned", value=reason, traceback="")
-    _finalize(backend, turn, TurnResult(turn_id=turn_id, status="failed", error=error))
+    record_turn_end(backend, turn, TurnResult(turn_id=turn_id, status="failed", error=error))
     return True
 
 
@@ -213,6 +213,27 @@ def claim_scope_and_session(
     )
 
 
+def start_turn(backend: Backend, spec: Spec, turn_id: str, session: Session, now: datetime) -> Turn | None:
+    """Create the turn's record (``running``, in ``session``) and publish ``TurnStarted``; None if a
+    turn with that id exists already (nothing published). Shared by the local turn driver and the AWS
+    prepare step."""
+    scope, user_id = spec.scope, spec.user_id
+    turn = Turn(
+        turn_id=turn_id,
+        user_id=user_id,
+        scope_key=scope.key,
+        session_id=session.session_id,
+        status="running",
+        goal=spec.goal,
+        started_at=now,
+    )
+    if not backend.store.create_turn(turn):
+        return None
+    started = TurnStarted(turn_id=turn_id, scope=scope, user_id=user_id, session_id=session.session_id)
+    backend.bus.publish(Event.of(started, new_ulid()))
+    return turn
+
+
 def _abandoned(turn_id: str) -> TurnResult:
     error = RunError(
         name="TurnAbandoned", value="the turn's process stopped and its lease expired", traceback=""
@@ -223,30 +244,16 @@ def _abandoned(turn_id: str) -> TurnResult:
 def _locked_turn(
     backend: Backend, spec: Spec, turn_id: str, coder: Coder | None, say: Progress, lease: _Lease
 ) -> TurnResult:
-    scope, user_id, store = spec.scope, spec.user_id, backend.store
-    inputs = _resolve_inputs(backend, spec)  # before anything is written: a bad input leaves nothing
+    scope, user_id = spec.scope, spec.user_id
+    inputs = resolve_inputs(backend, spec)  # before anything is written: a bad input leaves nothing
     now = utcnow()
     session, created = claim_scope_and_session(backend, spec, turn_id, now)
     _fail_abandoned_turns(backend, scope, user_id, turn_id)
     if created:
         say(f"session {session.session_id[:8]}… started")
-    turn = Turn(
-        turn_id=turn_id,
-        user_id=user_id,
-        scope_key=scope.key,
-        session_id=session.session_id,
-        status="running",
-        goal=spec.goal,
-        started_at=now,
-    )
-    if not store.create_turn(turn):
+    turn = start_turn(backend, spec, turn_id, session, now)
+    if turn is None:
         raise ScopeBusyError(f"turn {turn_id} exists already")
-    backend.bus.publish(
-        Event.of(
-            TurnStarted(turn_id=turn_id, scope=scope, user_id=user_id, session_id=session.session_id),
-            new_ulid(),
-        )
-    )
     spec_with_id = spec.model_copy(update={"turn_id": turn_id})
     ctx = TurnContext(
         backend=backend,
@@ -366,7 +373,7 @@ def _finish_checked(backend: Backend, turn: Turn, result: TurnResult, lease: _Le
         raise ScopeBusyError(
             f"turn {turn.turn_id} lost its lease on {turn.scope_key} and was recorded as abandoned"
         )
-    return _finalize(backend, turn, result)
+    return record_turn_end(backend, turn, result)
 
 
 class _StepFailed(Exception):
@@ -388,7 +395,7 @@ def _failed(ctx: TurnContext, error: RunError, step: str | None) -> TurnResult:
     )
 
 
-def _finalize(backend: Backend, turn: Turn, result: TurnResult) -> TurnResult:
+def record_turn_end(backend: Backend, turn: Turn, result: TurnResult) -> TurnResult:
     """Record the turn's end: the record first (it must never stay ``running``), then the result
     file (best effort: the code may have broken ``work/``), then the event."""
     scope = _scope_of(turn)
@@ -426,13 +433,13 @@ def _fail_abandoned_turns(backend: Backend, scope: Scope, user_id: str, turn_id:
     lease expired): record them as failed, so no status stays ``running`` forever."""
     for stale in backend.store.list_turns(user_id, scope.key):
         if stale.status == "running" and stale.turn_id != turn_id:
-            _finalize(backend, stale, _abandoned(stale.turn_id))
+            record_turn_end(backend, stale, _abandoned(stale.turn_id))
 
 
 # ----------------------------------------------------------------------------- prepare
 
 
-class _Input:
+class ResolvedInput:
     """A declared input, resolved: where it goes in ``docs/`` and what to put there (``None``: a
     document already in the scope, used in place)."""
 
@@ -440,17 +447,17 @@ class _Input:
         self.path, self.data, self.note, self.blob = path, data, note, blob
 
 
-def _resolve_inputs(backend: Backend, spec: Spec) -> list[_Input]:
+def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
     """Check and fetch every declared input into memory; raise ``InvalidSpecError`` naming
     ``inputs[i]`` for the first that is missing, not allowed or too large. Nothing is written."""
     workspace, store, scope, user_id = backend.workspace, backend.store, spec.scope, spec.user_id
     owned = store.owner_of(scope.owner_key) == user_id
-    resolved: list[_Input] = []
+    resolved: list[ResolvedInput] = []
     for i, item in enumerate(spec.inputs):
         if isinstance(item, DocumentInput):
             if not owned or workspace.stat(scope, item.path) is None:
                 raise InvalidSpecError(f"inputs[{i}].path: {item.path!r} is not a file of this scope")
-            resolved.append(_Input(item.path, None, f"using {item.path}"))
+            resolved.append(ResolvedInput(item.path, None, f"using {item.path}"))
         elif isinstance(item, DatasetInput):
             found = store.get_artifact(user_id, scope.key, item.name, item.version) if owned else None
             if found is None or found.kind != "dataset":
@@ -458,13 +465,15 @@ def _resolve_inputs(backend: Backend, spec: Spec) -> list[_Input]:
                 raise InvalidSpecError(f"inputs[{i}]: no registered dataset {wanted} in this scope")
             target = f"docs/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
             note = f"copied dataset {found.name} v{found.version}"
-            resolved.append(_Input(target, None, note, blob=found.sha256))  # copied one at a time later
+            resolved.append(
+                ResolvedInput(target, None, note, blob=found.sha256)
+            )  # copied one at a time later
         elif isinstance(item, ConnectorInput):
             try:
                 target, data, source = fetch(backend.connectors, item.connector, item.request)
             except ToolError as exc:
                 raise InvalidSpecError(f"inputs[{i}].{exc}") from None
-            resolved.append(_Input(target, data, f"fetched from {source}"))
+            resolved.append(ResolvedInput(target, data, f"fetched from {source}"))
         elif isinstance(item, NodeArtifactInput):
             assert isinstance(scope, NodeScope)
             source_scope = NodeScope(workflow_execution_id=scope.workflow_execution_id, node_id=item.node_id)
@@ -473,11 +482,11 @@ def _resolve_inputs(backend: Backend, spec: Spec) -> list[_Input]:
                 raise InvalidSpecError(f"inputs[{i}]: node {item.node_id} has no artifact {item.artifact}")
             target = f"docs/{item.node_id}/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
             note = f"copied {item.node_id}/{found.name} v{found.version}"
-            resolved.append(_Input(target, None, note, blob=found.sha256))
+            resolved.append(ResolvedInput(target, None, note, blob=found.sha256))
     return resolved
 
 
-def _bring_inputs(ctx: TurnContext, inputs: list[_Input]) -> None:
+def _bring_inputs(ctx: TurnContext, inputs: list[ResolvedInput]) -> None:
     """Write the resolved inputs into ``docs/`` (DESIGN §3 step 4)."""
     for item in inputs:
         data = item.data if item.blob is None else ctx.backend.workspace.read_blob(item.blob)
