@@ -104,15 +104,16 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from alphaagent.aws import sdk
 from alphaagent.errors import RetryableError
-from alphaagent.local.store import (
+from alphaagent.models.encoding import (
     StoreError,
-    _event,
-    _expires_at,
-    _from_iso,
-    _iso,
-    _lease,
-    _owner_key,
-    _utc,
+    as_utc,
+    event_document,
+    event_from_json,
+    from_iso,
+    iso_utc,
+    lease_delta,
+    owner_key_of,
+    session_expires_at,
 )
 from alphaagent.models.events import Event
 from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, Session, Turn
@@ -197,7 +198,7 @@ class DynamoStore:
         """Record ``user_id`` as the owner of ``owner_key`` if it has none, and return the owner:
         the first claim wins, a later claim by anyone returns the first claimant."""
         item = {**_key(f"OWNER#{owner_key}", "OWNER"), "entity": _s("owner"), "user_id": _s(user_id)}
-        item["claimed_at"] = _s(_iso(now))
+        item["claimed_at"] = _s(iso_utc(now))
         if self._put(item, "attribute_not_exists(pk)"):
             return user_id
         owner = self.owner_of(owner_key)
@@ -215,7 +216,7 @@ class DynamoStore:
     def active_session(self, user_id: str, scope_key: str, now: datetime) -> Session | None:
         """The user's most recently created session in the scope that is neither ended nor expired
         at ``now`` (checked here: TTL deletes late), or None. Only reads."""
-        moment = _utc(now)
+        moment = as_utc(now)
         for item in self._query(_user_scope(user_id, scope_key), "SESSION#", forward=False):
             session = _session(item)
             if session.is_active(moment):
@@ -224,11 +225,13 @@ class DynamoStore:
 
     def create_session(self, session: Session) -> None:
         """Insert a new session. Raises ``StoreError`` if its ``session_id`` exists already."""
-        created_at, last_used_at = _utc(session.created_at), _utc(session.last_used_at)
-        expires_at = _expires_at(created_at, last_used_at, session.idle_timeout_s, session.max_lifetime_s)
+        created_at, last_used_at = as_utc(session.created_at), as_utc(session.last_used_at)
+        expires_at = session_expires_at(
+            created_at, last_used_at, session.idle_timeout_s, session.max_lifetime_s
+        )
         main = _key(
             _user_scope(session.user_id, session.scope_key),
-            f"SESSION#{_iso(created_at)}#{session.session_id}",
+            f"SESSION#{iso_utc(created_at)}#{session.session_id}",
         )
         item: dict[str, Any] = {
             **main,
@@ -236,15 +239,15 @@ class DynamoStore:
             "session_id": _s(session.session_id),
             "user_id": _s(session.user_id),
             "scope_key": _s(session.scope_key),
-            "created_at": _s(_iso(created_at)),
-            "last_used_at": _s(_iso(last_used_at)),
+            "created_at": _s(iso_utc(created_at)),
+            "last_used_at": _s(iso_utc(last_used_at)),
             "idle_timeout_s": _n(session.idle_timeout_s),
             "max_lifetime_s": _n(session.max_lifetime_s),
-            "expires_at": _s(_iso(expires_at)),
+            "expires_at": _s(iso_utc(expires_at)),
             TTL_ATTRIBUTE: _n(_epoch(expires_at)),
         }
         if session.ended_at is not None:
-            item["ended_at"] = _s(_iso(session.ended_at))
+            item["ended_at"] = _s(iso_utc(session.ended_at))
         lifetime_end = _n(_epoch(created_at + timedelta(seconds=session.max_lifetime_s)))
         links = {"main_pk": main["pk"], "main_sk": main["sk"], TTL_ATTRIBUTE: lifetime_end}
         pk = f"SESSION#{session.session_id}"
@@ -262,7 +265,7 @@ class DynamoStore:
         """Set ``last_used_at`` to ``now``, restarting the idle timer (never past the maximum
         lifetime). A no-op for an ended, expired or unknown session, or if ``now`` is not later than
         the current ``last_used_at`` (the timer never goes back)."""
-        moment = _utc(now)
+        moment = as_utc(now)
         marker = self._get(f"SESSION#{session_id}", "SESSION")
         if marker is None:
             return
@@ -270,8 +273,8 @@ class DynamoStore:
         if item is None:
             return
         session = _session(item)
-        expires_at = _expires_at(
-            _utc(session.created_at), moment, session.idle_timeout_s, session.max_lifetime_s
+        expires_at = session_expires_at(
+            as_utc(session.created_at), moment, session.idle_timeout_s, session.max_lifetime_s
         )
         # The condition re-checks what was read, so a concurrent touch or end wins cleanly.
         self._update(
@@ -279,7 +282,11 @@ class DynamoStore:
             f"SET last_used_at = :now, expires_at = :expires, {TTL_ATTRIBUTE} = :epoch",
             "attribute_exists(pk) AND attribute_not_exists(ended_at) "
             "AND last_used_at < :now AND expires_at > :now",
-            {":now": _s(_iso(moment)), ":expires": _s(_iso(expires_at)), ":epoch": _n(_epoch(expires_at))},
+            {
+                ":now": _s(iso_utc(moment)),
+                ":expires": _s(iso_utc(expires_at)),
+                ":epoch": _n(_epoch(expires_at)),
+            },
         )
 
     def end_session(self, session_id: str, ended_at: datetime) -> None:
@@ -291,7 +298,7 @@ class DynamoStore:
             _key(_str(marker, "main_pk"), _str(marker, "main_sk")),
             "SET ended_at = :ended",
             "attribute_exists(pk) AND attribute_not_exists(ended_at)",
-            {":ended": _s(_iso(ended_at))},
+            {":ended": _s(iso_utc(ended_at))},
         )
 
     def get_session(self, user_id: str, session_id: str) -> Session | None:
@@ -312,7 +319,7 @@ class DynamoStore:
         stored = _turn_utc(turn)
         main = _key(
             _user_scope(stored.user_id, stored.scope_key),
-            f"TURN#{_iso(stored.started_at)}#{stored.turn_id}",
+            f"TURN#{iso_utc(stored.started_at)}#{stored.turn_id}",
         )
         links = {"main_pk": main["pk"], "main_sk": main["sk"]}
         attributes, _ = _record_attributes("turn", stored)
@@ -383,7 +390,7 @@ class DynamoStore:
         destination record twice); True if written. A replacement under another user or scope moves
         the record. With ``only_over_failed``, the transaction holds only if the run has no record or
         a ``failed`` one (a condition on the run's index item, which carries the status)."""
-        stored = run.model_copy(update={"created_at": _utc(run.created_at)})
+        stored = run.model_copy(update={"created_at": as_utc(run.created_at)})
         main = _key(_user_scope(stored.user_id, stored.scope_key), f"RUN#{stored.run_id}")
         pk = f"RUN#{stored.run_id}"
         pointer = _key(pk, f"USER#{stored.user_id}")
@@ -442,7 +449,7 @@ class DynamoStore:
                 update={
                     "artifact_id": artifact_id,
                     "version": latest + 1,
-                    "created_at": _utc(version.created_at),
+                    "created_at": as_utc(version.created_at),
                 }
             )
             attributes, stored = _record_attributes("artifact", stored)
@@ -526,7 +533,7 @@ class DynamoStore:
 
     def add_citation(self, citation: Citation) -> None:
         """Insert a citation; idempotent on ``citation_id`` (the first record is kept)."""
-        stored = citation.model_copy(update={"created_at": _utc(citation.created_at)})
+        stored = citation.model_copy(update={"created_at": as_utc(citation.created_at)})
         registered = f"{time.time_ns():020d}"
         self._transact(
             [
@@ -559,19 +566,19 @@ class DynamoStore:
         Raises:
             ValueError: ``lease_s`` is not positive.
         """
-        moment = _utc(now)
-        expires_at = moment + _lease(lease_s)
+        moment = as_utc(now)
+        expires_at = moment + lease_delta(lease_s)
         item = {
             **_key(f"LOCK#{scope_key}", "LOCK"),
             "entity": _s("lock"),
             "holder": _s(holder),
-            "expires_at": _s(_iso(expires_at)),
+            "expires_at": _s(iso_utc(expires_at)),
             TTL_ATTRIBUTE: _n(_epoch(expires_at)),
         }
         return self._put(
             item,
             "attribute_not_exists(pk) OR holder = :holder OR expires_at <= :now",
-            {":holder": _s(holder), ":now": _s(_iso(moment))},
+            {":holder": _s(holder), ":now": _s(iso_utc(moment))},
         )
 
     def renew_lock(self, scope_key: str, holder: str, now: datetime, lease_s: float) -> bool:
@@ -581,17 +588,17 @@ class DynamoStore:
         Raises:
             ValueError: ``lease_s`` is not positive.
         """
-        moment = _utc(now)
-        expires_at = moment + _lease(lease_s)
+        moment = as_utc(now)
+        expires_at = moment + lease_delta(lease_s)
         return self._update(
             _key(f"LOCK#{scope_key}", "LOCK"),
             f"SET expires_at = :expires, {TTL_ATTRIBUTE} = :epoch",
             "holder = :holder AND expires_at > :now",
             {
-                ":expires": _s(_iso(expires_at)),
+                ":expires": _s(iso_utc(expires_at)),
                 ":epoch": _n(_epoch(expires_at)),
                 ":holder": _s(holder),
-                ":now": _s(_iso(moment)),
+                ":now": _s(iso_utc(moment)),
             },
         )
 
@@ -611,7 +618,7 @@ class DynamoStore:
         """The holder of the scope's live lease at ``now`` (it expires after ``now``), or None. One
         strongly consistent ``GetItem``; an expired item that TTL has not deleted yet counts as free."""
         item = self._get(f"LOCK#{scope_key}", "LOCK")
-        if item is None or _str(item, "expires_at") <= _iso(_utc(now)):
+        if item is None or _str(item, "expires_at") <= iso_utc(as_utc(now)):
             return None
         return _str(item, "holder")
 
@@ -619,15 +626,7 @@ class DynamoStore:
 
     def append_event(self, event: Event) -> None:
         """Append an event to the log; idempotent on ``event_id`` (the first copy is kept)."""
-        document = {
-            "event_id": event.event_id,
-            "source": event.source,
-            "detail-type": event.detail_type,
-            "time": _iso(event.time),
-            # Dumped from the detail itself: through the envelope, pydantic would serialise the
-            # declared base class (EventDetail) and drop the subclass's fields.
-            "detail": event.detail.model_dump(mode="json"),
-        }
+        document = event_document(event)
         fitted, truncated, size = _fit(document)
         order = f"{document['time']}#{time.time_ns():020d}"
         self._transact(
@@ -662,12 +661,12 @@ class DynamoStore:
             items = self._query(f"TURN#{turn_id}", "EVENT#")
         else:
             items = sorted(self._scan_entity("event"), key=lambda item: _str(item, "event_order"))
-        return [_event(_str(item, "record")) for item in items]
+        return [event_from_json(_str(item, "record")) for item in items]
 
     # DynamoDB calls
 
     def _owns(self, user_id: str, scope_key: str) -> bool:
-        owner_key = _owner_key(scope_key)
+        owner_key = owner_key_of(scope_key)
         return owner_key is not None and self.owner_of(owner_key) == user_id
 
     def _follow(self, pk: str, user_id: str) -> dict[str, Any] | None:
@@ -824,14 +823,14 @@ def _user_scope(user_id: str, scope_key: str) -> str:
 
 def _epoch(moment: datetime) -> int:
     """Unix seconds, rounded up (TTL never deletes before the moment)."""
-    return math.ceil(_utc(moment).timestamp())
+    return math.ceil(as_utc(moment).timestamp())
 
 
 def _turn_utc(turn: Turn) -> Turn:
     return turn.model_copy(
         update={
-            "started_at": _utc(turn.started_at),
-            "finished_at": None if turn.finished_at is None else _utc(turn.finished_at),
+            "started_at": as_utc(turn.started_at),
+            "finished_at": None if turn.finished_at is None else as_utc(turn.finished_at),
         }
     )
 
@@ -841,11 +840,11 @@ def _session(item: dict[str, Any]) -> Session:
         session_id=_str(item, "session_id"),
         user_id=_str(item, "user_id"),
         scope_key=_str(item, "scope_key"),
-        created_at=_from_iso(_str(item, "created_at")),
-        last_used_at=_from_iso(_str(item, "last_used_at")),
+        created_at=from_iso(_str(item, "created_at")),
+        last_used_at=from_iso(_str(item, "last_used_at")),
         idle_timeout_s=int(item["idle_timeout_s"]["N"]),
         max_lifetime_s=int(item["max_lifetime_s"]["N"]),
-        ended_at=_from_iso(_str(item, "ended_at")) if "ended_at" in item else None,
+        ended_at=from_iso(_str(item, "ended_at")) if "ended_at" in item else None,
     )
 
 

@@ -40,14 +40,24 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from alphaagent.errors import AlphaAgentError, RetryableError
-from alphaagent.models.common import scope_from_key
-from alphaagent.models.events import EVENT_MODELS, Event
+from alphaagent.errors import RetryableError
+from alphaagent.models.encoding import (
+    StoreError,
+    as_utc,
+    event_document,
+    event_from_json,
+    from_iso,
+    iso_utc,
+    lease_delta,
+    owner_key_of,
+    session_expires_at,
+)
+from alphaagent.models.events import Event
 from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, Session, Turn, TurnResult
 
 if TYPE_CHECKING:
@@ -142,10 +152,6 @@ SCHEMA_VERSION: Final = len(_MIGRATIONS)
 """The schema version this code writes (``PRAGMA user_version`` of an up-to-date database)."""
 
 
-class StoreError(AlphaAgentError):
-    """The record store cannot be used as asked (its file is unusable, or it was closed)."""
-
-
 class StoreSchemaError(StoreError):
     """The database was written by a newer alphaagent (a schema version this code does not know);
     it is left untouched rather than read or migrated wrongly."""
@@ -232,7 +238,7 @@ class SqliteStore:
             db.execute(
                 "INSERT INTO owners (owner_key, user_id, claimed_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (owner_key) DO NOTHING",
-                (owner_key, user_id, _iso(now)),
+                (owner_key, user_id, iso_utc(now)),
             )
             row = db.execute("SELECT user_id FROM owners WHERE owner_key = ?", (owner_key,)).fetchone()
         return str(row["user_id"])
@@ -248,12 +254,12 @@ class SqliteStore:
         """The user's most recently created session in the scope that is neither ended nor expired
         at ``now`` (idle timeout or maximum lifetime, DESIGN §4.7), or None. Only reads: the idle
         timer is refreshed by ``touch_session``, never here."""
-        moment = _utc(now)
+        moment = as_utc(now)
         rows = self._read_all(
             "SELECT * FROM sessions "
             "WHERE user_id = ? AND scope_key = ? AND ended_at IS NULL AND expires_at > ? "
             "ORDER BY created_at DESC, rowid DESC",
-            (user_id, scope_key, _iso(moment)),
+            (user_id, scope_key, iso_utc(moment)),
         )
         for row in rows:
             session = _session(row)
@@ -264,8 +270,8 @@ class SqliteStore:
     def create_session(self, session: Session) -> None:
         """Insert a new session. Raises ``StoreError`` if its ``session_id`` exists already (ids are
         192 random bits, so this means a caller reused one)."""
-        created_at, last_used_at = _utc(session.created_at), _utc(session.last_used_at)
-        ended_at = None if session.ended_at is None else _iso(session.ended_at)
+        created_at, last_used_at = as_utc(session.created_at), as_utc(session.last_used_at)
+        ended_at = None if session.ended_at is None else iso_utc(session.ended_at)
         with self._write() as db:
             inserted = db.execute(
                 "INSERT INTO sessions (session_id, user_id, scope_key, created_at, last_used_at, "
@@ -275,12 +281,14 @@ class SqliteStore:
                     session.session_id,
                     session.user_id,
                     session.scope_key,
-                    _iso(created_at),
-                    _iso(last_used_at),
+                    iso_utc(created_at),
+                    iso_utc(last_used_at),
                     session.idle_timeout_s,
                     session.max_lifetime_s,
-                    _iso(
-                        _expires_at(created_at, last_used_at, session.idle_timeout_s, session.max_lifetime_s)
+                    iso_utc(
+                        session_expires_at(
+                            created_at, last_used_at, session.idle_timeout_s, session.max_lifetime_s
+                        )
                     ),
                     ended_at,
                 ),
@@ -292,23 +300,23 @@ class SqliteStore:
         """Set ``last_used_at`` to ``now``, restarting the idle timer (never past the maximum
         lifetime). A no-op for an ended, expired or unknown session, or if ``now`` is not later than the
         current ``last_used_at`` (concurrent turns may touch out of order; the timer never goes back)."""
-        moment = _utc(now)
+        moment = as_utc(now)
         with self._write() as db:
             row = db.execute(
                 "SELECT created_at, last_used_at, idle_timeout_s, max_lifetime_s, expires_at FROM sessions "
                 "WHERE session_id = ? AND ended_at IS NULL",
                 (session_id,),
             ).fetchone()
-            if row is None or _from_iso(row["last_used_at"]) >= moment:
+            if row is None or from_iso(row["last_used_at"]) >= moment:
                 return
-            if _from_iso(row["expires_at"]) <= moment:
+            if from_iso(row["expires_at"]) <= moment:
                 return  # expired already: a touch never brings a session back (the next turn replaces it)
-            expires_at = _expires_at(
-                _from_iso(row["created_at"]), moment, int(row["idle_timeout_s"]), int(row["max_lifetime_s"])
+            expires_at = session_expires_at(
+                from_iso(row["created_at"]), moment, int(row["idle_timeout_s"]), int(row["max_lifetime_s"])
             )
             db.execute(
                 "UPDATE sessions SET last_used_at = ?, expires_at = ? WHERE session_id = ?",
-                (_iso(moment), _iso(expires_at), session_id),
+                (iso_utc(moment), iso_utc(expires_at), session_id),
             )
 
     def end_session(self, session_id: str, ended_at: datetime) -> None:
@@ -316,7 +324,7 @@ class SqliteStore:
         with self._write() as db:
             db.execute(
                 "UPDATE sessions SET ended_at = ? WHERE session_id = ? AND ended_at IS NULL",
-                (_iso(ended_at), session_id),
+                (iso_utc(ended_at), session_id),
             )
 
     def get_session(self, user_id: str, session_id: str) -> Session | None:
@@ -352,8 +360,8 @@ class SqliteStore:
                     turn.session_id,
                     turn.status,
                     turn.goal,
-                    _iso(turn.started_at),
-                    None if turn.finished_at is None else _iso(turn.finished_at),
+                    iso_utc(turn.started_at),
+                    None if turn.finished_at is None else iso_utc(turn.finished_at),
                     None if turn.result is None else turn.result.model_dump_json(),
                 ),
             ).rowcount
@@ -374,7 +382,7 @@ class SqliteStore:
                 "WHERE turn_id = ? AND user_id = ? AND status = 'running'",
                 (
                     turn.status,
-                    None if turn.finished_at is None else _iso(turn.finished_at),
+                    None if turn.finished_at is None else iso_utc(turn.finished_at),
                     None if turn.result is None else turn.result.model_dump_json(),
                     turn.turn_id,
                     turn.user_id,
@@ -409,7 +417,7 @@ class SqliteStore:
         destination record twice); True if written. A replacement keeps the run's place in
         ``list_runs``. With ``only_over_failed``, an existing record is replaced only if it is
         ``failed`` (one statement: no other write can come in between)."""
-        stored = run.model_copy(update={"created_at": _utc(run.created_at)})
+        stored = run.model_copy(update={"created_at": as_utc(run.created_at)})
         guard = " WHERE json_extract(runs.record, '$.status') = 'failed'" if only_over_failed else ""
         with self._write() as db:
             written = db.execute(
@@ -422,7 +430,7 @@ class SqliteStore:
                     stored.turn_id,
                     stored.user_id,
                     stored.scope_key,
-                    _iso(stored.created_at),
+                    iso_utc(stored.created_at),
                     stored.model_dump_json(),
                 ),
             ).rowcount
@@ -461,7 +469,7 @@ class SqliteStore:
                 update={
                     "artifact_id": version.artifact_id if latest is None else str(latest["artifact_id"]),
                     "version": 1 if latest is None else int(latest["version"]) + 1,
-                    "created_at": _utc(version.created_at),
+                    "created_at": as_utc(version.created_at),
                 }
             )
             db.execute(
@@ -474,7 +482,7 @@ class SqliteStore:
                     stored.version,
                     stored.turn_id,
                     stored.user_id,
-                    _iso(stored.created_at),
+                    iso_utc(stored.created_at),
                     stored.model_dump_json(),
                 ),
             )
@@ -486,7 +494,7 @@ class SqliteStore:
         """Version ``version`` (``None`` = the latest) of the artifact ``name`` in ``scope_key``, if
         ``user_id`` owns the scope (the owner of its conversation or workflow execution), else None.
         A scope nobody has claimed, or a malformed scope key, has no readable artifacts."""
-        owner_key = _owner_key(scope_key)
+        owner_key = owner_key_of(scope_key)
         if owner_key is None:
             return None
         if version is None:
@@ -508,7 +516,7 @@ class SqliteStore:
     def list_artifacts(self, user_id: str, scope_key: str) -> list[ArtifactVersion]:
         """Every version of every artifact in a scope ``user_id`` owns, by name then version; [] for
         a scope of another user, an unclaimed scope or a malformed scope key."""
-        owner_key = _owner_key(scope_key)
+        owner_key = owner_key_of(scope_key)
         if owner_key is None:
             return []
         rows = self._read_all(
@@ -531,7 +539,7 @@ class SqliteStore:
     def add_citation(self, citation: Citation) -> None:
         """Insert a citation; idempotent on ``citation_id`` (a redelivered ``CitationEmitted`` is
         recorded once, and the first record is kept)."""
-        stored = citation.model_copy(update={"created_at": _utc(citation.created_at)})
+        stored = citation.model_copy(update={"created_at": as_utc(citation.created_at)})
         with self._write() as db:
             db.execute(
                 "INSERT INTO citations (citation_id, turn_id, scope_key, user_id, created_at, record) "
@@ -541,7 +549,7 @@ class SqliteStore:
                     stored.turn_id,
                     stored.scope_key,
                     stored.user_id,
-                    _iso(stored.created_at),
+                    iso_utc(stored.created_at),
                     stored.model_dump_json(),
                 ),
             )
@@ -561,15 +569,15 @@ class SqliteStore:
         Raises:
             ValueError: ``lease_s`` is not positive.
         """
-        moment = _utc(now)
-        expires_at = _iso(moment + _lease(lease_s))
+        moment = as_utc(now)
+        expires_at = iso_utc(moment + lease_delta(lease_s))
         with self._write() as db:
             taken = db.execute(
                 "INSERT INTO locks (scope_key, holder, expires_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (scope_key) DO UPDATE "
                 "SET holder = excluded.holder, expires_at = excluded.expires_at "
                 "WHERE locks.holder = excluded.holder OR locks.expires_at <= ?",
-                (scope_key, holder, expires_at, _iso(moment)),
+                (scope_key, holder, expires_at, iso_utc(moment)),
             ).rowcount
         return taken == 1
 
@@ -581,12 +589,12 @@ class SqliteStore:
         Raises:
             ValueError: ``lease_s`` is not positive.
         """
-        moment = _utc(now)
-        expires_at = _iso(moment + _lease(lease_s))
+        moment = as_utc(now)
+        expires_at = iso_utc(moment + lease_delta(lease_s))
         with self._write() as db:
             renewed = db.execute(
                 "UPDATE locks SET expires_at = ? WHERE scope_key = ? AND holder = ? AND expires_at > ?",
-                (expires_at, scope_key, holder, _iso(moment)),
+                (expires_at, scope_key, holder, iso_utc(moment)),
             ).rowcount
         return renewed == 1
 
@@ -598,7 +606,8 @@ class SqliteStore:
     def lock_holder(self, scope_key: str, now: datetime) -> str | None:
         """The holder of the scope's live lease at ``now`` (it expires after ``now``), or None."""
         row = self._read_one(
-            "SELECT holder FROM locks WHERE scope_key = ? AND expires_at > ?", (scope_key, _iso(_utc(now)))
+            "SELECT holder FROM locks WHERE scope_key = ? AND expires_at > ?",
+            (scope_key, iso_utc(as_utc(now))),
         )
         return None if row is None else str(row["holder"])
 
@@ -606,15 +615,7 @@ class SqliteStore:
 
     def append_event(self, event: Event) -> None:
         """Append an event to the log; idempotent on ``event_id`` (the first copy is kept)."""
-        document = {
-            "event_id": event.event_id,
-            "source": event.source,
-            "detail-type": event.detail_type,
-            "time": _iso(event.time),
-            # Dumped from the detail itself: through the envelope, pydantic would serialise the
-            # declared base class (EventDetail) and drop the subclass's fields.
-            "detail": event.detail.model_dump(mode="json"),
-        }
+        document = event_document(event)
         with self._write() as db:
             db.execute(
                 "INSERT INTO events (event_id, turn_id, detail_type, time, event) VALUES (?, ?, ?, ?, ?) "
@@ -640,7 +641,7 @@ class SqliteStore:
             rows = self._read_all(
                 "SELECT event FROM events WHERE turn_id = ? ORDER BY time, rowid", (turn_id,)
             )
-        return [_event(row["event"]) for row in rows]
+        return [event_from_json(row["event"]) for row in rows]
 
     # connections and transactions
 
@@ -754,52 +755,16 @@ def _check_version(path: Path, found: int) -> None:
         )
 
 
-def _utc(moment: datetime) -> datetime:
-    """``moment`` as an aware UTC datetime (a naive one is taken to be UTC already)."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-def _iso(moment: datetime) -> str:
-    """Fixed-width ISO-8601 UTC text, so that comparing two of them as strings compares the times."""
-    return _utc(moment).isoformat(timespec="microseconds")
-
-
-def _from_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
-def _lease(lease_s: float) -> timedelta:
-    if not lease_s > 0:
-        raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
-    return timedelta(seconds=lease_s)
-
-
-def _expires_at(
-    created_at: datetime, last_used_at: datetime, idle_timeout_s: int, max_lifetime_s: int
-) -> datetime:
-    """``Session.expires_at``, kept as a column so that expiry is part of the query."""
-    return min(
-        last_used_at + timedelta(seconds=idle_timeout_s), created_at + timedelta(seconds=max_lifetime_s)
-    )
-
-
-def _owner_key(scope_key: str) -> str | None:
-    try:
-        return scope_from_key(scope_key).owner_key
-    except ValueError:
-        return None
-
-
 def _session(row: sqlite3.Row) -> Session:
     return Session(
         session_id=row["session_id"],
         user_id=row["user_id"],
         scope_key=row["scope_key"],
-        created_at=_from_iso(row["created_at"]),
-        last_used_at=_from_iso(row["last_used_at"]),
+        created_at=from_iso(row["created_at"]),
+        last_used_at=from_iso(row["last_used_at"]),
         idle_timeout_s=row["idle_timeout_s"],
         max_lifetime_s=row["max_lifetime_s"],
-        ended_at=None if row["ended_at"] is None else _from_iso(row["ended_at"]),
+        ended_at=None if row["ended_at"] is None else from_iso(row["ended_at"]),
     )
 
 
@@ -811,18 +776,10 @@ def _turn(row: sqlite3.Row) -> Turn:
         session_id=row["session_id"],
         status=row["status"],
         goal=row["goal"],
-        started_at=_from_iso(row["started_at"]),
-        finished_at=None if row["finished_at"] is None else _from_iso(row["finished_at"]),
+        started_at=from_iso(row["started_at"]),
+        finished_at=None if row["finished_at"] is None else from_iso(row["finished_at"]),
         result=None if row["result"] is None else TurnResult.model_validate_json(row["result"]),
     )
-
-
-def _event(text: str) -> Event:
-    document = json.loads(text)
-    model = EVENT_MODELS.get(document["detail-type"])
-    if model is None:
-        raise StoreError(f"the event log holds an unknown detail-type {document['detail-type']!r}")
-    return Event.model_validate({**document, "detail": model.model_validate(document["detail"])})
 
 
 if TYPE_CHECKING:
