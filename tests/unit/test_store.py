@@ -1,5 +1,7 @@
-"""Behaviour of the local record store (SQLite): ownership inside every read, session expiry,
-guarded turn transitions, idempotent writes, artifact versioning under concurrency, and lease locks."""
+"""What only the local record store (SQLite) does: its file, schema and WAL, crash safety across
+processes, and artifact versioning under heavy concurrency. The behaviour both stores share
+(ownership inside every read, session expiry, guarded turn transitions, idempotent writes, leases,
+the event log) is tested once against both, in tests/integration/test_dynamo_store.py."""
 
 from __future__ import annotations
 
@@ -17,12 +19,9 @@ import pytest
 from alphaagent.errors import AlphaAgentError
 from alphaagent.ids import new_ulid
 from alphaagent.local.store import SCHEMA_VERSION, SqliteStore, StoreError, StoreSchemaError
-from alphaagent.models.common import ConversationScope
-from alphaagent.models.events import Event, TurnStarted
 from alphaagent.models.records import (
     ArtifactVersion,
     Citation,
-    RunRecord,
     Session,
     Turn,
     TurnResult,
@@ -82,32 +81,6 @@ def finished(turn: Turn, status: str, summary: str) -> Turn:
     )
 
 
-def make_run(
-    run_id: str, *, status: str = "ok", created_at: datetime = T0, user_id: str = ALICE
-) -> RunRecord:
-    return RunRecord(
-        run_id=run_id,
-        turn_id="T1",
-        session_id="s" * 32,
-        user_id=user_id,
-        scope_key=CONV,
-        status=status,
-        exit_code=0,
-        code="print(1)",
-        stdout="1\n",
-        stderr="",
-        stdout_bytes=2,
-        stderr_bytes=0,
-        stdout_truncated=False,
-        stderr_truncated=False,
-        error=None,
-        reason=None,
-        duration_ms=12,
-        files_changed=[],
-        created_at=created_at,
-    )
-
-
 def make_artifact(
     name: str = "revenue", *, scope_key: str = CONV, turn_id: str = "T1", artifact_id: str | None = None
 ) -> ArtifactVersion:
@@ -125,13 +98,6 @@ def make_artifact(
         user_id=ALICE,
         created_at=T0,
     )
-
-
-def make_event(event_id: str, turn_id: str = "T1", *, at: datetime = T0) -> Event:
-    detail = TurnStarted(
-        turn_id=turn_id, scope=ConversationScope(conversation_id="c1"), user_id=ALICE, session_id="s"
-    )
-    return Event.of(detail, event_id).model_copy(update={"time": at})
 
 
 def dump(path: Path) -> list[str]:
@@ -227,49 +193,7 @@ def test_sqlite_store_satisfies_the_store_protocol(store: SqliteStore) -> None:
 # ownership
 
 
-def test_first_claim_wins_and_a_second_claim_returns_the_first_owner(store: SqliteStore) -> None:
-    # Given nobody owns the conversation
-    assert store.owner_of(CONV) is None
-
-    # When Alice claims it, then Bob does
-    first = store.claim_owner(CONV, ALICE, T0)
-    second = store.claim_owner(CONV, BOB, T0 + minutes(1))
-
-    # Then Alice owns it, and Bob is told so
-    assert (first, second) == (ALICE, ALICE)
-    assert store.owner_of(CONV) == ALICE
-
-
 # sessions
-
-
-def test_a_session_is_active_until_its_idle_timeout(store: SqliteStore) -> None:
-    # Given a session created at T0 with the default 15 minute idle timeout
-    store.create_session(make_session())
-
-    # When it is looked up just before and at the idle expiry
-    before = store.active_session(ALICE, CONV, T0 + minutes(14.99))
-    at_expiry = store.active_session(ALICE, CONV, T0 + minutes(15))
-
-    # Then it is active before and expired at the timeout
-    assert before is not None and before.session_id == "s" * 32
-    assert at_expiry is None
-
-
-def test_touching_extends_the_idle_timer_but_not_the_maximum_lifetime(store: SqliteStore) -> None:
-    # Given a session used every 10 minutes for almost 8 hours
-    store.create_session(make_session())
-    for step in range(1, 48):
-        store.touch_session("s" * 32, T0 + minutes(10 * step))
-    last_touch = T0 + minutes(470)
-
-    # When it is looked up shortly after the last touch, and again at 8 hours
-    still = store.active_session(ALICE, CONV, last_touch + minutes(5))
-    at_lifetime = store.active_session(ALICE, CONV, T0 + timedelta(hours=8))
-
-    # Then it is active, then expired by its maximum lifetime although it was used 10 minutes ago
-    assert still is not None and still.last_used_at == last_touch
-    assert at_lifetime is None
 
 
 def test_active_session_never_refreshes_the_idle_timer(store: SqliteStore) -> None:
@@ -299,25 +223,6 @@ def test_touch_never_moves_the_idle_timer_back(store: SqliteStore) -> None:
     assert stored is not None and stored.last_used_at == T0 + minutes(10)
 
 
-def test_the_most_recent_live_session_is_returned_and_an_ended_one_never(store: SqliteStore) -> None:
-    # Given an older and a newer session of Alice in the scope, and a session of Bob
-    store.create_session(make_session("a" * 32))
-    store.create_session(make_session("b" * 32, created_at=T0 + minutes(1)))
-    store.create_session(make_session("c" * 32, user_id=BOB, created_at=T0 + minutes(2)))
-
-    # When the newer one is ended
-    newest = store.active_session(ALICE, CONV, T0 + minutes(3))
-    store.end_session("b" * 32, T0 + minutes(3))
-    after_end = store.active_session(ALICE, CONV, T0 + minutes(4))
-
-    # Then the newest live session of Alice is returned each time, and both remain listed
-    assert newest is not None and newest.session_id == "b" * 32
-    assert after_end is not None and after_end.session_id == "a" * 32
-    assert [s.session_id for s in store.list_sessions(ALICE, CONV)] == ["a" * 32, "b" * 32]
-    ended = store.get_session(ALICE, "b" * 32)
-    assert ended is not None and ended.ended_at == T0 + minutes(3)
-
-
 def test_timestamps_come_back_timezone_aware_in_utc(store: SqliteStore) -> None:
     # Given a session created with a naive time and one with a Berlin time (UTC+1 in March)
     naive = datetime(2025, 3, 1, 9, 0, 0)
@@ -337,25 +242,6 @@ def test_timestamps_come_back_timezone_aware_in_utc(store: SqliteStore) -> None:
 # turns
 
 
-def test_a_duplicate_turn_is_refused_and_a_terminal_status_never_regresses(store: SqliteStore) -> None:
-    # Given a running turn
-    assert store.create_turn(make_turn("T1")) is True
-
-    # When the same spec is delivered again, the turn completes, then a late failure arrives
-    duplicate = store.create_turn(make_turn("T1").model_copy(update={"goal": "something else"}))
-    completed = store.finish_turn(finished(make_turn("T1"), "completed", "done"))
-    late_failure = store.finish_turn(finished(make_turn("T1"), "failed", "late"))
-
-    # Then only the first creation and the first finish took effect
-    assert (duplicate, completed, late_failure) == (False, True, False)
-    turn = store.get_turn(ALICE, "T1")
-    assert turn is not None
-    assert (turn.status, turn.goal) == ("completed", "revenue by region")
-    assert turn.result is not None and turn.result.summary == "done"
-    assert turn.finished_at == T0 + minutes(2)
-    assert [t.turn_id for t in store.list_turns(ALICE, CONV)] == ["T1"]
-
-
 def test_finishing_an_unknown_turn_or_with_a_running_status_does_nothing(store: SqliteStore) -> None:
     # Given no turn T9 / When it is finished / Then nothing is stored
     assert store.finish_turn(finished(make_turn("T9"), "failed", "x")) is False
@@ -369,61 +255,7 @@ def test_finishing_an_unknown_turn_or_with_a_running_status_does_nothing(store: 
 # runs
 
 
-def test_put_run_is_idempotent_on_run_id(store: SqliteStore) -> None:
-    # Given a run recorded once, and an older run
-    store.put_run(make_run("R2", created_at=T0 + minutes(1)))
-    store.put_run(make_run("R1"))
-
-    # When the same run is recorded again with a different status (a redelivered destination record)
-    store.put_run(make_run("R2", status="error", created_at=T0 + minutes(1)))
-
-    # Then there is one record per run id, the latest copy, oldest run first
-    runs = store.list_runs(ALICE, CONV)
-    assert [(r.run_id, r.status) for r in runs] == [("R1", "ok"), ("R2", "error")]
-    assert store.get_run(ALICE, "R2") == make_run("R2", status="error", created_at=T0 + minutes(1))
-
-
 # artifacts
-
-
-def test_versions_count_up_per_scope_and_name_with_a_stable_artifact_id(store: SqliteStore) -> None:
-    # Given Alice owns the conversation
-    store.claim_owner(CONV, ALICE, T0)
-    store.claim_owner("conversations/c2", ALICE, T0)
-
-    # When "revenue" is registered three times, "costs" once, and "revenue" once in another scope
-    revenue = [store.add_artifact_version(make_artifact(turn_id=f"T{i}")) for i in (1, 2, 3)]
-    costs = store.add_artifact_version(make_artifact("costs", turn_id="T1"))
-    elsewhere = store.add_artifact_version(make_artifact(scope_key="conversations/c2", turn_id="T4"))
-
-    # Then versions are 1, 2, 3 with one artifact id, and the other name and scope start at 1
-    assert [a.version for a in revenue] == [1, 2, 3]
-    assert len({a.artifact_id for a in revenue}) == 1
-    assert (costs.version, elsewhere.version) == (1, 1)
-    assert len({revenue[0].artifact_id, costs.artifact_id, elsewhere.artifact_id}) == 3
-    # And the latest resolves, a named version resolves, a missing one does not
-    assert store.get_artifact(ALICE, CONV, "revenue", None) == revenue[2]
-    assert store.get_artifact(ALICE, CONV, "revenue", 2) == revenue[1]
-    assert store.get_artifact(ALICE, CONV, "revenue", 4) is None
-    assert [(a.name, a.version) for a in store.list_artifacts(ALICE, CONV)] == [
-        ("costs", 1),
-        ("revenue", 1),
-        ("revenue", 2),
-        ("revenue", 3),
-    ]
-    assert [(a.name, a.version) for a in store.artifacts_of_turn("T1")] == [("revenue", 1), ("costs", 1)]
-
-
-def test_artifacts_of_a_workflow_node_are_readable_by_the_workflow_owner_only(store: SqliteStore) -> None:
-    # Given Alice owns workflow execution E and registered an artifact in its node n1
-    node = "workflows/E/nodes/n1"
-    store.claim_owner("workflows/E", ALICE, T0)
-    stored = store.add_artifact_version(make_artifact(scope_key=node))
-
-    # When each user reads it / Then only Alice sees it
-    assert store.get_artifact(ALICE, node, "revenue", None) == stored
-    assert store.get_artifact(BOB, node, "revenue", None) is None
-    assert store.list_artifacts(BOB, node) == []
 
 
 def _register_many(path: Path, count: int) -> None:
@@ -518,33 +350,6 @@ def test_citations_are_listed_per_turn_once_each(store: SqliteStore) -> None:
 # locks
 
 
-def test_a_lease_is_exclusive_until_it_expires_and_only_its_holder_renews_or_releases_it(
-    store: SqliteStore,
-) -> None:
-    # Given turn A holds the scope's lease for 60 s
-    assert store.acquire_lock(CONV, "turn-A", T0, 60) is True
-
-    # When turn B contends while it is live / Then it is refused, and B cannot renew or release it
-    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=30), 60) is False
-    assert store.renew_lock(CONV, "turn-B", T0 + timedelta(seconds=30), 60) is False
-    store.release_lock(CONV, "turn-B")
-    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=31), 60) is False
-
-    # When A renews at 50 s / Then its lease runs to 110 s
-    assert store.renew_lock(CONV, "turn-A", T0 + timedelta(seconds=50), 60) is True
-    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=100), 60) is False
-
-    # When the lease expires / Then B takes it over, and A has lost it
-    assert store.acquire_lock(CONV, "turn-B", T0 + timedelta(seconds=110), 60) is True
-    assert store.renew_lock(CONV, "turn-A", T0 + timedelta(seconds=111), 60) is False
-    store.release_lock(CONV, "turn-A")
-    assert store.acquire_lock(CONV, "turn-C", T0 + timedelta(seconds=112), 60) is False
-
-    # When B releases it / Then it is free at once
-    store.release_lock(CONV, "turn-B")
-    assert store.acquire_lock(CONV, "turn-C", T0 + timedelta(seconds=113), 60) is True
-
-
 def test_locks_of_different_scopes_are_independent(store: SqliteStore) -> None:
     # Given / When two turns lock two scopes / Then both succeed
     assert store.acquire_lock(CONV, "turn-A", T0, 60) is True
@@ -561,57 +366,4 @@ def test_an_expired_lease_cannot_be_renewed_even_if_nobody_took_it(store: Sqlite
 # events
 
 
-def test_events_are_appended_once_per_event_id_and_listed_oldest_first(store: SqliteStore) -> None:
-    # Given three events of two turns, one of them delivered twice
-    later = make_event("E2", "T1", at=T0 + minutes(1))
-    earlier = make_event("E1", "T1", at=T0)
-    other = make_event("E3", "T2", at=T0 + minutes(2))
-    for event in (later, earlier, later, other):
-        store.append_event(event)
-
-    # When the log is listed / Then each event appears once, in time order, with its typed detail
-    assert [e.event_id for e in store.list_events()] == ["E1", "E2", "E3"]
-    of_t1 = store.list_events("T1")
-    assert of_t1 == [earlier, later]
-    assert isinstance(of_t1[0].detail, TurnStarted) and of_t1[0].detail.session_id == "s"
-
-
 # ownership in every read (DESIGN §4.7, case ISO-01)
-
-
-def test_another_users_records_are_answered_exactly_like_missing_ones(store: SqliteStore) -> None:
-    # Given Alice owns a conversation with a session, a turn, a run and an artifact
-    store.claim_owner(CONV, ALICE, T0)
-    store.create_session(make_session())
-    store.create_turn(make_turn("T1"))
-    store.put_run(make_run("R1"))
-    store.add_artifact_version(make_artifact())
-    before = dump(store.path)
-
-    # When Bob asks for each of them, and for ids that do not exist
-    reads: list[tuple[Any, Any]] = [
-        (store.get_session(BOB, "s" * 32), store.get_session(BOB, "x" * 32)),
-        (store.active_session(BOB, CONV, T0), store.active_session(BOB, "conversations/none", T0)),
-        (store.list_sessions(BOB, CONV), store.list_sessions(BOB, "conversations/none")),
-        (store.get_turn(BOB, "T1"), store.get_turn(BOB, "T404")),
-        (store.list_turns(BOB, CONV), store.list_turns(BOB, "conversations/none")),
-        (store.get_run(BOB, "R1"), store.get_run(BOB, "R404")),
-        (store.list_runs(BOB, CONV), store.list_runs(BOB, "conversations/none")),
-        (store.get_artifact(BOB, CONV, "revenue", None), store.get_artifact(BOB, CONV, "nothing", None)),
-        (
-            store.get_artifact(BOB, CONV, "revenue", 1),
-            store.get_artifact(BOB, "conversations/none", "revenue", 1),
-        ),
-        (store.list_artifacts(BOB, CONV), store.list_artifacts(BOB, "conversations/none")),
-    ]
-
-    # Then each answer is identical to the nonexistent one (None or []), Alice still sees her
-    # records, and the reads changed nothing in the database
-    for as_other_user, as_missing in reads:
-        assert as_other_user == as_missing
-        assert as_other_user in (None, [])
-    assert store.get_session(ALICE, "s" * 32) is not None
-    assert store.get_turn(ALICE, "T1") is not None
-    assert store.get_run(ALICE, "R1") is not None
-    assert store.get_artifact(ALICE, CONV, "revenue", None) is not None
-    assert dump(store.path) == before
