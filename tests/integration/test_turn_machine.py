@@ -867,6 +867,7 @@ def test_an_aborted_executions_lock_is_released_by_the_rule(stack: Stack) -> Non
     turn = stack.store.get_turn(USER, spec["turn_id"])
     assert turn is not None and turn.status == "failed"
     assert turn.result is not None and turn.result.error is not None
+    assert turn.result.error.name == "TurnAbandoned" and "ABORTED" in turn.result.error.value
 
 
 def test_a_spec_whose_input_is_missing_fails_before_any_code_runs(stack: Stack) -> None:
