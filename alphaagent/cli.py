@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import BaseModel, ValidationError
 
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, NotFoundError
-from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope
+from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope, printable_path
 from alphaagent.models.run import RunLimits
 
 if TYPE_CHECKING:
@@ -383,7 +383,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             if omitted.reason == "too_large"
             else omitted.reason
         )
-        lines.append(f"omitted {omitted.path} ({omitted.size_bytes} bytes): {why}")
+        lines.append(f"omitted {printable_path(omitted.path)} ({omitted.size_bytes} bytes): {why}")
     _emit(args, {"path": str(report.path), **report.manifest()}, lines)
     return EXIT_OK
 

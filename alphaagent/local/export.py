@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Final, NamedTuple
 
-from alphaagent.models.common import PathRuleError, Scope, utcnow
+from alphaagent.models.common import PathRuleError, Scope, printable_path, utcnow
 from alphaagent.ports import FileInfo, Workspace
 
 MiB: Final = 2**20
@@ -174,12 +174,13 @@ class ExportReport:
         ]
         for item in self.omitted:
             lines.append(
-                f"  {item.path}  {item.size_bytes:,} bytes  {_REASON_TEXT.get(item.reason, item.reason)}"
+                f"  {printable_path(item.path)}  {item.size_bytes:,} bytes"
+                f"  {_REASON_TEXT.get(item.reason, item.reason)}"
             )
         renamed = [(path, name) for path, name in self.archive_names.items() if path != name]
         if renamed:
             lines.append("renamed for safe extraction (workspace path -> archive name):")
-            lines.extend(f"  {path} -> {name}" for path, name in sorted(renamed))
+            lines.extend(f"  {printable_path(path)} -> {name}" for path, name in sorted(renamed))
         return "\n".join(lines) + "\n"
 
 

@@ -48,6 +48,23 @@ MAX_SEGMENT_BYTES = 255
 """Longest path segment, in UTF-8 bytes: NAME_MAX of Linux file systems (ext4, tmpfs, overlayfs)."""
 
 
+def printable_path(path: str) -> str:
+    """``path`` as one line a terminal shows as it is: control characters (C0, DEL, C1), line and
+    paragraph separators and bidirectional controls are written as ``\\xNN``/``\\uNNNN`` escapes,
+    and bytes that were not UTF-8 as ``\\xNN``. For names that code created (which need not follow
+    the path rules) in text for people: a name must not clear a screen, set a window title, start a
+    forged line or reverse the text after it."""
+    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if text.isprintable() and not any(ch in _BIDI_CONTROLS for ch in text):
+        return text
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in _BIDI_CONTROLS
+        else ch
+        for ch in text
+    )
+
+
 def check_workspace_path(path: str, *, prefix: str = "") -> str:
     """Validate and NFC-normalise a workspace-relative path handed in by code, the coder or a user.
 

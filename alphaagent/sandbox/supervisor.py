@@ -35,6 +35,7 @@ from typing import Any
 
 from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
+from alphaagent.models.common import printable_path
 from alphaagent.models.run import FileChangeReport, RunError, RunLimits, RunResult, SkippedPath
 from alphaagent.sandbox.capture import REDACTED, StreamCapture
 from alphaagent.sandbox.cgroup import PidsCgroup, pids_limit_reached
@@ -983,9 +984,9 @@ def iter_result_lines(result: RunResult) -> Iterator[str]:
     for kind in ("created", "modified", "deleted"):
         paths = getattr(result.files, kind)
         if paths:
-            yield f"{kind}: {', '.join(paths)}"
+            yield f"{kind}: {', '.join(printable_path(path) for path in paths)}"
     for skipped in result.files.skipped:
-        yield f"skipped: {skipped.path} ({skipped.reason})"
+        yield f"skipped: {printable_path(skipped.path)} ({skipped.reason})"
     if result.stdout_truncated or result.stderr_truncated:
         yield f"full output: {result.stdout_path or '-'} {result.stderr_path or '-'}"
 

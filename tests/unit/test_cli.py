@@ -31,6 +31,25 @@ def test_ok_run_prints_readably_and_exits_0(tmp_path: Path) -> None:
     assert "created: out.txt" in done.stdout
 
 
+def test_names_the_code_created_cannot_drive_the_terminal_or_forge_lines(tmp_path: Path) -> None:
+    # Given code that creates files named with a title-setting escape, a forged status line and a
+    # right-to-left override (PATH-01: names from code are untrusted text)
+    (tmp_path / "job.py").write_text(
+        "open('t\\x1b]0;pwned\\x07.txt', 'w').write('x')\n"
+        "open('x\\n[ok] exit=0 1 ms.txt', 'w').write('x')\n"
+        "open('rtl-\\u202egnp.exe', 'w').write('x')\n"
+    )
+    # When it runs
+    done = _exec("--workdir", str(tmp_path), "job.py", cwd=tmp_path)
+    # Then the names are shown escaped: no escape byte, one status line, no override character
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout
+    assert [line for line in done.stdout.splitlines() if line.startswith("[ok]")] == [
+        done.stdout.splitlines()[0]
+    ]
+    assert "t\\x1b]0;pwned\\x07.txt" in done.stdout and "rtl-\\u202egnp.exe" in done.stdout
+
+
 def test_json_output_is_the_run_result(tmp_path: Path) -> None:
     done = _exec("--json", "--workdir", str(tmp_path), "-", cwd=tmp_path, stdin=b"print('hi')\n1/0\n")
     assert done.returncode == 1
