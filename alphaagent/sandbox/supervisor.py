@@ -50,6 +50,10 @@ _READ_CHUNK = 1 << 16
 _PR_SET_DUMPABLE = 4
 _GRACE_AFTER_INTERRUPT_S = 0.5
 _DRAIN_AFTER_KILL_S = 2.0
+_DEATH_WAIT_S = 2.0
+"""How long a kill waits for the killed processes to be gone: SIGKILL is delivered at once, but a
+process with a large address space takes a while to exit on a loaded machine, and a run is only
+over when nothing of it runs any more."""
 _SPILL_DIR = "work/runs"
 _ZYGOTE_LOG = "zygote.log"
 # What exclusive mode keeps of the scratch root's start-up contents (matplotlib's font cache is ~40 KiB).
@@ -477,6 +481,7 @@ class Sandbox:
         for member in tree:
             _signal(member, signal.SIGKILL)
         _signal(pid, signal.SIGKILL)
+        _wait_until_gone(pid, tree, _DEATH_WAIT_S)
 
     def _await_exit(self, channel: _RunChannel) -> dict[str, Any] | None:
         deadline = time.monotonic() + 5
@@ -621,6 +626,44 @@ def _descendants(pid: int) -> list[int]:
         found.append(child)
         stack.extend(_children(child))
     return found
+
+
+def _wait_until_gone(pgid: int, pids: list[int], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` seconds until none of ``pids`` and no member of process group
+    ``pgid`` is alive (exited or a zombie): what was killed has stopped running when this returns."""
+    deadline = time.monotonic() + timeout_s
+    pending = {pgid, *pids}
+    while time.monotonic() < deadline:
+        pending = {p for p in pending if _running(p)} | set(_group_members(pgid))
+        if not pending:
+            return
+        time.sleep(0.01)
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            text = stat_file.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def _running(pid: int) -> bool:
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _proc_stat(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X") and fields[2] == str(pgid):
+                members.append(int(entry))
+    return members
 
 
 def _diagnose_hang(pid: int) -> str | None:
