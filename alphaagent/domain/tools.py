@@ -146,6 +146,10 @@ def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> R
             error = RunError(name=type(exc).__name__, value=str(exc), traceback="")
             ctx.publish(RunFailed(**common, error=error))
         raise
+    finally:
+        # The session was in use until the run ended: a turn whose runs together outlast the idle
+        # timeout must not find its session expired between two of them (SES-01).
+        ctx.backend.store.touch_session(ctx.session.session_id, utcnow())
     if not executor.publishes_run_events:
         view = history_view(result).model_dump(mode="json")
         ctx.publish(RunCompleted(**common, status=result.status, result=view))

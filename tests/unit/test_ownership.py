@@ -34,6 +34,7 @@ import pytest
 from alphaagent.api import AlphaAgent
 from alphaagent.cli import main
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
+from alphaagent.domain.tools import TurnContext, run_in_env
 from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError
 from alphaagent.models.common import ConversationScope, NodeScope, Scope
 
@@ -476,6 +477,34 @@ def wait_until(moment: datetime) -> None:
     delay = (moment - datetime.now(UTC)).total_seconds()
     if delay > 0:
         time.sleep(delay)
+
+
+def test_a_session_stays_alive_while_its_turn_runs_code_longer_than_the_idle_timeout(tmp_path: Path) -> None:
+    # Given a 2 s idle timeout and a coder that runs code for 1.5 s, thinks for 1 s, and runs again
+    # (SES-01: measured from the start of the first run, the session would be idle past 2 s)
+    def coder(ctx: TurnContext) -> str:
+        run_in_env(ctx, "import time; time.sleep(1.5)")
+        time.sleep(1.0)
+        run_in_env(ctx, "print('second')")
+        return "two runs"
+
+    home, scope = tmp_path / "home", ConversationScope(**CONVERSATION_SCOPE)
+    settings = TurnSettings(session_idle_timeout_s=2)
+    with AlphaAgent(home, connectors=ConnectorSettings(), turns=settings, coder=coder) as agent:
+        warm = agent.run_analysis(tiny_spec(ALICE, {"conversation_id": "c-warm"}, register=False))
+        assert warm.status == "completed", warm  # the zygote's start is not part of the runs timed here
+        spec = tiny_spec(ALICE, CONVERSATION_SCOPE, register=False)
+        del spec["steps"]
+        # When the turn runs
+        result = agent.run_analysis(spec)
+        # Then the session counted as in use until each run ended: it was touched after the last run,
+        # so it is the same, live session at the end of the turn
+        assert result.status == "completed", result
+        (session,) = agent.sessions(ALICE, scope)
+        (turn,) = agent.turns(ALICE, scope)
+        assert session.session_id == turn.session_id
+        assert session.last_used_at >= session.created_at + timedelta(seconds=2.4)
+        assert session.ended_at is None
 
 
 def test_an_idle_session_is_replaced_and_the_scopes_files_survive(tmp_path: Path) -> None:
