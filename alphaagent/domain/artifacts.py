@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote
@@ -29,6 +30,10 @@ PREVIEW_ROWS = 5
 MAX_DATASET_PROFILE_BYTES = 32 * 2**20
 """csv/json/xlsx datasets larger than this are registered without schema, row count or preview:
 parsing them whole in the backend's process would cost it ~10x their size in memory."""
+MAX_XLSX_UNPACKED_BYTES = 4 * 2**20
+"""An xlsx (a zip of XML) whose entries unpack to more than this is registered without a profile:
+a 50 KB file can hold 200,000 rows, which took openpyxl 15 s and 190 MiB in the backend's process
+(a decompression bomb by another name). 4 MiB of sheet XML is some tens of thousands of cells."""
 MAX_PARQUET_PROFILE_BYTES = 256 * 2**20
 """Parquet is described from its footer, but the blob is still read into memory to find it."""
 MAX_PARQUET_PREVIEW_GROUP_BYTES = 256 * 2**20
@@ -79,7 +84,8 @@ def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
 
     The file comes from untrusted code and is read in the backend's own process, so: parquet is
     described from its footer only (never decompressed: no decompression bomb); csv, json and xlsx
-    are parsed only up to ``MAX_DATASET_PROFILE_BYTES``; at most ``MAX_PROFILE_COLUMNS`` columns and
+    are parsed only up to ``MAX_DATASET_PROFILE_BYTES`` (an xlsx only if it unpacks to at most
+    ``MAX_XLSX_UNPACKED_BYTES``); at most ``MAX_PROFILE_COLUMNS`` columns and
     ``PREVIEW_ROWS`` rows of cells clipped to ``MAX_PREVIEW_CELL_CHARS`` are kept.
     """
     try:
@@ -108,6 +114,13 @@ def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
             return {"profiled": False, "reason": f"larger than {MAX_DATASET_PROFILE_BYTES // 2**20} MiB"}
         import pandas as pd
 
+        if suffix == ".xlsx":
+            unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist())
+            if unpacked > MAX_XLSX_UNPACKED_BYTES:  # sizes from the zip's directory: nothing unpacked
+                return {
+                    "profiled": False,
+                    "reason": f"unpacks to more than {MAX_XLSX_UNPACKED_BYTES // 2**20} MiB",
+                }
         reader = {".csv": pd.read_csv, ".json": pd.read_json, ".xlsx": pd.read_excel}[suffix]
         frame = reader(io.BytesIO(data))
     except Exception as exc:  # a dataset we cannot parse is still registered, with the reason
@@ -144,9 +157,19 @@ def register_artifact(
     The bytes are copied into content-addressed storage first (so version n returns the same bytes
     forever), then the version record is written in one transaction: a crash in between leaves an
     unreferenced blob, never a half-registered artifact.
+
+    Raises:
+        ArtifactError: the path breaks a rule or does not fit ``kind``, or ``name`` is already an
+            artifact of another kind in the scope.
     """
     normal = check_artifact_path(workspace, scope, kind, path)
     artifact_name = name or artifact_name_for(normal)
+    latest = store.get_artifact(user_id, scope.key, artifact_name, None)
+    if latest is not None and latest.kind != kind:
+        # A reader of the latest "summary" dataset must never get a report: one name, one kind.
+        raise ArtifactError(
+            f"name {artifact_name!r}: already a {latest.kind} in this scope; give the {kind} another name"
+        )
     sha256, size = workspace.put_blob(scope, normal)
     metadata: dict[str, Any] = {}
     if kind == "dataset":

@@ -660,6 +660,49 @@ def test_artifact_versions_are_immutable(agent: AlphaAgent) -> None:
     assert [(v.name, v.version) for v in agent.artifacts(USER, scope)] == [("notes", 1), ("notes", 2)]
 
 
+def test_an_artifact_name_keeps_its_kind(agent: AlphaAgent) -> None:
+    # Given a dataset "tiny" registered as v1
+    conversation = _conversation()
+    first = agent.run_analysis(
+        _spec(
+            conversation,
+            "open('datasets/tiny.csv', 'w').write('a\\n1\\n')",
+            outputs=[{"kind": "dataset", "name": "tiny", "path": "datasets/tiny.csv"}],
+        )
+    )
+    assert first.status == "completed", first.error
+    # When a later turn registers a report under the same name
+    second = agent.run_analysis(
+        _spec(
+            conversation,
+            "open('reports/tiny.md', 'w').write('# not a dataset')",
+            outputs=[{"kind": "report", "name": "tiny", "path": "reports/tiny.md"}],
+        )
+    )
+    # Then it is refused, naming the name and its kind, and the latest "tiny" is still the dataset
+    assert second.status == "failed" and second.error is not None
+    assert "name 'tiny': already a dataset" in second.error.value
+    latest, _data = agent.artifact(USER, ConversationScope(conversation_id=conversation), "tiny")
+    assert (latest.kind, latest.version) == ("dataset", 1)
+
+
+def test_an_xlsx_that_unpacks_to_megabytes_is_registered_without_parsing_it(agent: AlphaAgent) -> None:
+    # Given a small xlsx that unpacks to more than the profiling cap (a decompression bomb)
+    code = (
+        "import pandas as pd\n"
+        "pd.DataFrame({'a': range(200_000)}).to_excel('datasets/bomb.xlsx', index=False)\n"
+        "import os; print(os.path.getsize('datasets/bomb.xlsx'))\n"
+    )
+    output = [{"kind": "dataset", "name": "bomb", "path": "datasets/bomb.xlsx"}]
+    # When it is registered
+    spec = _spec(_conversation(), code, outputs=output, constraints={"run_timeout_s": 120})
+    result = agent.run_analysis(spec)
+    # Then it is a dataset version without a profile, saying why, and nothing parsed it
+    assert result.status == "completed", result.error
+    [version] = [a for a in agent.artifacts(USER, _scope(spec)) if a.name == "bomb"]
+    assert version.metadata == {"profiled": False, "reason": "unpacks to more than 4 MiB"}
+
+
 # ----------------------------------------------------------------------------- inputs
 
 
