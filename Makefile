@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, dev (pinned)
 
 test: $(STAMP) ## Run the test suite (what CI runs)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The lint tools live in their own virtualenv: aws-sam-cli pins boto3 and pydantic versions of its own.
 LINT_VENV := .venv-tools
