@@ -12,7 +12,7 @@ help: ## List the targets
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,mcp,dev]'
 	@touch $@
 
 venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, dev (pinned)
@@ -48,7 +48,7 @@ bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock
-	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,dev]'
+	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,mcp,dev]'
 	/tmp/alphaagent-lock/bin/pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
 build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (through the build-% rule)
