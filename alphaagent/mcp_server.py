@@ -122,7 +122,7 @@ A bad spec comes back as an error naming the field, e.g. "goal: Field required".
 """
 
 LIST_ARTIFACTS_DESCRIPTION = """\
-List every version of every artifact (dataset, chart, report) registered in a scope, oldest first: \
+List every version of every artifact (dataset, chart, report) registered in a scope, by name then version: \
 kind, name, version, path, size, sha256, the turn that made it. Read one with read_artifact.\
 """
 
