@@ -129,9 +129,9 @@ kind, name, version, path, size, sha256, the turn that made it. Read one with re
 READ_ARTIFACT_DESCRIPTION = f"""\
 Read an artifact of a scope by name (latest version unless `version` is given). Text (CSV, \
 Markdown, JSON, SVG) comes back a page at a time: `offset` and `limit` count characters (default \
-{TEXT_PAGE_CHARS}, at most {MAX_TEXT_PAGE_CHARS}); the result says the total length and the next \
-offset. PNG, JPEG and GIF charts come back as an image (up to {MAX_IMAGE_BYTES} bytes). Other \
-binary files (xlsx, parquet) are described, not returned.\
+{TEXT_PAGE_CHARS}, at most {MAX_TEXT_PAGE_CHARS}); the first line says the total length and the \
+offset to continue from. PNG, JPEG, GIF and WebP charts come back as an image (up to \
+{MAX_IMAGE_BYTES} bytes). Other binary files (xlsx, parquet) are described, not returned.\
 """
 
 LIST_TURNS_DESCRIPTION = """\
@@ -182,20 +182,6 @@ class TurnList(BaseModel):
     turns: list[TurnEntry]
 
 
-class ArtifactPage(BaseModel):
-    """``read_artifact``'s structured result. ``content_type`` says what the content block holds:
-    ``text`` (``text[offset:offset+returned]`` of ``total_chars``), ``image``, or ``binary`` (not
-    returned; too large images too). ``next_offset`` is None when nothing is left."""
-
-    artifact: ArtifactRef
-    content_type: str
-    media_type: str
-    total_chars: int | None = None
-    offset: int = 0
-    returned_chars: int = 0
-    next_offset: int | None = None
-
-
 # ----------------------------------------------------------------------------- rendering
 
 
@@ -203,9 +189,15 @@ def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def _structured(model: BaseModel, text: str, extra: list[Any] | None = None) -> CallToolResult:
+def _text(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)])
+
+
+def _structured(model: BaseModel, text: str) -> CallToolResult:
+    """A result with ``structuredContent`` (what Claude Code shows its model, as JSON) and the same
+    facts as ``text`` (what clients that ignore structured content show)."""
     return CallToolResult(
-        content=[TextContent(type="text", text=text), *(extra or [])],
+        content=[TextContent(type="text", text=text)],
         structured_content=model.model_dump(mode="json"),
     )
 
@@ -324,43 +316,29 @@ def build_server(client: Client) -> MCPServer:
         version: Annotated[int | None, Field(ge=1)] = None,
         offset: Annotated[int, Field(ge=0)] = 0,
         limit: Annotated[int, Field(ge=1, le=MAX_TEXT_PAGE_CHARS)] = TEXT_PAGE_CHARS,
-    ) -> Annotated[CallToolResult, ArtifactPage]:
+    ) -> CallToolResult:
         async def body() -> CallToolResult:
             found, data = await anyio.to_thread.run_sync(client.artifact, parse_scope(scope), name, version)
-            ref = found.ref()
-            label = f"{ref.kind} {ref.name} v{ref.version} ({ref.path}, {ref.size_bytes} bytes)"
+            label = f"{found.kind} {found.name} v{found.version} ({found.path}, {found.size_bytes} bytes)"
             media_type = _media_type(data)
             if media_type is not None:
-                page = ArtifactPage(artifact=ref, content_type="image", media_type=media_type)
                 if len(data) > MAX_IMAGE_BYTES:
-                    page.content_type = "binary"
-                    return _structured(
-                        page, f"{label}: an image over the {MAX_IMAGE_BYTES}-byte cap; not sent"
+                    return _text(
+                        f"{label}: a {media_type} image over the {MAX_IMAGE_BYTES}-byte cap; not sent"
                     )
                 image = ImageContent(
                     type="image", data=base64.b64encode(data).decode("ascii"), mime_type=media_type
                 )
-                return _structured(page, label, [image])
+                return CallToolResult(
+                    content=[TextContent(type="text", text=f"{label}: {media_type}"), image]
+                )
             text = _as_text(data)
             if text is None:
-                page = ArtifactPage(
-                    artifact=ref, content_type="binary", media_type="application/octet-stream"
-                )
-                return _structured(page, f"{label}: a binary file; not shown (list_artifacts for its sha256)")
+                return _text(f"{label}: a binary file (not UTF-8 text, not an image); not shown")
             chunk = text[offset : offset + limit]
             end = offset + len(chunk)
-            page = ArtifactPage(
-                artifact=ref,
-                content_type="text",
-                media_type="text/plain; charset=utf-8",
-                total_chars=len(text),
-                offset=offset,
-                returned_chars=len(chunk),
-                next_offset=end if end < len(text) else None,
-            )
-            more = f"; more from offset {end}" if end < len(text) else ""
-            header = f"{label}: characters {offset}-{end} of {len(text)}{more}\n"
-            return _structured(page, header + chunk)
+            more = f"; call again with offset={end} for more" if end < len(text) else "; the end"
+            return _text(f"{label}: characters {offset}-{end} of {len(text)}{more}\n{chunk}")
 
         return await _guarded(body)
 
