@@ -145,23 +145,9 @@ def _agent(args: argparse.Namespace, *, with_coder: bool = False) -> AlphaAgent:
 def _coder() -> Coder | None:
     """The model-backed coder when a model is configured (``coder.settings``) and the ``coder``
     extra is installed; otherwise ``None`` (a spec without steps is then refused, naming what to set)."""
-    try:
-        from coder.settings import coder_settings
-    except ImportError:
-        return None
-    settings = coder_settings()
-    if settings is None:
-        return None
-    try:
-        from coder.agent import make_coder
-    except ImportError:
-        print(
-            "alphaagent: a model is configured but the coder is not installed"
-            " (pip install 'alphaagent[coder]')",
-            file=sys.stderr,
-        )
-        return None
-    return make_coder(settings)
+    from alphaagent.client import configured_coder
+
+    return configured_coder(on_missing=lambda message: print(f"alphaagent: {message}", file=sys.stderr))
 
 
 def _spec_from(args: argparse.Namespace) -> Spec:
@@ -198,12 +184,15 @@ def _emit_turn_result(args: argparse.Namespace, result: TurnResult, scope_root: 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a spec end to end on the local backend."""
+    from alphaagent.client import connect
+
     spec = _spec_from(args)
-    with _agent(args, with_coder=spec.steps is None) as agent:
-        result = agent.run_analysis(
+    coder = _coder() if spec.steps is None else None
+    with connect(backend="local", user=spec.user_id, coder=coder) as client:
+        result = client.run_analysis(
             spec, progress=lambda message: print(message, file=sys.stderr, flush=True)
         )
-    scope_root = Path(os.environ.get("ALPHAAGENT_HOME", ".alphaagent")) / spec.scope.key
+        scope_root = Path(client.scope_root(spec.scope))
     return _emit_turn_result(args, result, scope_root)
 
 

@@ -358,9 +358,10 @@ class AwsClient(Client):
         return f"s3://{self.bucket}/{parse_scope(scope).key}"
 
 
-def configured_coder() -> Coder | None:
+def configured_coder(on_missing: Callable[[str], None] | None = None) -> Coder | None:
     """The model-backed coder when a model is configured (``coder.settings``) and the ``coder`` extra
-    is installed; else None (a spec without steps is then refused, naming what to set)."""
+    is installed; else None (a spec without steps is then refused, naming what to set).
+    ``on_missing`` is told when a model is configured but the coder is not installed."""
     try:
         from coder.settings import coder_settings
     except ImportError:
@@ -371,6 +372,10 @@ def configured_coder() -> Coder | None:
     try:
         from coder.agent import make_coder
     except ImportError:
+        if on_missing is not None:
+            on_missing(
+                "a model is configured but the coder is not installed (pip install 'alphaagent[coder]')"
+            )
         return None
     return make_coder(settings)
 
