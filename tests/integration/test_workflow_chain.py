@@ -10,10 +10,10 @@ template limit (the unit test of the example checks both).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import ModuleType
+
+import example_scripts
 
 from alphaagent.client import connect
 from alphaagent.ids import new_ulid
@@ -22,7 +22,6 @@ from integration.test_turn_machine import BUCKET, BUS, REGION, TABLE, USER, Stac
 
 __all__ = ["stack"]
 
-ROOT = Path(__file__).resolve().parents[2]
 PENGUINS = (
     "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
     "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n"
@@ -34,13 +33,7 @@ PENGUINS = (
 
 
 def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "penguins_workflow", ROOT / "examples/workflow/penguins_workflow.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return example_scripts.load_example("workflow/penguins_workflow.py")
 
 
 def test_node_b_is_submitted_by_the_chain_rule_when_node_a_completes(stack: Stack) -> None:

@@ -4,10 +4,11 @@ node ``summarise`` gets node ``clean``'s dataset only through its ``node_artifac
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
+
+import example_scripts
 
 from alphaagent.client import connect
 from alphaagent.ids import new_ulid
@@ -16,13 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "penguins_workflow", ROOT / "examples/workflow/penguins_workflow.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return example_scripts.load_example("workflow/penguins_workflow.py")
 
 
 def test_node_b_takes_node_a_dataset_through_a_node_artifact_input(tmp_path: Path) -> None:
