@@ -378,3 +378,35 @@ def test_streamable_http_refuses_a_request_without_the_bearer_token(http_server:
             return {tool.name for tool in (await session.list_tools()).tools}
 
     assert anyio.run(scenario) == TOOLS
+
+
+# ----------------------------------------------------------------------------- usage errors
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--http", "0"], "alphaagent: error: --http: a TCP port, 1-65535"),
+        (
+            ["--queue-url", "https://sqs.eu-west-1.amazonaws.com/1/q"],
+            "alphaagent: error: --queue-url, --table",
+        ),
+        (["--backend", "aws"], "alphaagent: error: queue_url: give the stack's SpecQueueUrl output"),
+        (["--user", "two words"], "alphaagent: error: --user: 1-128 characters"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2_before_anything_starts(
+    argv: list[str], expected: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from alphaagent.aws.client import client_settings
+    from alphaagent.cli import main
+
+    for name in ("ALPHAAGENT_SPEC_QUEUE_URL", "ALPHAAGENT_STATE_TABLE", "ALPHAAGENT_WORKSPACES_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    client_settings.cache_clear()
+    try:
+        code = main(["mcp", *argv])
+    finally:
+        client_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(expected) and err.count("\n") == 1, err
