@@ -244,8 +244,20 @@ def _as_text(data: bytes) -> str | None:
 # ----------------------------------------------------------------------------- the server
 
 
+def _aws_errors() -> tuple[type[Exception], ...]:
+    """botocore's errors when boto3 is installed (the aws backend), else none."""
+    try:
+        from alphaagent.aws.sdk import sdk_errors
+
+        return sdk_errors()
+    except ImportError:
+        return ()
+
+
 async def _guarded(call: Callable[[], Awaitable[CallToolResult]]) -> CallToolResult:
-    """Run a tool body; a failure the caller caused becomes one ``isError`` line."""
+    """Run a tool body; a failure the caller caused becomes one ``isError`` line, and so does AWS
+    refusing or being out of reach (the model may retry or report it; anything else is the SDK's
+    generic error, its detail kept in the server's log)."""
     try:
         return await call()
     except (AlphaAgentError, PathRuleError) as exc:
@@ -254,6 +266,9 @@ async def _guarded(call: Callable[[], Awaitable[CallToolResult]]) -> CallToolRes
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "arguments"
         return _error(f"{where}: {first['msg']}")
+    except _aws_errors() as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return _error(f"AWS: {detail}")
 
 
 def build_server(client: Client) -> MCPServer:

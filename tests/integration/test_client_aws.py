@@ -152,3 +152,27 @@ def test_the_mcp_server_on_the_aws_backend_returns_the_same_result_shape(stack: 
     assert any(message.endswith(": completed") for message in progress), progress
     assert {a["name"] for a in listed.structured_content["artifacts"]} == {"summary", "mass"}
     assert "Heaviest: Gentoo" in read.content[0].text
+
+
+def test_aws_refusing_the_submit_is_an_error_result_not_a_crash(stack: Stack) -> None:
+    # Given a server whose client names a queue that does not exist
+    client = connect(
+        backend="aws",
+        user=USER,
+        queue_url=stack.spec_queue + "-gone",
+        table=TABLE,
+        bucket=BUCKET,
+        region=REGION,
+    )
+    server = build_server(client)
+
+    async def scenario() -> Any:
+        async with McpClient(server) as mcp:
+            return await mcp.call_tool("run_analysis", {"spec": unbound(analysis_spec(conversation()))})
+
+    # When run_analysis is called, then the model reads what AWS said, in one line
+    result = anyio.run(scenario)
+    assert result.is_error
+    [block] = result.content
+    assert block.text.startswith("AWS: ") and "\n" not in block.text, block.text
+    assert "queue" in block.text.lower()
