@@ -40,7 +40,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
 from alphaagent.client import Client, parse_scope
-from alphaagent.errors import AlphaAgentError
+from alphaagent.errors import AlphaAgentError, InvalidRequestError
 from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError
 from alphaagent.models.records import ArtifactRef, TurnResult
 
@@ -89,6 +89,17 @@ ScopeArg = Annotated[dict[str, Any], WithJsonSchema(SCOPE_SCHEMA)]
 SpecArg = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "description": "The analysis spec (see the tool description)."}),
+]
+
+VersionArg = Annotated[
+    int | None, WithJsonSchema({"type": ["integer", "null"], "minimum": 1, "description": "default: latest"})
+]
+OffsetArg = Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "description": "characters"})]
+LimitArg = Annotated[
+    int,
+    WithJsonSchema(
+        {"type": "integer", "minimum": 1, "maximum": MAX_TEXT_PAGE_CHARS, "description": "characters"}
+    ),
 ]
 
 RUN_ANALYSIS_DESCRIPTION = """\
@@ -328,11 +339,18 @@ def build_server(client: Client) -> MCPServer:
     async def read_artifact(
         scope: ScopeArg,
         name: str,
-        version: Annotated[int | None, Field(ge=1)] = None,
-        offset: Annotated[int, Field(ge=0)] = 0,
-        limit: Annotated[int, Field(ge=1, le=MAX_TEXT_PAGE_CHARS)] = TEXT_PAGE_CHARS,
+        version: VersionArg = None,
+        offset: OffsetArg = 0,
+        limit: LimitArg = TEXT_PAGE_CHARS,
     ) -> CallToolResult:
         async def body() -> CallToolResult:
+            # Checked here, not by the SDK, so that the error is one line naming the argument.
+            if version is not None and version < 1:
+                raise InvalidRequestError("version: 1 or more (leave it out for the latest)")
+            if offset < 0:
+                raise InvalidRequestError("offset: 0 or more characters")
+            if not 1 <= limit <= MAX_TEXT_PAGE_CHARS:
+                raise InvalidRequestError(f"limit: 1 to {MAX_TEXT_PAGE_CHARS} characters")
             found, data = await anyio.to_thread.run_sync(client.artifact, parse_scope(scope), name, version)
             label = f"{found.kind} {found.name} v{found.version} ({found.path}, {found.size_bytes} bytes)"
             media_type = _media_type(data)
@@ -431,8 +449,6 @@ URL-safe characters: 256 random bits)."""
 def http_token(configured: str | None) -> str:
     """The bearer token: ``configured`` (``$ALPHAAGENT_MCP_TOKEN``) when set, else a fresh one per
     start. Raises ``InvalidRequestError`` for a configured token under ``MIN_TOKEN_CHARS``."""
-    from alphaagent.errors import InvalidRequestError
-
     if configured:
         if len(configured) < MIN_TOKEN_CHARS:
             raise InvalidRequestError(f"ALPHAAGENT_MCP_TOKEN: at least {MIN_TOKEN_CHARS} characters")
