@@ -368,6 +368,12 @@ def test_streamable_http_refuses_a_request_without_the_bearer_token(http_server:
         assert response_headers.get("www-authenticate", "").startswith("Bearer")
         assert b"tools" not in body
 
+    # And even with the token, a page of another origin cannot use it (DNS rebinding: the Host and
+    # Origin a browser would send for evil.example are refused)
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert post(url, {**bearer, "Host": "evil.example"})[0] == 421
+    assert post(url, {**bearer, "Origin": "http://evil.example"})[0] == 403
+
     # And with the token, the SDK's own client lists the tools
     async def scenario() -> set[str]:
         async with (
