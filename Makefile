@@ -12,7 +12,7 @@ help: ## List the targets
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,mcp,dev]'
 	@touch $@
 
 venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, dev (pinned)
@@ -45,10 +45,11 @@ demo: $(STAMP) ## Run the demo analysis on the embedded default (local backend)
 bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 	$(PY) bench/sandbox.py
 	$(PY) bench/turn.py
+	$(PY) bench/mcp_turn.py
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock
-	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,dev]'
+	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,mcp,dev]'
 	/tmp/alphaagent-lock/bin/pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
 build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (through the build-% rule)

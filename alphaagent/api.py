@@ -21,18 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from alphaagent.domain.backend import Backend, ConnectorSettings, TurnSettings
+from alphaagent.domain.reads import ScopeReads
 from alphaagent.domain.recorder import Recorder
-from alphaagent.domain.turns import Coder, Progress, run_turn, scope_label
-from alphaagent.errors import InvalidRequestError, NotFoundError
+from alphaagent.domain.turns import Coder, Progress, run_turn
 from alphaagent.local.bus import InProcessBus
 from alphaagent.local.executor import SandboxExecutor
 from alphaagent.local.export import ExportReport, export_scope
 from alphaagent.local.store import SqliteStore
 from alphaagent.local.workspace import LocalWorkspace
-from alphaagent.models.common import PathRuleError, Scope, check_workspace_path
-from alphaagent.models.records import ArtifactVersion, RunRecord, Session, Turn, TurnResult
+from alphaagent.models.common import Scope
+from alphaagent.models.records import TurnResult
 from alphaagent.models.spec import Spec, parse_spec
-from alphaagent.ports import FileInfo
 from alphaagent.sandbox.config import SandboxConfig
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
@@ -66,8 +65,11 @@ def turn_settings_from_env() -> TurnSettings:
     )
 
 
-class AlphaAgent:
-    """The local backend: files under ``home``, records in ``home/alphaagent.db``, code in the sandbox."""
+class AlphaAgent(ScopeReads):
+    """The local backend: files under ``home``, records in ``home/alphaagent.db``, code in the sandbox.
+
+    The owner-scoped reads (``files``, ``read_file``, ``turns``, ``turn``, ``artifacts``, ``artifact``,
+    ...) come from ``ScopeReads``, which the AWS client shares."""
 
     def __init__(
         self,
@@ -80,8 +82,8 @@ class AlphaAgent:
     ) -> None:
         self.home = home or alphaagent_home()
         self.home.mkdir(parents=True, exist_ok=True)
-        self.store = SqliteStore(self.home / "alphaagent.db")
-        self.workspace = LocalWorkspace(self.home)
+        self.store: SqliteStore = SqliteStore(self.home / "alphaagent.db")
+        self.workspace: LocalWorkspace = LocalWorkspace(self.home)
         self.bus = InProcessBus()
         self.bus.subscribe(Recorder(self.store).handle)
         # Runs must not see the other scopes under home, nor the supervisor's home directory.
@@ -123,84 +125,9 @@ class AlphaAgent:
         parsed = spec if isinstance(spec, Spec) else parse_spec(spec)
         return run_turn(self.backend, parsed, coder=self.coder, progress=progress)
 
-    # ------------------------------------------------------------------ reads (owner-scoped)
-
-    def _owned(self, user_id: str, scope: Scope) -> Scope:
-        if self.store.owner_of(scope.owner_key) != user_id or not self.workspace.scope_exists(scope):
-            raise NotFoundError(f"{scope_label(scope)} not found")
-        return scope
-
-    def files(self, user_id: str, scope: Scope, prefix: str = "") -> list[FileInfo]:
-        """The scope's regular files under ``prefix``."""
-        self._owned(user_id, scope)
-        if prefix:
-            prefix = _path_or_not_found(prefix.rstrip("/"), scope)
-        return self.workspace.list_files(scope, prefix)
-
-    def read_file(self, user_id: str, scope: Scope, path: str) -> bytes:
-        """The bytes of one file of the scope."""
-        self._owned(user_id, scope)
-        normal = _path_or_not_found(path, scope)
-        try:
-            return self.workspace.read_bytes(scope, normal)
-        except FileNotFoundError:
-            raise NotFoundError(f"{normal} not found in {scope_label(scope)}") from None
-
-    def history(self, user_id: str, scope: Scope) -> list[RunRecord]:
-        """The scope's runs, oldest first, with their stored (16 KiB) outputs."""
-        self._owned(user_id, scope)
-        return self.store.list_runs(user_id, scope.key)
-
-    def turns(self, user_id: str, scope: Scope) -> list[Turn]:
-        """The scope's turns, oldest first."""
-        self._owned(user_id, scope)
-        return self.store.list_turns(user_id, scope.key)
-
-    def run_record(self, user_id: str, run_id: str) -> RunRecord:
-        """One run."""
-        record = self.store.get_run(user_id, run_id)
-        if record is None:
-            raise NotFoundError(f"run {run_id} not found")
-        return record
-
-    def artifacts(self, user_id: str, scope: Scope) -> list[ArtifactVersion]:
-        """Every version of every artifact of the scope."""
-        self._owned(user_id, scope)
-        return self.store.list_artifacts(user_id, scope.key)
-
-    def artifact(
-        self, user_id: str, scope: Scope, name: str, version: int | None = None
-    ) -> tuple[ArtifactVersion, bytes]:
-        """One artifact version (``None``: the latest) and its immutable bytes."""
-        self._owned(user_id, scope)
-        found = self.store.get_artifact(user_id, scope.key, name, version)
-        if found is None:
-            wanted = f"{name} v{version}" if version else name
-            raise NotFoundError(f"artifact {wanted} not found in {scope_label(scope)}")
-        return found, self.workspace.read_blob(found.sha256)
-
-    def sessions(self, user_id: str, scope: Scope) -> list[Session]:
-        """The user's sessions in the scope, oldest first (expired ones included)."""
-        self._owned(user_id, scope)
-        return self.store.list_sessions(user_id, scope.key)
-
-    def session(self, user_id: str, session_id: str) -> Session:
-        """One session (reading it never refreshes its idle timer)."""
-        found = self.store.get_session(user_id, session_id)
-        if found is None:
-            raise NotFoundError(f"session {session_id} not found")
-        return found
+    # ------------------------------------------------------------------ local-only reads
 
     def export(self, user_id: str, scope: Scope, out: Path) -> ExportReport:
         """A zip of the scope's files (per-file ceiling 25 MiB; omissions listed in the manifest)."""
         self._owned(user_id, scope)
         return export_scope(self.workspace, scope, out)
-
-
-def _path_or_not_found(path: str, scope: Scope) -> str:
-    """A valid workspace path; ``InvalidRequestError`` naming the rule otherwise (checked only
-    after ownership, so it says nothing about another user's scope)."""
-    try:
-        return check_workspace_path(path, prefix=scope.key + "/")
-    except PathRuleError as exc:
-        raise InvalidRequestError(f"path {path!r}: {exc}") from None

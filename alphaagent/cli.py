@@ -145,23 +145,9 @@ def _agent(args: argparse.Namespace, *, with_coder: bool = False) -> AlphaAgent:
 def _coder() -> Coder | None:
     """The model-backed coder when a model is configured (``coder.settings``) and the ``coder``
     extra is installed; otherwise ``None`` (a spec without steps is then refused, naming what to set)."""
-    try:
-        from coder.settings import coder_settings
-    except ImportError:
-        return None
-    settings = coder_settings()
-    if settings is None:
-        return None
-    try:
-        from coder.agent import make_coder
-    except ImportError:
-        print(
-            "alphaagent: a model is configured but the coder is not installed"
-            " (pip install 'alphaagent[coder]')",
-            file=sys.stderr,
-        )
-        return None
-    return make_coder(settings)
+    from alphaagent.client import configured_coder
+
+    return configured_coder(on_missing=lambda message: print(f"alphaagent: {message}", file=sys.stderr))
 
 
 def _spec_from(args: argparse.Namespace) -> Spec:
@@ -198,12 +184,15 @@ def _emit_turn_result(args: argparse.Namespace, result: TurnResult, scope_root: 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a spec end to end on the local backend."""
+    from alphaagent.client import connect
+
     spec = _spec_from(args)
-    with _agent(args, with_coder=spec.steps is None) as agent:
-        result = agent.run_analysis(
+    coder = _coder() if spec.steps is None else None
+    with connect(backend="local", user=spec.user_id, coder=coder) as client:
+        result = client.run_analysis(
             spec, progress=lambda message: print(message, file=sys.stderr, flush=True)
         )
-    scope_root = Path(os.environ.get("ALPHAAGENT_HOME", ".alphaagent")) / spec.scope.key
+        scope_root = Path(client.scope_root(spec.scope))
     return _emit_turn_result(args, result, scope_root)
 
 
@@ -287,6 +276,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from alphaagent.demo import run_demo
 
     return run_demo(json_output=args.json)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve ``run_analysis`` and the result readers over MCP for one user (``alphaagent.mcp_server``)."""
+    try:
+        from alphaagent.mcp_server import http_token, serve
+    except ImportError:
+        return _fail("mcp needs the MCP SDK (pip install 'alphaagent[mcp]')")
+    from alphaagent.client import connect
+
+    if args.http is not None and not 0 < args.http < 65536:
+        raise InvalidRequestError("--http: a TCP port, 1-65535")
+    token = http_token(os.environ.get("ALPHAAGENT_MCP_TOKEN")) if args.http is not None else None
+    aws = {"queue_url": args.queue_url, "table": args.table, "bucket": args.bucket}
+    if args.backend == "local" and any(aws.values()):
+        raise InvalidRequestError("--queue-url, --table and --bucket go with --backend aws")
+    options: dict[str, Any] = aws if args.backend == "aws" else {}
+    if args.timeout is not None:
+        options["timeout_s"] = args.timeout
+    with connect(backend=args.backend, user=args.user, **options) as client:
+        serve(client, http_port=args.http, token=token)
+    return EXIT_OK
 
 
 # ----------------------------------------------------------------------------- reads
@@ -468,6 +479,32 @@ def build_parser() -> argparse.ArgumentParser:
     scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
     scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
+
+    mcp = sub.add_parser("mcp", help="serve run_analysis and the result readers to agents over MCP (stdio)")
+    mcp.add_argument(
+        "--user", default=default_user, help="the one user it acts for (default: $ALPHAAGENT_USER or 'local')"
+    )
+    mcp.add_argument(
+        "--backend", choices=("local", "aws"), default="local", help="where turns run (default local)"
+    )
+    mcp.add_argument(
+        "--http",
+        type=int,
+        metavar="PORT",
+        help="streamable HTTP on 127.0.0.1:PORT/mcp with a bearer token"
+        " ($ALPHAAGENT_MCP_TOKEN, else a new one printed on stderr) instead of stdio",
+    )
+    mcp.add_argument(
+        "--queue-url", metavar="URL", help="aws: SpecQueueUrl (default $ALPHAAGENT_SPEC_QUEUE_URL)"
+    )
+    mcp.add_argument("--table", metavar="NAME", help="aws: StateTableName (default $ALPHAAGENT_STATE_TABLE)")
+    mcp.add_argument(
+        "--bucket", metavar="NAME", help="aws: WorkspacesBucketName (default $ALPHAAGENT_WORKSPACES_BUCKET)"
+    )
+    mcp.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="aws: how long a turn is waited for (3600)"
+    )
+    mcp.set_defaults(handler=cmd_mcp)
 
     export = scoped("export", "export a scope's files as a zip (per-file ceiling 25 MiB)")
     export.add_argument("-o", "--output", required=True, metavar="FILE.zip", help="where to write the zip")

@@ -63,13 +63,16 @@ class ClientSettings(BaseModel):
     """Where the client finds a deployed stack; empty when not set.
 
     ``spec_queue_url`` is the stack output ``SpecQueueUrl`` (env ``ALPHAAGENT_SPEC_QUEUE_URL``);
-    ``state_table`` is the stack output ``StateTableName`` (env ``ALPHAAGENT_STATE_TABLE``).
+    ``state_table`` is the stack output ``StateTableName`` (env ``ALPHAAGENT_STATE_TABLE``);
+    ``workspaces_bucket`` is the stack output ``WorkspacesBucketName`` (env
+    ``ALPHAAGENT_WORKSPACES_BUCKET``), where ``alphaagent.client`` reads artifacts and files.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     spec_queue_url: str = Field("", alias="ALPHAAGENT_SPEC_QUEUE_URL")
     state_table: str = Field("", alias="ALPHAAGENT_STATE_TABLE")
+    workspaces_bucket: str = Field("", alias="ALPHAAGENT_WORKSPACES_BUCKET")
 
 
 @functools.cache

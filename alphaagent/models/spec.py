@@ -148,11 +148,14 @@ def describe_validation_error(exc: ValidationError) -> str:
     return f"{location}: {message}"
 
 
-def parse_spec(raw: bytes | str, overrides: dict[str, Any] | None = None) -> Spec:
+def parse_spec(
+    raw: bytes | str, overrides: dict[str, Any] | None = None, *, defaults: dict[str, Any] | None = None
+) -> Spec:
     """Parse and validate a spec's JSON. Raises ``InvalidSpecError`` with one line naming the field.
 
     Checks, in order: size (at most 64 KiB of UTF-8), UTF-8, JSON, then the model. ``overrides``
-    (e.g. the CLI's ``--user`` and ``--conversation``) replace or supply top-level fields first.
+    (e.g. the CLI's ``--user`` and ``--conversation``) replace or supply top-level fields first;
+    ``defaults`` (e.g. the user a client is bound to) supply top-level fields the spec leaves out.
     """
     data = raw.encode("utf-8") if isinstance(raw, str) else raw
     if len(data) > MAX_SPEC_BYTES:
@@ -171,7 +174,7 @@ def parse_spec(raw: bytes | str, overrides: dict[str, Any] | None = None) -> Spe
         raise InvalidSpecError(f"spec: cannot be read ({type(exc).__name__})") from None
     if not isinstance(document, dict):
         raise InvalidSpecError("spec: must be a JSON object")
-    document.update(overrides or {})
+    document = {**(defaults or {}), **document, **(overrides or {})}
     try:
         return Spec.model_validate(document)
     except ValidationError as exc:

@@ -1,0 +1,108 @@
+"""Owner-scoped reads of a scope's records and files, written once for both backends.
+
+``ScopeReads`` needs only a ``Store`` and a ``Workspace`` (the ports): the local backend
+(``AlphaAgent``: SQLite and a directory tree) and the AWS client (DynamoDB and S3) both inherit it,
+so "what another user may learn" is decided in one place.
+
+Every read is scoped by ``user_id``. Anything that belongs to another user — a conversation, a
+workflow run, a session, a turn, a run, an artifact, a file — is answered exactly as if it did not
+exist: the same ``NotFoundError`` with the same message, built only from what the caller asked for,
+and no side effect (no timer refreshed, no record created) (DESIGN §4.7, case ISO-01).
+"""
+
+from __future__ import annotations
+
+from alphaagent.domain.turns import scope_label
+from alphaagent.errors import InvalidRequestError, NotFoundError
+from alphaagent.models.common import PathRuleError, Scope, check_workspace_path
+from alphaagent.models.records import ArtifactVersion, RunRecord, Session, Turn
+from alphaagent.ports import FileInfo, Store, Workspace
+
+
+class ScopeReads:
+    """The reads of a backend; a subclass sets ``store`` and ``workspace``."""
+
+    store: Store
+    workspace: Workspace
+
+    def _owned(self, user_id: str, scope: Scope) -> Scope:
+        if self.store.owner_of(scope.owner_key) != user_id or not self.workspace.scope_exists(scope):
+            raise NotFoundError(f"{scope_label(scope)} not found")
+        return scope
+
+    def files(self, user_id: str, scope: Scope, prefix: str = "") -> list[FileInfo]:
+        """The scope's regular files under ``prefix``."""
+        self._owned(user_id, scope)
+        if prefix:
+            prefix = _path_or_not_found(prefix.rstrip("/"), scope)
+        return self.workspace.list_files(scope, prefix)
+
+    def read_file(self, user_id: str, scope: Scope, path: str) -> bytes:
+        """The bytes of one file of the scope."""
+        self._owned(user_id, scope)
+        normal = _path_or_not_found(path, scope)
+        try:
+            return self.workspace.read_bytes(scope, normal)
+        except FileNotFoundError:
+            raise NotFoundError(f"{normal} not found in {scope_label(scope)}") from None
+
+    def history(self, user_id: str, scope: Scope) -> list[RunRecord]:
+        """The scope's runs, oldest first, with their stored (16 KiB) outputs."""
+        self._owned(user_id, scope)
+        return self.store.list_runs(user_id, scope.key)
+
+    def turns(self, user_id: str, scope: Scope) -> list[Turn]:
+        """The scope's turns, oldest first."""
+        self._owned(user_id, scope)
+        return self.store.list_turns(user_id, scope.key)
+
+    def turn(self, user_id: str, turn_id: str) -> Turn:
+        """One turn (its ``result`` is None while it runs)."""
+        found = self.store.get_turn(user_id, turn_id)
+        if found is None:
+            raise NotFoundError(f"turn {turn_id} not found")
+        return found
+
+    def run_record(self, user_id: str, run_id: str) -> RunRecord:
+        """One run."""
+        record = self.store.get_run(user_id, run_id)
+        if record is None:
+            raise NotFoundError(f"run {run_id} not found")
+        return record
+
+    def artifacts(self, user_id: str, scope: Scope) -> list[ArtifactVersion]:
+        """Every version of every artifact of the scope."""
+        self._owned(user_id, scope)
+        return self.store.list_artifacts(user_id, scope.key)
+
+    def artifact(
+        self, user_id: str, scope: Scope, name: str, version: int | None = None
+    ) -> tuple[ArtifactVersion, bytes]:
+        """One artifact version (``None``: the latest) and its immutable bytes."""
+        self._owned(user_id, scope)
+        found = self.store.get_artifact(user_id, scope.key, name, version)
+        if found is None:
+            wanted = f"{name} v{version}" if version else name
+            raise NotFoundError(f"artifact {wanted} not found in {scope_label(scope)}")
+        return found, self.workspace.read_blob(found.sha256)
+
+    def sessions(self, user_id: str, scope: Scope) -> list[Session]:
+        """The user's sessions in the scope, oldest first (expired ones included)."""
+        self._owned(user_id, scope)
+        return self.store.list_sessions(user_id, scope.key)
+
+    def session(self, user_id: str, session_id: str) -> Session:
+        """One session (reading it never refreshes its idle timer)."""
+        found = self.store.get_session(user_id, session_id)
+        if found is None:
+            raise NotFoundError(f"session {session_id} not found")
+        return found
+
+
+def _path_or_not_found(path: str, scope: Scope) -> str:
+    """A valid workspace path; ``InvalidRequestError`` naming the rule otherwise (checked only
+    after ownership, so it says nothing about another user's scope)."""
+    try:
+        return check_workspace_path(path, prefix=scope.key + "/")
+    except PathRuleError as exc:
+        raise InvalidRequestError(f"path {path!r}: {exc}") from None
