@@ -30,7 +30,7 @@ from alphaagent.local.export import ExportReport, export_scope
 from alphaagent.local.store import SqliteStore
 from alphaagent.local.workspace import LocalWorkspace
 from alphaagent.models.common import PathRuleError, Scope, check_workspace_path
-from alphaagent.models.records import ArtifactVersion, RunRecord, Session, Turn, TurnResult
+from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Session, Turn, TurnResult
 from alphaagent.models.spec import Spec, parse_spec
 from alphaagent.ports import FileInfo
 from alphaagent.sandbox.config import SandboxConfig
@@ -155,6 +155,10 @@ class AlphaAgent:
         """The scope's turns, oldest first."""
         self._owned(user_id, scope)
         return self.store.list_turns(user_id, scope.key)
+
+    def conversations(self, user_id: str) -> list[ScopeSummary]:
+        """The user's scopes (conversations and workflow nodes), the newest turn first."""
+        return self.store.list_scopes(user_id)
 
     def run_record(self, user_id: str, run_id: str) -> RunRecord:
         """One run."""
