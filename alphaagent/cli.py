@@ -574,15 +574,22 @@ def build_parser() -> argparse.ArgumentParser:
     conversations.add_argument("--json", action="store_true", help="print JSON")
     conversations.set_defaults(handler=cmd_conversations)
 
-    serve = sub.add_parser("serve", help="the read-only workspace viewer in your browser (needs the viewer extra)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    serve = sub.add_parser(
+        "serve", help="the read-only workspace viewer in your browser (needs the viewer extra)"
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
     serve.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     serve.add_argument(
         "--user", default=default_user, help="whose work to show (default: $ALPHAAGENT_USER or 'local')"
     )
     serve.add_argument("--open", action="store_true", help="open the URL in a browser")
     serve.add_argument(
-        "--backend", choices=("local", "aws"), default="local", help="local data directory, or a deployed stack"
+        "--backend",
+        choices=("local", "aws"),
+        default="local",
+        help="local data directory, or a deployed stack",
     )
     serve.add_argument(
         "--table", metavar="NAME", help="with --backend aws: StateTableName (default $ALPHAAGENT_STATE_TABLE)"

@@ -157,7 +157,9 @@ def _json_page(data: bytes, start: int, page: TablePage) -> TablePage:
 def _xlsx_page(data: bytes, start: int, page: TablePage) -> TablePage:
     unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist())
     if unpacked > MAX_XLSX_UNPACKED_BYTES:  # sizes from the zip's directory: nothing unpacked yet
-        page.note = f"not previewed: unpacks to more than {MAX_XLSX_UNPACKED_BYTES // 2**20} MiB (download it)"
+        page.note = (
+            f"not previewed: unpacks to more than {MAX_XLSX_UNPACKED_BYTES // 2**20} MiB (download it)"
+        )
         return page
     import openpyxl
 
@@ -217,9 +219,14 @@ def render_markdown(text: str, resolve_image: Callable[[str], str | None]) -> st
     return nh3.clean(html, attribute_filter=attribute, link_rel="noopener noreferrer nofollow")
 
 
+IMAGE_SUFFIXES: Final = (".png", ".jpg", ".jpeg", ".gif")
+"""What a report's image may name: a raster image file (the bytes are checked again when served)."""
+
+
 def report_image_resolver(report_path: str, file_url: Callable[[str], str]) -> Callable[[str], str | None]:
     """How a report's relative image paths (``../charts/x.png``, from the report's folder) become
-    viewer URLs of the same scope's files; absolute URLs and paths out of the scope are dropped."""
+    viewer URLs of the same scope's files; absolute URLs, paths out of the scope and names that are
+    not raster images are dropped."""
     folder = posixpath.dirname(report_path)
 
     def resolve(src: str) -> str | None:
@@ -227,7 +234,7 @@ def report_image_resolver(report_path: str, file_url: Callable[[str], str]) -> C
         if parts.scheme or parts.netloc or src.startswith("/") or not parts.path:
             return None
         path = posixpath.normpath(posixpath.join(folder, parts.path))
-        if path.startswith("../") or path in ("..", "."):
+        if path.startswith("../") or path in ("..", ".") or not path.lower().endswith(IMAGE_SUFFIXES):
             return None
         return file_url(path)
 

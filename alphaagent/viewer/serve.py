@@ -113,9 +113,7 @@ def serve(
     listener = bind(host, port)
     bound_port = int(listener.getsockname()[1])
     hosts = ("127.0.0.1", "localhost", "::1", "[::1]") if is_loopback(host) else ("*",)
-    app = create_app(
-        reader, token=token, cookie_name=f"alphaagent_viewer_{bound_port}", allowed_hosts=hosts
-    )
+    app = create_app(reader, token=token, cookie_name=f"alphaagent_viewer_{bound_port}", allowed_hosts=hosts)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     url = viewer_url(host, bound_port, token)
     announce(f"alphaagent viewer of {reader.user_id!r}: {url}")

@@ -12,143 +12,33 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
+from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, T0, TOKEN, Home, lay_out
 
-from alphaagent.ids import new_ulid
 from alphaagent.local.store import SqliteStore
 from alphaagent.local.workspace import LocalWorkspace
-from alphaagent.models.common import ConversationScope, NodeScope, Scope
-from alphaagent.models.records import ArtifactVersion, RunRecord, Turn, TurnResult
-from alphaagent.models.run import RunError
+from alphaagent.models.common import ConversationScope
 from alphaagent.viewer.app import PAGE_CSP, create_app, tree_rows
 from alphaagent.viewer.preview import dataset_page
 from alphaagent.viewer.serve import local_reader
 
-ALICE, BOB = "alice", "bob"
-TOKEN = "t0ken-" + "x" * 40
-T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
-CONV = ConversationScope(conversation_id="sales")
-NODE = NodeScope(workflow_execution_id="wf1", node_id="clean")
-HOSTILE = "<img src=x onerror=alert(1)>.csv"
-PNG = (
-    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89"
-    b"\x00\x00\x00\rIDATx\x9cc\xf8\x0f\x00\x00\x01\x01\x00\x05\x18\xd8N\x00\x00\x00\x00IEND\xaeB`\x82"
-)
-REPORT = (
-    "# Revenue\n\nNorth leads.\n\n![chart](../charts/revenue.png)\n\n"
-    "<script>alert('report')</script><img src=x onerror=alert(2)>\n\n"
-    "[click](javascript:alert(3)) ![remote](https://tracker.example/pixel.png)\n"
-)
 
-
-class Home:
-    """A local data directory with Alice's records written directly (no sandbox: fast)."""
+class LocalHome(Home):
+    """A local data directory (SQLite + files) at ``root``."""
 
     def __init__(self, root: Path) -> None:
+        super().__init__(SqliteStore(root / "alphaagent.db"), LocalWorkspace(root))
         self.root = root
-        self.store = SqliteStore(root / "alphaagent.db")
-        self.workspace = LocalWorkspace(root)
-
-    def claim(self, scope: Scope, user: str = ALICE) -> None:
-        self.store.claim_owner(scope.owner_key, user, T0)
-        self.workspace.ensure_scope(scope)
-
-    def turn(self, scope: Scope, *, status: str = "completed", user: str = ALICE, minute: int = 0) -> Turn:
-        turn = Turn(
-            turn_id=new_ulid(),
-            user_id=user,
-            scope_key=scope.key,
-            session_id="s" * 32,
-            status="running",
-            goal="revenue <b>by</b> region",
-            started_at=T0 + timedelta(minutes=minute),
-        )
-        self.store.create_turn(turn)
-        if status != "running":
-            error = RunError(name="ValueError", value="bad <input>", traceback="") if status == "failed" else None
-            self.finish(turn, status, error)
-        return turn
-
-    def finish(self, turn: Turn, status: str, error: RunError | None = None) -> None:
-        done = turn.model_copy(
-            update={
-                "status": status,
-                "finished_at": turn.started_at + timedelta(seconds=12),
-                "result": TurnResult(turn_id=turn.turn_id, status=status, summary="done", error=error),  # type: ignore[arg-type]
-            }
-        )
-        self.store.finish_turn(done)
-
-    def run(self, scope: Scope, turn: Turn, *, stdout: str = "hello\n", truncated: bool = False) -> RunRecord:
-        run_id = new_ulid()
-        spill = f"work/runs/{run_id}/stdout.txt"
-        if truncated:
-            self.workspace.write_bytes(scope, spill, b"the full output " * 10_000)
-        record = RunRecord(
-            run_id=run_id,
-            turn_id=turn.turn_id,
-            session_id="s" * 32,
-            user_id=turn.user_id,
-            scope_key=scope.key,
-            status="ok",
-            exit_code=0,
-            code="print('hello')",
-            stdout=stdout,
-            stderr="",
-            stdout_bytes=160_000 if truncated else len(stdout),
-            stderr_bytes=0,
-            stdout_truncated=truncated,
-            stderr_truncated=False,
-            error=None,
-            reason=None,
-            duration_ms=42,
-            files_changed=[],
-            stdout_path=spill if truncated else None,
-            created_at=T0,
-        )
-        self.store.put_run(record)
-        return record
-
-    def artifact(self, scope: Scope, turn: Turn, kind: str, name: str, path: str, data: bytes) -> ArtifactVersion:
-        self.workspace.write_bytes(scope, path, data)
-        sha, size = self.workspace.put_blob(scope, path)
-        return self.store.add_artifact_version(
-            ArtifactVersion(
-                artifact_id=new_ulid(),
-                scope_key=scope.key,
-                kind=kind,  # type: ignore[arg-type]
-                name=name,
-                version=0,
-                path=path,
-                sha256=sha,
-                size_bytes=size,
-                turn_id=turn.turn_id,
-                user_id=turn.user_id,
-                created_at=T0,
-            )
-        )
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Iterator[Home]:
-    made = Home(tmp_path / "home")
-    made.claim(CONV)
-    turn = made.turn(CONV)
-    made.run(CONV, turn, truncated=True)
-    csv_rows = "region,revenue\n" + "".join(f"r{i},{i * 10}\n" for i in range(120))
-    made.artifact(CONV, turn, "dataset", "revenue", "datasets/revenue.csv", csv_rows.encode())
-    made.artifact(CONV, turn, "dataset", "revenue", "datasets/revenue.csv", b"region,revenue\nnorth,1\n")
-    made.artifact(CONV, turn, "chart", "revenue-chart", "charts/revenue.png", PNG)
-    made.artifact(CONV, turn, "chart", "vector", "charts/vector.svg", b"<svg onload='alert(4)'></svg>")
-    made.artifact(CONV, turn, "report", "summary", "reports/summary.md", REPORT.encode())
-    made.workspace.write_bytes(CONV, f"datasets/{HOSTILE}", b"a,b\n1,2\n")
-    made.claim(NODE)
-    made.turn(NODE, status="failed", minute=5)
+def home(tmp_path: Path) -> Iterator[LocalHome]:
+    made = LocalHome(tmp_path / "home")
+    lay_out(made)
     yield made
     made.store.close()
 
@@ -159,13 +49,13 @@ def client_for(root: Path, user: str = ALICE, **kwargs: Any) -> TestClient:
 
 
 @pytest.fixture
-def alice(home: Home) -> TestClient:
+def alice(home: LocalHome) -> TestClient:
     client = client_for(home.root)
     assert client.get(f"/?token={TOKEN}").status_code == 200  # sets the cookie
     return client
 
 
-def test_without_the_token_every_request_is_401_and_the_token_once_sets_a_cookie(home: Home) -> None:
+def test_without_the_token_every_request_is_401_and_the_token_once_sets_a_cookie(home: LocalHome) -> None:
     client = client_for(home.root)
     # Given no token, a wrong token or a wrong cookie / Then 401, for pages and files alike
     for path in ("/", "/c/sales/", "/c/sales/file/datasets/revenue.csv", "/static/viewer.css", "/nope"):
@@ -185,7 +75,7 @@ def test_without_the_token_every_request_is_401_and_the_token_once_sets_a_cookie
     assert client.get("/c/sales/").status_code == 200
 
 
-def test_a_host_header_other_than_the_loopback_is_refused(home: Home) -> None:
+def test_a_host_header_other_than_the_loopback_is_refused(home: LocalHome) -> None:
     client = client_for(home.root)
     response = client.get(f"/?token={TOKEN}", headers={"host": "attacker.example"})
     assert response.status_code == 400
@@ -197,7 +87,11 @@ def test_every_page_has_the_strict_csp_and_user_bytes_are_sandboxed(alice: TestC
         assert headers["content-security-policy"] == PAGE_CSP
         assert "'unsafe-inline'" not in PAGE_CSP and "script-src 'self'" in PAGE_CSP
         assert headers["x-content-type-options"] == "nosniff"
-    for path in ("/c/sales/blob/vector/1", "/c/sales/file/charts/vector.svg", "/c/sales/blob/revenue-chart/1"):
+    for path in (
+        "/c/sales/blob/vector/1",
+        "/c/sales/file/charts/vector.svg",
+        "/c/sales/blob/revenue-chart/1",
+    ):
         headers = alice.get(path).headers
         assert headers["content-security-policy"].startswith("sandbox")
         assert headers["x-content-type-options"] == "nosniff"
@@ -211,7 +105,7 @@ def test_svg_is_only_a_download_or_a_sandboxed_view_and_a_png_is_an_image(alice:
     assert viewed.headers["content-type"] == "image/svg+xml"
     assert viewed.headers["content-security-policy"].startswith("sandbox")
     page = alice.get("/c/sales/").text
-    assert "<svg" not in page and "blob/vector/1\"" not in page.split("<img")[-1].split(">")[0]
+    assert "<svg" not in page and 'blob/vector/1"' not in page.split("<img")[-1].split(">")[0]
     png = alice.get("/c/sales/blob/revenue-chart/1")
     assert png.headers["content-type"] == "image/png" and png.content == PNG
     # A PNG name on bytes that are not a PNG is never served as an image
@@ -234,9 +128,10 @@ def test_names_and_content_are_escaped_and_the_report_is_sanitised(alice: TestCl
     # The hostile file downloads under its own name, quoted
     hostile = alice.get("/c/sales/file/datasets/%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E.csv")
     assert hostile.status_code == 200 and hostile.content == b"a,b\n1,2\n"
-    assert "filename*=UTF-8''%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E.csv" in hostile.headers[
-        "content-disposition"
-    ]
+    assert (
+        "filename*=UTF-8''%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E.csv"
+        in hostile.headers["content-disposition"]
+    )
 
 
 def test_the_front_page_lists_conversations_and_nodes_newest_first(alice: TestClient) -> None:
@@ -245,7 +140,7 @@ def test_the_front_page_lists_conversations_and_nodes_newest_first(alice: TestCl
     assert "status-failed" in page and "status-completed" in page
 
 
-def test_another_users_work_is_answered_exactly_like_missing_work(home: Home) -> None:
+def test_another_users_work_is_answered_exactly_like_missing_work(home: LocalHome) -> None:
     # Given Bob's own conversation, and Bob's viewer
     home.claim(ConversationScope(conversation_id="bobs"), BOB)
     home.turn(ConversationScope(conversation_id="bobs"), user=BOB)
@@ -307,7 +202,9 @@ def test_parquet_and_xlsx_datasets_preview_as_tables() -> None:
     assert broken.rows == [] and broken.note and broken.note.startswith("not previewed")
 
 
-def test_the_run_history_shows_the_truncation_marker_and_links_the_full_spill(alice: TestClient, home: Home) -> None:
+def test_the_run_history_shows_the_truncation_marker_and_links_the_full_spill(
+    alice: TestClient, home: LocalHome
+) -> None:
     page = alice.get("/c/sales/runs").text
     run = home.store.list_runs(ALICE, CONV.key)[0]
     assert "stdout truncated: 160000 bytes in all" in page
@@ -331,7 +228,9 @@ def _events(client: TestClient, path: str) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
-def test_a_running_turn_streams_each_run_as_it_is_recorded_then_its_end(alice: TestClient, home: Home) -> None:
+def test_a_running_turn_streams_each_run_as_it_is_recorded_then_its_end(
+    alice: TestClient, home: LocalHome
+) -> None:
     # Given a running turn with one run so far, and its live page
     turn = home.turn(CONV, status="running", minute=30)
     home.run(CONV, turn, stdout="first\n")
@@ -389,7 +288,7 @@ def _cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_turns_and_conversations_list_the_users_work(home: Home) -> None:
+def test_turns_and_conversations_list_the_users_work(home: LocalHome) -> None:
     turns = _cli("turns", "--conversation", "sales", "--json", home=home.root)
     assert turns.returncode == 0, turns.stderr
     [turn] = json.loads(turns.stdout)
