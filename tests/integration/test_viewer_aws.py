@@ -11,13 +11,13 @@ import boto3
 import pytest
 from moto import mock_aws
 from starlette.testclient import TestClient
+from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, TOKEN, Home, lay_out
 
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.models.common import ConversationScope
 from alphaagent.viewer.app import create_app
 from alphaagent.viewer.serve import aws_reader
-from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, TOKEN, Home, lay_out
 
 REGION = "eu-west-1"
 TABLE = "alphaagent-state-viewer"
