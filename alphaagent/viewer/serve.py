@@ -97,10 +97,11 @@ def serve(
     port: int = 8765,
     open_browser: bool = False,
     token: str | None = None,
-    announce: Callable[[str], Any] = print,
+    announce: Callable[[str], Any] | None = None,
 ) -> None:
     """Serve the viewer until interrupted. Prints the URL (with a fresh random token unless
-    ``token`` is given) once the port is bound; with ``open_browser``, opens it too.
+    ``token`` is given) once the port is bound, or hands it to ``announce``; with ``open_browser``,
+    opens it too.
 
     Raises:
         OSError: the address cannot be bound (taken, or not an address of this machine).
@@ -116,7 +117,11 @@ def serve(
     app = create_app(reader, token=token, cookie_name=f"alphaagent_viewer_{bound_port}", allowed_hosts=hosts)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     url = viewer_url(host, bound_port, token)
-    announce(f"alphaagent viewer of {reader.user_id!r}: {url}")
+    message = f"alphaagent viewer of {reader.user_id!r}: {url}"
+    if announce is None:
+        print(message, flush=True)  # flushed: whoever reads the URL from a pipe gets it now
+    else:
+        announce(message)
     if not is_loopback(host):
         print(
             f"alphaagent: warning: listening on {host}, not only this machine; the token is the only guard",

@@ -321,3 +321,50 @@ def test_serve_refuses_bad_flags_in_one_line(tmp_path: Path) -> None:
         done = _cli(*args, home=tmp_path / "home")
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and field in done.stderr, done.stderr
     assert not (tmp_path / "home").exists()
+
+
+def test_serve_prints_a_loopback_url_with_a_fresh_token_and_refuses_requests_without_it(
+    home: LocalHome,
+) -> None:
+    import http.cookiejar
+    import re
+    import select
+    import urllib.error
+    import urllib.request
+
+    def start() -> tuple[subprocess.Popen[str], str, str]:
+        env = {**os.environ, "ALPHAAGENT_HOME": str(home.root), "ALPHAAGENT_USER": ALICE}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "alphaagent.cli", "serve", "--port", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, "serve printed no URL within 60 s"
+        line = process.stdout.readline()
+        found = re.search(r"(http://127\.0\.0\.1:\d+)/\?token=([A-Za-z0-9_-]{43,})$", line.strip())
+        assert found, line
+        return process, found.group(1), found.group(2)
+
+    first, base, token = start()
+    second, _, other_token = start()
+    try:
+        # Given two starts / Then each has its own random token
+        assert token != other_token
+        # When a request comes without the token / Then 401
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{base}/c/sales/", timeout=30)
+        assert refused.value.code == 401
+        # When the printed URL is opened (a browser keeps the cookie) / Then the user's work shows
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        with browser.open(f"{base}/?token={token}", timeout=30) as response:
+            assert response.status == 200 and 'href="/c/sales/"' in response.read().decode()
+        with browser.open(f"{base}/c/sales/", timeout=30) as response:
+            assert response.status == 200
+    finally:
+        for process in (first, second):
+            process.terminate()
+            process.wait(timeout=30)
