@@ -42,6 +42,7 @@ from urllib.parse import quote, urlencode
 
 from pydantic import ValidationError
 
+from alphaagent.domain.turns import scope_label
 from alphaagent.errors import NotFoundError
 from alphaagent.models.common import ConversationScope, NodeScope, Scope, printable_path, utcnow
 from alphaagent.models.records import ArtifactVersion, RunRecord, Turn
@@ -243,7 +244,7 @@ def create_app(
         file_url=file_url,
         artifact_url=artifact_url,
         blob_url=blob_url,
-        scope_label=_scope_label,
+        scope_label=scope_label,
     )
     not_found_body = templates.get_template("not_found.html").render()
 
@@ -413,9 +414,10 @@ def create_app(
         Route("/file/{path:path}", file_download),
     ]
     middleware = [
+        # The first is the outermost: a foreign Host header is refused before any token is looked at.
         Middleware(SecurityHeaders),
-        Middleware(TokenGate, token=token, cookie_name=cookie_name),
         Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
+        Middleware(TokenGate, token=token, cookie_name=cookie_name),
     ]
     return Starlette(
         routes=[
@@ -427,12 +429,6 @@ def create_app(
         middleware=middleware,
         exception_handlers={404: not_found, NotFoundError: not_found},
     )
-
-
-def _scope_label(scope: Scope) -> str:
-    if isinstance(scope, ConversationScope):
-        return f"conversation {scope.conversation_id}"
-    return f"workflow {scope.workflow_execution_id}, node {scope.node_id}"
 
 
 ASGIApp = Callable[..., Any]
@@ -462,7 +458,8 @@ class TokenGate:
         given = connection.query_params.get("token")
         if self._valid(given):
             rest = [(k, v) for k, v in connection.query_params.multi_items() if k != "token"]
-            target = quote(connection.url.path) + (f"?{urlencode(rest)}" if rest else "")
+            # One leading '/': '//host/...' would be a redirect to another site.
+            target = "/" + quote(connection.url.path.lstrip("/")) + (f"?{urlencode(rest)}" if rest else "")
             response: Any = RedirectResponse(target, status_code=303)
             response.set_cookie(
                 self.cookie_name, self.token.decode(), httponly=True, samesite="strict", path="/"

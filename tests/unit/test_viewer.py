@@ -75,10 +75,18 @@ def test_without_the_token_every_request_is_401_and_the_token_once_sets_a_cookie
     assert client.get("/c/sales/").status_code == 200
 
 
-def test_a_host_header_other_than_the_loopback_is_refused(home: LocalHome) -> None:
+def test_a_host_header_other_than_the_loopback_is_refused_before_the_token_is_looked_at(
+    home: LocalHome,
+) -> None:
     client = client_for(home.root)
-    response = client.get(f"/?token={TOKEN}", headers={"host": "attacker.example"})
-    assert response.status_code == 400
+    response = client.get(f"/?token={TOKEN}", headers={"host": "attacker.example"}, follow_redirects=False)
+    assert response.status_code == 400 and "set-cookie" not in response.headers
+
+
+def test_the_token_redirect_never_leaves_the_viewer(home: LocalHome) -> None:
+    client = client_for(home.root)
+    response = client.get(f"http://127.0.0.1:8765//evil.example/?token={TOKEN}", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/evil.example/"
 
 
 def test_every_page_has_the_strict_csp_and_user_bytes_are_sandboxed(alice: TestClient) -> None:
