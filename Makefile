@@ -8,14 +8,14 @@ STAMP := $(VENV)/.installed-dev
 .DEFAULT_GOAL := help
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,viewer,dev]'
 	@touch $@
 
-venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, dev (pinned)
+venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, viewer, dev (pinned)
 
 # The browser tests (tests/browser) drive Debian's chromium through Playwright (never `playwright
 # install`: it downloads a browser build). Where we are root, as CI is, a missing chromium is installed

@@ -376,3 +376,34 @@ def test_serve_prints_a_loopback_url_with_a_fresh_token_and_refuses_requests_wit
         for process in (first, second):
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_browsing_every_page_writes_nothing(alice: TestClient, home: LocalHome) -> None:
+    import sqlite3
+
+    def snapshot() -> tuple[list[str], list[tuple[str, int, int]]]:
+        with sqlite3.connect(home.root / "alphaagent.db") as raw:
+            rows = list(raw.iterdump())
+        files = sorted(
+            (str(path.relative_to(home.root)), path.stat().st_size, path.stat().st_mtime_ns)
+            for path in home.root.rglob("*")
+            if path.is_file() and not path.name.startswith("alphaagent.db")
+        )
+        return rows, files
+
+    before = snapshot()
+    turn_id = home.store.list_turns(ALICE, CONV.key)[0].turn_id
+    for path in (
+        "/",
+        "/c/sales/",
+        "/c/sales/runs",
+        f"/c/sales/turns/{turn_id}",
+        f"/c/sales/turns/{turn_id}/events",
+        "/c/sales/artifacts/revenue/1?page=2",
+        "/c/sales/blob/summary/1",
+        "/c/sales/file/datasets/revenue.csv",
+        "/w/wf1/clean/",
+        "/c/missing/",
+    ):
+        assert alice.get(path).status_code in (200, 404)
+    assert snapshot() == before
