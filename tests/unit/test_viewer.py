@@ -407,3 +407,29 @@ def test_browsing_every_page_writes_nothing(alice: TestClient, home: LocalHome) 
     ):
         assert alice.get(path).status_code in (200, 404)
     assert snapshot() == before
+
+
+def test_turns_json_lists_a_turn_that_run_completed(tmp_path: Path) -> None:
+    # Given a spec with one pinned step, run from the command line
+    spec = {
+        "spec_version": 1,
+        "user_id": "me",
+        "scope": {"conversation_id": "c1"},
+        "goal": "count to three",
+        "outputs": [{"kind": "dataset", "name": "counts", "path": "datasets/counts.csv"}],
+        "steps": [{"title": "count", "code": "open('datasets/counts.csv', 'w').write('n\\n1\\n2\\n3\\n')"}],
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    home = tmp_path / "home"
+    ran = _cli("run", str(tmp_path / "spec.json"), "--user", "me", home=home)
+    assert ran.returncode == 0, ran.stderr
+    # When its turns and the user's conversations are listed
+    turns = _cli("turns", "--user", "me", "--conversation", "c1", "--json", home=home)
+    listed = _cli("conversations", "--user", "me", "--json", home=home)
+    # Then the completed turn is there with its goal and duration, and so is its conversation
+    assert turns.returncode == 0, turns.stderr
+    [turn] = json.loads(turns.stdout)
+    assert (turn["status"], turn["goal"], turn["error"]) == ("completed", "count to three", None)
+    assert turn["duration_ms"] >= 0 and turn["result"]["artifacts"][0]["name"] == "counts"
+    [conversation] = json.loads(listed.stdout)
+    assert (conversation["scope"], conversation["turn_count"]) == ({"conversation_id": "c1"}, 1)
