@@ -38,13 +38,13 @@ for entry in (REPO_ROOT, REPO_ROOT / "tests"):
         sys.path.insert(0, str(entry))
 
 from machine import machine  # noqa: E402
+from viewer_data import ALICE, CONV, PNG, REPORT, Home  # noqa: E402
 
 from alphaagent.api import AlphaAgent  # noqa: E402
 from alphaagent.local.store import SqliteStore  # noqa: E402
 from alphaagent.local.workspace import LocalWorkspace  # noqa: E402
 from alphaagent.viewer.preview import dataset_page  # noqa: E402
 from alphaagent.viewer.serve import bind, local_reader  # noqa: E402
-from viewer_data import ALICE, CONV, PNG, REPORT, Home  # noqa: E402
 
 FILES = 300
 RUNS = 100
