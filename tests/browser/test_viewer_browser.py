@@ -18,16 +18,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from viewer_data import Home
 
 from alphaagent.api import AlphaAgent
-from alphaagent.ids import new_ulid
-from alphaagent.models.common import ConversationScope, utcnow
-from alphaagent.models.records import RunRecord, Turn, TurnResult
+from alphaagent.models.common import ConversationScope
 from alphaagent.viewer.serve import bind, local_reader
 
 pytestmark = pytest.mark.browser
@@ -284,63 +282,22 @@ def test_a_running_turns_page_adds_each_run_as_it_is_recorded_then_shows_the_end
     page: Page, viewer: Viewer
 ) -> None:
     # Given a turn that is still running in the conversation (recorded as the turn driver does)
-    store = viewer.agent.store
+    home = Home(viewer.agent.store, viewer.agent.workspace)
     scope = ConversationScope(conversation_id=viewer.conversation)
-    started = utcnow()
-    turn = Turn(
-        turn_id=new_ulid(),
-        user_id=USER,
-        scope_key=scope.key,
-        session_id="s" * 32,
-        status="running",
-        goal="a live turn",
-        started_at=started,
-    )
-    store.create_turn(turn)
+    turn = home.turn(scope, status="running", user=USER)
     p = page.page
     p.goto(f"{viewer.url}/c/{viewer.conversation}/turns/{turn.turn_id}")
     assert p.locator("section.run").count() == 0
     # When a run is recorded, the page shows it without a reload
-    store.put_run(_run(turn, "live output <b>not bold</b>\n"))
+    home.run(scope, turn, stdout="live output <b>not bold</b>\n")
     output = p.locator("section.run pre.stdout")
     output.wait_for(timeout=15_000)
     assert output.inner_text().rstrip("\n") == "live output <b>not bold</b>"
     # And when the turn ends, the page shows its end
-    done = turn.model_copy(
-        update={
-            "status": "completed",
-            "finished_at": started + timedelta(seconds=3),
-            "result": TurnResult(turn_id=turn.turn_id, status="completed", summary="live turn done"),
-        }
-    )
-    store.finish_turn(done)
+    home.finish(turn, "completed")
     p.locator("#turn-status .status-completed").wait_for(timeout=15_000)
-    assert p.get_by_text("live turn done").count() == 1
+    assert p.locator("section.run").count() == 1
     assert page.dialogs == [] and page.violations() == []
-
-
-def _run(turn: Turn, stdout: str) -> RunRecord:
-    return RunRecord(
-        run_id=new_ulid(),
-        turn_id=turn.turn_id,
-        session_id=turn.session_id,
-        user_id=turn.user_id,
-        scope_key=turn.scope_key,
-        status="ok",
-        exit_code=0,
-        code="print('live')",
-        stdout=stdout,
-        stderr="",
-        stdout_bytes=len(stdout.encode()),
-        stderr_bytes=0,
-        stdout_truncated=False,
-        stderr_truncated=False,
-        error=None,
-        reason=None,
-        duration_ms=5,
-        files_changed=[],
-        created_at=utcnow(),
-    )
 
 
 def test_without_the_token_the_browser_gets_401(browser: Any, viewer: Viewer) -> None:
