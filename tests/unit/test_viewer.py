@@ -328,6 +328,16 @@ def test_serve_refuses_bad_flags_in_one_line(tmp_path: Path) -> None:
     ):
         done = _cli(*args, home=tmp_path / "home")
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and field in done.stderr, done.stderr
+    # A port that is taken is one line too
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = _cli("serve", "--port", port, home=tmp_path / "home")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert not (tmp_path / "home").exists()
 
 
