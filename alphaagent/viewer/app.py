@@ -210,7 +210,7 @@ def create_app(
     *,
     token: str,
     cookie_name: str = "alphaagent_viewer",
-    allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost", "::1", "[::1]"),
+    allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost", "[::1]"),
     live_poll_s: float = LIVE_POLL_S,
 ) -> Starlette:
     """The viewer over ``reader`` (one user's work), guarded by ``token``.

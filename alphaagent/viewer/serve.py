@@ -113,7 +113,9 @@ def serve(
     token = token or secrets.token_urlsafe(TOKEN_BYTES)
     listener = bind(host, port)
     bound_port = int(listener.getsockname()[1])
-    hosts = ("127.0.0.1", "localhost", "::1", "[::1]") if is_loopback(host) else ("*",)
+    # The Host header names the address as the URL does (an IPv6 one in brackets).
+    named = f"[{host}]" if ":" in host else host
+    hosts = ("127.0.0.1", "localhost", "[::1]", named) if is_loopback(host) else ("*",)
     app = create_app(reader, token=token, cookie_name=f"alphaagent_viewer_{bound_port}", allowed_hosts=hosts)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     url = viewer_url(host, bound_port, token)
