@@ -443,3 +443,11 @@ def test_turns_json_lists_a_turn_that_run_completed(tmp_path: Path) -> None:
     assert turn["duration_ms"] >= 0 and turn["result"]["artifacts"][0]["name"] == "counts"
     [conversation] = json.loads(listed.stdout)
     assert (conversation["scope"], conversation["turn_count"]) == ({"conversation_id": "c1"}, 1)
+
+
+def test_only_loopback_addresses_count_as_this_machine_and_ipv6_urls_get_brackets() -> None:
+    from alphaagent.viewer.serve import is_loopback, viewer_url
+
+    assert [is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost")] == [True] * 4
+    assert [is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.com")] == [False] * 4
+    assert viewer_url("::1", 8765, "t") == "http://[::1]:8765/?token=t"
