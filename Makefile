@@ -8,16 +8,27 @@ STAMP := $(VENV)/.installed-dev
 .DEFAULT_GOAL := help
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,mcp,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,mcp,viewer,dev]'
 	@touch $@
 
-venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, dev (pinned)
+venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, mcp, viewer, dev (pinned)
 
-test: $(STAMP) ## Run the test suite (what CI runs)
+# The browser tests (tests/browser) drive Debian's chromium through Playwright (never `playwright
+# install`: it downloads a browser build). Where we are root, as CI is, a missing chromium is installed
+# with apt-get; elsewhere the tests skip and say why (and fail under CI=true).
+CHROMIUM := /usr/bin/chromium
+browser-deps: ## Install Debian's chromium for the browser tests when missing (as root: apt-get)
+	@if [ ! -x $(CHROMIUM) ] && [ "$$(id -u)" = 0 ]; then \
+		echo "make: installing chromium for the browser tests (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium fonts-dejavu-core >/dev/null; \
+	fi
+
+test: $(STAMP) browser-deps ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The lint tools live in their own virtualenv: aws-sam-cli pins boto3 and pydantic versions of its own.
@@ -46,10 +57,11 @@ bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 	$(PY) bench/sandbox.py
 	$(PY) bench/turn.py
 	$(PY) bench/mcp_turn.py
+	$(PY) bench/viewer.py
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock
-	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,mcp,dev]'
+	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,mcp,viewer,dev]'
 	/tmp/alphaagent-lock/bin/pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
 build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (through the build-% rule)
@@ -117,4 +129,4 @@ deploy: ## make build, then sam deploy --config-env ENV (default: default) with 
 clean: ## Remove the virtualenv and caches (not the data directory)
 	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv test lint demo bench lock build images deploy clean
+.PHONY: help venv browser-deps test lint demo bench lock build images deploy clean

@@ -28,7 +28,7 @@ from alphaagent.models.run import RunLimits
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
     from alphaagent.domain.turns import Coder
-    from alphaagent.models.records import TurnResult
+    from alphaagent.models.records import Turn, TurnResult
     from alphaagent.models.spec import Spec
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -352,6 +352,101 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _turn_row(turn: Turn) -> dict[str, Any]:
+    end = turn.finished_at
+    duration_ms = None if end is None else int((end - turn.started_at).total_seconds() * 1000)
+    error = turn.result.error if turn.result else None
+    return turn.model_dump(mode="json") | {
+        "duration_ms": duration_ms,
+        "error": None if error is None else error.model_dump(mode="json"),
+    }
+
+
+def cmd_turns(args: argparse.Namespace) -> int:
+    """A scope's turns, oldest first: id, status, goal, start, duration and error."""
+    scope = _required_scope(args)
+    with _agent(args) as agent:
+        turns = agent.turns(args.user, scope)
+    lines: list[str] = []
+    for turn in turns:
+        row = _turn_row(turn)
+        took = "running" if row["duration_ms"] is None else f"{row['duration_ms'] / 1000:.1f} s"
+        lines.append(
+            f"{turn.turn_id}  {turn.status:9}  {turn.started_at:%Y-%m-%d %H:%M:%S}  {took:>9}  "
+            + printable_path(turn.goal)
+        )
+        if turn.result and turn.result.error:
+            where = f"{turn.result.failed_step}: " if turn.result.failed_step else ""
+            error = turn.result.error
+            lines.append(f"  ! {printable_path(where + error.name + ': ' + error.value)}")
+    _emit(args, [_turn_row(turn) for turn in turns], lines or ["no turns"])
+    return EXIT_OK
+
+
+def cmd_conversations(args: argparse.Namespace) -> int:
+    """The user's conversations and workflow nodes, the newest turn first."""
+    from alphaagent.models.common import scope_from_key
+
+    with _agent(args) as agent:
+        summaries = agent.conversations(args.user)
+    lines, data = [], []
+    for summary in summaries:
+        scope = scope_from_key(summary.scope_key)
+        if isinstance(scope, ConversationScope):
+            name = f"conversation {scope.conversation_id}"
+        else:
+            name = f"workflow {scope.workflow_execution_id} node {scope.node_id}"
+        turns = f"{summary.turn_count} turn" + ("" if summary.turn_count == 1 else "s")
+        lines.append(
+            f"{name}  {turns}  {summary.last_status}  {summary.last_started_at:%Y-%m-%d %H:%M:%S}  "
+            + printable_path(summary.last_goal)
+        )
+        data.append({"scope": scope.model_dump(), **summary.model_dump(mode="json")})
+    _emit(args, data, lines or ["no conversations"])
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The read-only workspace viewer of one user's work (local backend, or a stack with --backend aws)."""
+    if not 0 <= args.port <= 65535:
+        raise InvalidRequestError("--port: a port number from 0 to 65535")
+    try:
+        from alphaagent.viewer.serve import aws_reader, local_reader, serve
+    except ImportError:  # pragma: no cover - the viewer's modules import no extra at import time
+        return _fail("serve needs the viewer extra (pip install 'alphaagent[viewer]')")
+    try:
+        import jinja2  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        return _fail("serve needs the viewer extra (pip install 'alphaagent[viewer]')")
+    if args.backend == "aws":
+        from alphaagent.aws.client import client_settings
+
+        table = args.table or client_settings().state_table
+        bucket = args.bucket or os.environ.get("ALPHAAGENT_WORKSPACES_BUCKET", "")
+        if not table:
+            raise InvalidRequestError(
+                "--table: give the stack's StateTableName output, or set ALPHAAGENT_STATE_TABLE"
+            )
+        if not bucket:
+            raise InvalidRequestError(
+                "--bucket: give the stack's WorkspacesBucketName output, or set ALPHAAGENT_WORKSPACES_BUCKET"
+            )
+        reader = aws_reader(table, bucket, args.user, args.region)
+    else:
+        if args.table or args.bucket or args.region:
+            raise InvalidRequestError("--table, --bucket and --region go with --backend aws")
+        from alphaagent.api import alphaagent_home
+
+        reader = local_reader(alphaagent_home(), args.user)
+    try:
+        serve(reader, host=args.host, port=args.port, open_browser=args.open)
+    except OSError as exc:
+        return _fail(f"--host/--port: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+    return EXIT_OK
+
+
 def cmd_artifacts(args: argparse.Namespace) -> int:
     scope = _required_scope(args)
     with _agent(args) as agent:
@@ -479,6 +574,44 @@ def build_parser() -> argparse.ArgumentParser:
     scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
     scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
+    scoped("turns", "list a scope's turns: id, status, goal, start, duration, error").set_defaults(
+        handler=cmd_turns
+    )
+
+    conversations = sub.add_parser("conversations", help="list your conversations and workflow nodes")
+    conversations.add_argument(
+        "--user", default=default_user, help="who is asking (default: $ALPHAAGENT_USER or 'local')"
+    )
+    conversations.add_argument("--json", action="store_true", help="print JSON")
+    conversations.set_defaults(handler=cmd_conversations)
+
+    serve = sub.add_parser(
+        "serve", help="the read-only workspace viewer in your browser (needs the viewer extra)"
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    serve.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    serve.add_argument(
+        "--user", default=default_user, help="whose work to show (default: $ALPHAAGENT_USER or 'local')"
+    )
+    serve.add_argument("--open", action="store_true", help="open the URL in a browser")
+    serve.add_argument(
+        "--backend",
+        choices=("local", "aws"),
+        default="local",
+        help="local data directory, or a deployed stack",
+    )
+    serve.add_argument(
+        "--table", metavar="NAME", help="with --backend aws: StateTableName (default $ALPHAAGENT_STATE_TABLE)"
+    )
+    serve.add_argument(
+        "--bucket",
+        metavar="NAME",
+        help="with --backend aws: WorkspacesBucketName (default $ALPHAAGENT_WORKSPACES_BUCKET)",
+    )
+    serve.add_argument("--region", help="with --backend aws: the stack's region (default: the environment's)")
+    serve.set_defaults(handler=cmd_serve)
 
     mcp = sub.add_parser("mcp", help="serve run_analysis and the result readers to agents over MCP (stdio)")
     mcp.add_argument(

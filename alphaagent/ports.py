@@ -17,7 +17,7 @@ from typing import BinaryIO, Protocol
 
 from alphaagent.models.common import Scope
 from alphaagent.models.events import Event
-from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, Session, Turn
+from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, ScopeSummary, Session, Turn
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
 
 
@@ -120,6 +120,12 @@ class Store(Protocol):
 
     def list_turns(self, user_id: str, scope_key: str) -> list[Turn]:
         """The user's turns in a scope, oldest first."""
+
+    def list_scopes(self, user_id: str) -> list[ScopeSummary]:
+        """The scopes the user owns (the owner of their conversation or workflow execution) and ran
+        turns in, the newest turn first, each with the count of the user's turns there and the newest
+        turn's status, goal and start. A scope of another user is never listed, even where this user
+        has a turn record (a turn refused there is recorded as the requester's own failed turn)."""
 
     # runs
     def put_run(self, run: RunRecord, *, only_over_failed: bool = False) -> bool:

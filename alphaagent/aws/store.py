@@ -35,6 +35,7 @@ writer's ``time.time_ns()`` as 20 digits, which keeps registration order)::
     turn              USER#{u}#SCOPE#{scope}     TURN#{started_at}#{tid}             status, record
     turn pointer      TURN#{tid}                 USER#{u}                            main item's key
     turn marker       TURN#{tid}                 TURN                                (global id)
+    user's scope      USER#{u}                   SCOPE#{scope}                       scope_key (list_scopes)
     run               USER#{u}#SCOPE#{scope}     RUN#{rid}                           record
     run pointer       RUN#{rid}                  USER#{u}                            main item's key
     run marker        RUN#{rid}                  RUN                                 current main key
@@ -116,7 +117,7 @@ from alphaagent.models.encoding import (
     session_expires_at,
 )
 from alphaagent.models.events import Event
-from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, Session, Turn
+from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, ScopeSummary, Session, Turn
 
 if TYPE_CHECKING:
     from alphaagent.ports import Store
@@ -329,6 +330,15 @@ class DynamoStore:
                 _put(self._table, {**_key(pk, "TURN"), **links}, "attribute_not_exists(pk)"),
                 _put(self._table, {**_key(pk, f"USER#{stored.user_id}"), **links}),
                 _put(self._table, {**main, **attributes, "status": _s(stored.status)}),
+                # What list_scopes queries (no secondary index): written again by each turn, unchanged.
+                _put(
+                    self._table,
+                    {
+                        **_key(f"USER#{stored.user_id}", f"SCOPE#{stored.scope_key}"),
+                        "entity": _s("user_scope"),
+                        "scope_key": _s(stored.scope_key),
+                    },
+                ),
             ]
         )
 
@@ -382,6 +392,35 @@ class DynamoStore:
         """The user's turns in a scope, oldest (by ``started_at``) first."""
         items = self._query(_user_scope(user_id, scope_key), "TURN#")
         return [Turn.model_validate_json(_str(item, "record")) for item in items]
+
+    def list_scopes(self, user_id: str) -> list[ScopeSummary]:
+        """The scopes ``user_id`` owns and ran turns in, the newest turn first, with the count of the
+        user's turns there and the newest one's status, goal and start. The user's ``SCOPE#`` items
+        name the scopes; each is listed only if its ``OWNER`` item names the user (as artifacts are
+        read), then its turns partition gives the count (``Select=COUNT``) and the newest turn.
+        Scopes whose turns were all recorded before the ``SCOPE#`` item existed are not listed."""
+        summaries = []
+        for item in self._query(f"USER#{user_id}", "SCOPE#"):
+            scope_key = _str(item, "scope_key")
+            if not self._owns(user_id, scope_key):
+                continue
+            partition = _user_scope(user_id, scope_key)
+            newest = self._query(partition, "TURN#", forward=False, limit=1)
+            if not newest:
+                continue
+            turn = Turn.model_validate_json(_str(newest[0], "record"))
+            summaries.append(
+                ScopeSummary(
+                    scope_key=scope_key,
+                    turn_count=self._count(partition, "TURN#"),
+                    last_status=turn.status,
+                    last_goal=turn.goal,
+                    last_started_at=turn.started_at,
+                )
+            )
+        summaries.sort(key=lambda summary: summary.scope_key)
+        summaries.sort(key=lambda summary: summary.last_started_at, reverse=True)
+        return summaries
 
     # runs
 
@@ -695,6 +734,24 @@ class DynamoStore:
         if limit is not None:
             request["Limit"] = limit
         return list(self._pages("query", request, limit))
+
+    def _count(self, pk: str, sk_prefix: str) -> int:
+        """How many items of partition ``pk`` have a sort key starting with ``sk_prefix`` (every page)."""
+        request: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": {":pk": _s(pk), ":prefix": _s(sk_prefix)},
+            "ConsistentRead": True,
+            "Select": "COUNT",
+        }
+        total = 0
+        while True:
+            response = self._client.query(**request)
+            total += int(response.get("Count", 0))
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return total
+            request["ExclusiveStartKey"] = last
 
     def _scan_entity(self, entity: str) -> list[dict[str, Any]]:
         request: dict[str, Any] = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 from alphaagent.domain.turns import scope_label
 from alphaagent.errors import InvalidRequestError, NotFoundError
 from alphaagent.models.common import PathRuleError, Scope, check_workspace_path
-from alphaagent.models.records import ArtifactVersion, RunRecord, Session, Turn
+from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Session, Turn
 from alphaagent.ports import FileInfo, Store, Workspace
 
 
@@ -55,6 +55,10 @@ class ScopeReads:
         """The scope's turns, oldest first."""
         self._owned(user_id, scope)
         return self.store.list_turns(user_id, scope.key)
+
+    def conversations(self, user_id: str) -> list[ScopeSummary]:
+        """The user's scopes (conversations and workflow nodes), the newest turn first."""
+        return self.store.list_scopes(user_id)
 
     def turn(self, user_id: str, turn_id: str) -> Turn:
         """One turn (its ``result`` is None while it runs)."""

@@ -58,7 +58,15 @@ from alphaagent.models.encoding import (
     session_expires_at,
 )
 from alphaagent.models.events import Event
-from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, Session, Turn, TurnResult
+from alphaagent.models.records import (
+    ArtifactVersion,
+    Citation,
+    RunRecord,
+    ScopeSummary,
+    Session,
+    Turn,
+    TurnResult,
+)
 
 if TYPE_CHECKING:
     from alphaagent.ports import Store
@@ -409,6 +417,36 @@ class SqliteStore:
             (user_id, scope_key),
         )
         return [_turn(row) for row in rows]
+
+    def list_scopes(self, user_id: str) -> list[ScopeSummary]:
+        """The scopes ``user_id`` owns and ran turns in, the newest turn first, with the count of the
+        user's turns there and the newest one's status, goal and start. Ownership is a join on the
+        scope's owner (the conversation, or the workflow execution of a node: ids hold no '/', so the
+        owner key is everything before ``/nodes/``), as ``list_artifacts`` does."""
+        rows = self._read_all(
+            "WITH mine AS ("
+            " SELECT t.scope_key, t.status, t.goal, t.started_at,"
+            "  ROW_NUMBER() OVER (PARTITION BY t.scope_key ORDER BY t.started_at DESC, t.rowid DESC)"
+            "   AS newest,"
+            "  COUNT(*) OVER (PARTITION BY t.scope_key) AS turn_count"
+            " FROM turns AS t JOIN owners AS o ON o.user_id = t.user_id AND o.owner_key = CASE"
+            "  WHEN instr(t.scope_key, '/nodes/') > 0"
+            "  THEN substr(t.scope_key, 1, instr(t.scope_key, '/nodes/') - 1) ELSE t.scope_key END"
+            " WHERE t.user_id = ?)"
+            " SELECT scope_key, turn_count, status, goal, started_at FROM mine WHERE newest = 1"
+            " ORDER BY started_at DESC, scope_key",
+            (user_id,),
+        )
+        return [
+            ScopeSummary(
+                scope_key=row["scope_key"],
+                turn_count=row["turn_count"],
+                last_status=row["status"],
+                last_goal=row["goal"],
+                last_started_at=from_iso(row["started_at"]),
+            )
+            for row in rows
+        ]
 
     # runs
 

@@ -192,3 +192,17 @@ class Citation(BaseModel):
             quote=self.quote,
             claim=self.claim,
         )
+
+
+class ScopeSummary(BaseModel):
+    """One scope of a user's work as ``Store.list_scopes`` lists it: how many turns the user ran
+    there and the newest one's status, goal and start (for ``alphaagent conversations`` and the
+    viewer's front page)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope_key: str
+    turn_count: int
+    last_status: TurnStatus
+    last_goal: str
+    last_started_at: datetime

@@ -284,6 +284,7 @@ def test_another_users_records_are_answered_exactly_like_missing_ones(store: Sto
         ),
         (store.list_artifacts(BOB, CONV), store.list_artifacts(BOB, "conversations/none")),
         (store.list_artifacts(BOB, "not a scope"), []),
+        (store.list_scopes(BOB), store.list_scopes("nobody")),
         (store.get_artifact(BOB, "not a scope", "revenue", None), None),
     ]
 
@@ -477,6 +478,53 @@ def test_turns_are_listed_oldest_first(store: Store) -> None:
     store.create_turn(make_turn("TA", started_at=T0 + minutes(2)))
     store.create_turn(make_turn("TC", started_at=T0))
     assert [t.turn_id for t in store.list_turns(ALICE, CONV)] == ["TC", "TB", "TA"]
+
+
+def test_scopes_are_listed_newest_turn_first_with_counts_and_the_newest_status(store: Store) -> None:
+    # Given Alice's conversation c1 with two turns (the newer one failed), a newer conversation c2
+    # with one running turn, and a node of her workflow run with one turn
+    node = "workflows/w1/nodes/n1"
+    for owner_key in (CONV, "conversations/c2", "workflows/w1"):
+        store.claim_owner(owner_key, ALICE, T0)
+    store.create_turn(make_turn("T1"))
+    second = make_turn("T2", started_at=T0 + minutes(5))
+    store.create_turn(second)
+    store.finish_turn(finished(second, "failed", "boom"))
+    c2 = make_turn("T3", started_at=T0 + minutes(9)).model_copy(update={"scope_key": "conversations/c2"})
+    store.create_turn(c2)
+    store.create_turn(make_turn("T4", started_at=T0 + minutes(7)).model_copy(update={"scope_key": node}))
+
+    # When her scopes are listed
+    scopes = store.list_scopes(ALICE)
+
+    # Then newest turn first, each with her turn count and the newest turn's status, goal and start
+    assert [(s.scope_key, s.turn_count, s.last_status) for s in scopes] == [
+        ("conversations/c2", 1, "running"),
+        (node, 1, "running"),
+        (CONV, 2, "failed"),
+    ]
+    assert scopes[2].last_started_at == T0 + minutes(5)
+    assert scopes[2].last_goal == "revenue by region"
+
+
+def test_a_scope_is_listed_only_for_its_owner_even_where_another_user_has_a_turn(store: Store) -> None:
+    # Given Alice's conversation, where Bob's refused turn was recorded as his own failed turn, and
+    # a conversation where nobody has claimed ownership
+    store.claim_owner(CONV, ALICE, T0)
+    store.create_turn(make_turn("T1"))
+    store.create_turn(make_turn("TB", user_id=BOB, started_at=T0 + minutes(1)))
+    unclaimed = make_turn("TU", started_at=T0 + minutes(2)).model_copy(
+        update={"scope_key": "conversations/unclaimed"}
+    )
+    store.create_turn(unclaimed)
+    before = snapshot_of(store)()
+
+    # When each lists their scopes
+    # Then Alice sees her conversation with her one turn; Bob sees nothing (not even its existence),
+    # exactly like a user with no turns at all; and listing wrote nothing
+    assert [(s.scope_key, s.turn_count) for s in store.list_scopes(ALICE)] == [(CONV, 1)]
+    assert store.list_scopes(BOB) == store.list_scopes("nobody") == []
+    assert snapshot_of(store)() == before
 
 
 # runs
