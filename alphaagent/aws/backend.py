@@ -58,8 +58,9 @@ def get_backend() -> Backend:
 
     No client exists until an adapter first calls AWS. Oversized event details go by claim check into
     the scope's workspace. The connector allowlists are the stack's (``LambdaSettings.connectors``):
-    the prepare step fetches the spec's declared inputs through them. Every function needs the state table; the bucket and the bus are named
-    only where a function uses them (an unset one fails on first use).
+    the prepare step fetches the spec's declared inputs through them. Every function needs the state
+    table; the bucket and the bus are named only where a function uses them (an unset one fails on
+    first use).
 
     Raises:
         MissingSettingError: ``STATE_TABLE_NAME`` is not set.
@@ -133,8 +134,10 @@ def run_event_of(backend: Backend, record: DestinationRecord, event_id: str) -> 
     (``history_view``). The object is the one of the *request's* run id (``run_result_key``), never a
     key the response names: user code in the execution environment can post a response of its own
     through the Runtime API, and a key it chose could point at a file it wrote. Only the handler
-    writes ``work/runs/`` (runs cannot), and the result must be that run's. On failure (the function crashed, timed out, or ran out of memory: a platform
-    failure, never a failure of user code) Lambda's ``errorType``/``errorMessage`` become the error.
+    writes ``work/runs/`` (runs cannot), and the result must be that run's.
+
+    On failure (the function crashed, timed out, or ran out of memory: a platform failure, never a
+    failure of user code) Lambda's ``errorType``/``errorMessage`` become the error.
     ``event_id`` should be stable across redeliveries (the destination's request id), so recording
     twice changes nothing.
 

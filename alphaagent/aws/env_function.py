@@ -452,7 +452,9 @@ def _run_locked(
         if clamped:
             result = result.model_copy(update={"limits": {**result.limits, "clamped": clamped}})
         if "landlock" in sandbox.info:  # whether the Runtime API was out of the run's reach
-            result = result.model_copy(update={"landlock": LandlockState.model_validate(sandbox.info["landlock"])})
+            result = result.model_copy(
+                update={"landlock": LandlockState.model_validate(sandbox.info["landlock"])}
+            )
         check_in_time()
         result = sync_result(workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time)
         check_in_time()

@@ -31,7 +31,8 @@ class MissingSettingError(AlphaAgentError):
     """A function needs an environment variable that its template entry does not set."""
 
 
-_HOST: Final = re.compile(r"(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+_LABEL: Final = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_HOST: Final = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 """A DNS host name, lower case (RFC 1123 labels); the http connector compares host names exactly."""
 
 _S3_PREFIX: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\x00-\x1f\x7f*?]{0,1024}")

@@ -77,7 +77,8 @@ def abi_version() -> int:
     if platform.system() != "Linux":
         return 0
     libc = _libc()
-    version = int(libc.syscall(_SYSCALLS["create_ruleset"], None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION))
+    call = _SYSCALLS["create_ruleset"]
+    version = int(libc.syscall(call, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION))
     return max(version, 0)
 
 

@@ -64,7 +64,9 @@ def _connects(code_prefix: str, ports: tuple[int, ...]) -> dict[str, str]:
         "ll = importlib.util.module_from_spec(spec); spec.loader.exec_module(ll)\n"
         f"{code_prefix}\n" + CONNECT.replace("PORTS", repr(ports))
     )
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
+    )
     return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 

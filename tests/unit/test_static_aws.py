@@ -325,7 +325,8 @@ def test_environment_variable_names_carry_their_resource_type() -> None:
     for name, r in _resources("AWS::Serverless::Function").items():
         for variable in r["Properties"].get("Environment", {}).get("Variables", {}):
             assert re.fullmatch(
-                r"[A-Z][A-Z0-9_]*_(TABLE_NAME|BUCKET_NAME|BUS_NAME|QUEUE_URL|ARN)|CONNECTOR_[A-Z0-9_]+", variable
+                r"[A-Z][A-Z0-9_]*_(TABLE_NAME|BUCKET_NAME|BUS_NAME|QUEUE_URL|ARN)|CONNECTOR_[A-Z0-9_]+",
+                variable,
             ), (
                 name,
                 variable,

@@ -211,7 +211,9 @@ def _make_dry_run(*args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize(("architecture", "wheels"), [("x86_64", "manylinux2014_x86_64"), ("arm64", "manylinux2014_aarch64")])
+@pytest.mark.parametrize(
+    ("architecture", "wheels"), [("x86_64", "manylinux2014_x86_64"), ("arm64", "manylinux2014_aarch64")]
+)
 def test_the_zip_build_installs_wheels_for_the_saved_architecture(
     tmp_path: Path, architecture: str, wheels: str
 ) -> None:
@@ -221,7 +223,9 @@ def test_the_zip_build_installs_wheels_for_the_saved_architecture(
         f'[default.deploy.parameters]\nparameter_overrides = "LogRetentionDays=14 Architecture={architecture}"\n'
     )
     # When sam build would run the makefile build of a function (BuildMethod: makefile)
-    commands = _make_dry_run("build-StartTurnFunction", f"ARTIFACTS_DIR={tmp_path / 'out'}", f"SAMCONFIG={samconfig}")
+    commands = _make_dry_run(
+        "build-StartTurnFunction", f"ARTIFACTS_DIR={tmp_path / 'out'}", f"SAMCONFIG={samconfig}"
+    )
     # Then the wheels are those of that architecture, and no other
     [other] = {"manylinux2014_x86_64", "manylinux2014_aarch64"} - {wheels}
     assert f"--platform {wheels} " in commands and other not in commands
@@ -229,7 +233,9 @@ def test_the_zip_build_installs_wheels_for_the_saved_architecture(
     build = _make_dry_run("build", f"SAMCONFIG={samconfig}", "LINT_STAMP=")
     assert f"--parameter-overrides Architecture={architecture}" in build
     platform = {"x86_64": "linux/amd64", "arm64": "linux/arm64"}[architecture]
-    images = _make_dry_run("images", f"SAMCONFIG={samconfig}", "ECR_REGISTRY=123456789012.dkr.ecr.eu-west-1.amazonaws.com")
+    images = _make_dry_run(
+        "images", f"SAMCONFIG={samconfig}", "ECR_REGISTRY=123456789012.dkr.ecr.eu-west-1.amazonaws.com"
+    )
     assert f"docker build --platform {platform} " in images
 
 
@@ -239,7 +245,10 @@ def test_an_unknown_architecture_stops_the_build() -> None:
         pytest.skip("make is not installed")
     done = subprocess.run(
         [make, "build-StartTurnFunction", "ARTIFACTS_DIR=/nonexistent/out", "ARCHITECTURE=sparc"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode != 0 and "ARCHITECTURE must be x86_64 or arm64" in done.stderr
 
@@ -286,7 +295,9 @@ def test_every_readme_invocation_gets_every_resource_its_function_needs() -> Non
         assert resources[function]["Type"] == "AWS::Serverless::Function", function
         assert (ROOT / event).is_file(), event
         given = set(env.get("Parameters", {})) | set(env.get(function, {}))
-        for name, value in resources[function]["Properties"].get("Environment", {}).get("Variables", {}).items():
+        for name, value in (
+            resources[function]["Properties"].get("Environment", {}).get("Variables", {}).items()
+        ):
             refs = re.findall(r'"(?:Ref|Fn::GetAtt)": \[?"(\w+)', json.dumps(value))
             if any(ref in resources for ref in refs):
                 assert name in given, f"{function}: {name} names a stack resource; env.json must give it"
