@@ -45,6 +45,7 @@ demo: $(STAMP) ## Run the demo analysis on the embedded default (local backend)
 bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 	$(PY) bench/sandbox.py
 	$(PY) bench/turn.py
+	$(PY) bench/landlock.py
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock
