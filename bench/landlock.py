@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine  # noqa: E402
+from machine import machine
 
-from alphaagent.sandbox import landlock  # noqa: E402
-from alphaagent.sandbox.config import SandboxConfig  # noqa: E402
-from alphaagent.sandbox.supervisor import Sandbox  # noqa: E402
+from alphaagent.sandbox import landlock
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
 
 
 def _config(deny: tuple[int, ...]) -> SandboxConfig:
