@@ -17,6 +17,7 @@ from cfn import load_template
 
 from alphaagent.aws import backend, settings
 from alphaagent.domain.backend import ConnectorSettings
+from alphaagent.models.common import ConversationScope, NodeScope
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -256,6 +257,12 @@ def test_an_unknown_architecture_stops_the_build() -> None:
 # ------------------------------------------------------------------ sam local invoke, as the README says
 
 
+def _scope_key(scope: dict[str, str]) -> str:
+    """The scope key of an event's ``scope`` (the tenant id the coder passes)."""
+    model = NodeScope if "node_id" in scope else ConversationScope
+    return model.model_validate(scope).key
+
+
 def _readme_env_json() -> dict[str, dict[str, str]]:
     text = README.read_text()
     section = text[text.index("### Debug a function with `sam local invoke`") :]
@@ -289,11 +296,20 @@ def test_every_readme_invocation_gets_every_resource_its_function_needs() -> Non
     resources = _template()["Resources"]
     env = _readme_env_json()
     section = README.read_text().split("### Debug a function with `sam local invoke`", 1)[1]
-    invocations = re.findall(r"sam local invoke (\w+) -e (events/\S+)", section)
+    commands = section.replace("\\\n", " ")  # continuation lines joined, as the shell does
+    invocations = re.findall(r"sam local invoke (\w+) -e (events/\S+)([^\n]*)", commands)
     assert invocations
-    for function, event in invocations:
+    for function, event, rest in invocations:
         assert resources[function]["Type"] == "AWS::Serverless::Function", function
         assert (ROOT / event).is_file(), event
+        # SAM refuses to invoke a function in tenant isolation mode without a tenant id: the scope key.
+        tenant = re.search(r"--tenant-id (\S+)", rest)
+        if "TenancyConfig" in resources[function]["Properties"]:
+            assert tenant, f"{function} is in tenant isolation mode: the README must give --tenant-id"
+            scope = _scope_key(json.loads((ROOT / event).read_text())["scope"])
+            assert tenant.group(1) == scope, (function, tenant.group(1), scope)
+        else:
+            assert tenant is None, f"{function} is not in tenant isolation mode: SAM refuses --tenant-id"
         given = set(env.get("Parameters", {})) | set(env.get(function, {}))
         for name, value in (
             resources[function]["Properties"].get("Environment", {}).get("Variables", {}).items()
