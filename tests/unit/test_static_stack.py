@@ -143,6 +143,34 @@ def test_the_connector_allowlists_reach_the_prepare_step_and_the_coder() -> None
     assert '{"Ref": "ConnectorS3Prefixes"}' in json.dumps(statement["Resource"])
 
 
+def _resolve(value: Any, parameters: dict[str, Any]) -> Any:
+    """Just the intrinsics the connector grant uses (Ref to a parameter, Join, Sub with a map, Split)."""
+    if isinstance(value, dict) and len(value) == 1:
+        [(name, argument)] = value.items()
+        if name == "Ref":
+            return parameters[argument]
+        if name == "Fn::Join":
+            return argument[0].join(_resolve(argument[1], parameters))
+        if name == "Fn::Split":
+            return _resolve(argument[1], parameters).split(argument[0])
+        if name == "Fn::Sub":
+            text, names = argument
+            resolved = {key: _resolve(item, parameters) for key, item in names.items()}
+            return re.sub(r"\$\{(\w+)\}", lambda m: resolved[m.group(1)], text)
+    return value
+
+
+def test_the_connector_grant_is_exactly_the_listed_prefixes() -> None:
+    # Given two allowed entries, as the settings accept them (bucket/prefix, bucket/ for a bucket)
+    [statement] = _resource("ConnectorS3ReadPolicy")["Properties"]["PolicyDocument"]["Statement"]
+    parameters = {"ConnectorS3Prefixes": ["open-data/penguins/", "whole-bucket/"]}
+    # When CloudFormation resolves the resource list; Then each entry is one object ARN pattern
+    assert _resolve(statement["Resource"], parameters) == [
+        "arn:aws:s3:::open-data/penguins/*",
+        "arn:aws:s3:::whole-bucket/*",
+    ]
+
+
 def test_the_functions_backend_has_the_stacks_allowlists(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given the variables the template sets from ConnectorHttpHosts and ConnectorS3Prefixes
     monkeypatch.setenv("STATE_TABLE_NAME", "t")
