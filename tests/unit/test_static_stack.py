@@ -120,6 +120,21 @@ def test_the_env_function_reserves_its_concurrency_unless_told_not_to() -> None:
     }
 
 
+def test_each_saved_environment_reserves_a_run_for_every_turn_that_can_be_under_way() -> None:
+    # Runs beyond the reservation are throttled, and a throttled run's wait counts against the
+    # coder's start-up margin: the reservation covers CoderMaxTasks x CoderWorkerConcurrency.
+    defaults = {name: p.get("Default") for name, p in _template()["Parameters"].items()}
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())
+    for env in ("default", "prod"):
+        overrides = config[env]["deploy"]["parameters"].get("parameter_overrides", "")
+        values = defaults | dict(item.split("=", 1) for item in overrides.split())
+        most_runs = int(values["CoderMaxTasks"]) * int(values["CoderWorkerConcurrency"])
+        assert int(values["EnvReservedConcurrency"]) >= most_runs, (env, most_runs)
+    assert (
+        defaults["EnvReservedConcurrency"] >= defaults["CoderMaxTasks"] * defaults["CoderWorkerConcurrency"]
+    )
+
+
 # ------------------------------------------------------------------ connectors
 
 
