@@ -186,6 +186,34 @@ def test_the_connector_grant_is_exactly_the_listed_prefixes() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("parameter", "variable", "value"),
+    [
+        ("ConnectorHttpHosts", "CONNECTOR_HTTP_HOSTS", "data.example.org"),
+        ("ConnectorHttpHosts", "CONNECTOR_HTTP_HOSTS", "https://data.example.org"),
+        ("ConnectorHttpHosts", "CONNECTOR_HTTP_HOSTS", "data.example.org:8443"),
+        ("ConnectorHttpHosts", "CONNECTOR_HTTP_HOSTS", "Data.Example.org"),
+        ("ConnectorS3Prefixes", "CONNECTOR_S3_PREFIXES", "open-data/penguins/"),
+        ("ConnectorS3Prefixes", "CONNECTOR_S3_PREFIXES", "whole-bucket/"),
+        ("ConnectorS3Prefixes", "CONNECTOR_S3_PREFIXES", "open-data"),
+        ("ConnectorS3Prefixes", "CONNECTOR_S3_PREFIXES", "open-data/*"),
+    ],
+)
+def test_the_stack_refuses_at_deploy_what_the_functions_would_refuse(
+    parameter: str, variable: str, value: str
+) -> None:
+    # CloudFormation applies a list parameter's AllowedPattern to each entry: a malformed entry is
+    # refused before ConnectorS3ReadPolicy grants anything, exactly as the settings would refuse it.
+    pattern = _template()["Parameters"][parameter]["AllowedPattern"]
+    accepted_by_stack = re.fullmatch(pattern, value) is not None
+    try:
+        settings.LambdaSettings.model_validate({variable: value})
+        accepted_by_function = True
+    except ValueError:
+        accepted_by_function = False
+    assert accepted_by_stack == accepted_by_function, (value, accepted_by_stack)
+
+
 def test_the_functions_backend_has_the_stacks_allowlists(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given the variables the template sets from ConnectorHttpHosts and ConnectorS3Prefixes
     monkeypatch.setenv("STATE_TABLE_NAME", "t")
