@@ -58,20 +58,35 @@ bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 	$(PY) bench/turn.py
 	$(PY) bench/mcp_turn.py
 	$(PY) bench/viewer.py
+	$(PY) bench/landlock.py
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock
 	/tmp/alphaagent-lock/bin/pip install -q -e '.[env,lambda,coder,mcp,viewer,dev]'
 	/tmp/alphaagent-lock/bin/pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
-build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (through the build-% rule)
-	$(LINT_ENV) $(LINT_VENV)/bin/sam build --template template.yaml
+# The template's Architecture parameter as the saved configuration of $(ENV) sets it (samconfig.toml's
+# parameter_overrides; the template's default, x86_64, if it names none). `make build` passes it to
+# sam build, and the build-% rule below installs the wheels of the same platform: SAM tells a makefile
+# build only ARTIFACTS_DIR, not the function's architecture (aws/aws-sam-cli#3349). Override with
+# `make build ARCHITECTURE=arm64` (and deploy with the same).
+ENV ?= default
+SAMCONFIG ?= samconfig.toml
+ARCHITECTURE ?= $(shell $(PYTHON) -c 'import shlex, sys, tomllib; 	p = tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("deploy", {}).get("parameters", {}); 	o = p.get("parameter_overrides", ""); o = shlex.split(o) if isinstance(o, str) else o; 	print(dict(x.split("=", 1) for x in o if "=" in x).get("Architecture", "x86_64"))' $(SAMCONFIG) $(ENV))
+export ARCHITECTURE
+WHEEL_PLATFORM_x86_64 := manylinux2014_x86_64
+WHEEL_PLATFORM_arm64 := manylinux2014_aarch64
+WHEEL_PLATFORM = $(WHEEL_PLATFORM_$(ARCHITECTURE))
+
+build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (through the build-% rule), for ARCHITECTURE
+	$(LINT_ENV) $(LINT_VENV)/bin/sam build --template template.yaml --parameter-overrides Architecture=$(ARCHITECTURE)
 
 # sam build calls `make build-<LogicalId>` (BuildMethod: makefile) with ARTIFACTS_DIR set: one shared
 # artifact of alphaagent/ + functions/ + the lambda group's wheels for the Lambda platform (python3.13,
-# x86_64), pinned by constraints.txt. No layers for our own code (DESIGN §2).
-LAMBDA_PLATFORM := --platform manylinux2014_x86_64 --python-version 3.13 --implementation cp --only-binary=:all:
+# ARCHITECTURE: x86_64 or arm64), pinned by constraints.txt. No layers for our own code (DESIGN §2).
+LAMBDA_PLATFORM = --platform $(WHEEL_PLATFORM) --python-version 3.13 --implementation cp --only-binary=:all:
 build-%:
+	@test -n "$(WHEEL_PLATFORM)" || { echo "make $@: ARCHITECTURE must be x86_64 or arm64, not '$(ARCHITECTURE)'" >&2; exit 1; }
 	mkdir -p "$(ARTIFACTS_DIR)"
 	cp -R alphaagent functions "$(ARTIFACTS_DIR)/"
 	$(PYTHON) -m pip install -q --disable-pip-version-check $(LAMBDA_PLATFORM) --target "$(ARTIFACTS_DIR)" \
@@ -81,11 +96,13 @@ build-%:
 # Images (DESIGN §2): the coder (coder/Dockerfile) and one per environment (env_images/<name>/Dockerfile),
 # built from the repository root and pushed to ECR as $(ECR_REGISTRY)/alphaagent-coder:$(IMAGE_TAG) and
 # $(ECR_REGISTRY)/alphaagent-env-<name>:$(IMAGE_TAG); missing repositories are created. IMAGE_PLATFORM
-# must match the template's Architecture (linux/arm64 for arm64). No provenance attestation: Lambda
+# follows ARCHITECTURE, the template's Architecture (linux/arm64 for arm64). No provenance attestation: Lambda
 # accepts only a single-platform image manifest, not the index buildx makes with one.
 ECR_REGISTRY ?=
 IMAGE_TAG ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo latest)
-IMAGE_PLATFORM ?= linux/amd64
+IMAGE_PLATFORM_x86_64 := linux/amd64
+IMAGE_PLATFORM_arm64 := linux/arm64
+IMAGE_PLATFORM ?= $(IMAGE_PLATFORM_$(ARCHITECTURE))
 ECR_REGION = $(word 4,$(subst ., ,$(ECR_REGISTRY)))
 ENV_IMAGES := $(patsubst env_images/%/Dockerfile,%,$(wildcard env_images/*/Dockerfile))
 CODER_IMAGE = $(ECR_REGISTRY)/alphaagent-coder:$(IMAGE_TAG)
@@ -115,16 +132,15 @@ images: ## Build and push the coder and env_images/* images to ECR (needs Docker
 # `sam deploy` drops samconfig.toml's parameter_overrides when any are given on its command line
 # (aws/aws-sam-cli#2380), so the saved ones of $(ENV) (VpcId, subnets... from `sam deploy --guided`) are
 # read here and the image URIs appended. Needs python3 >= 3.11 (tomllib).
-ENV ?= default
 SAVED_OVERRIDES = $(PYTHON) -c 'import sys, tomllib; \
-	p = tomllib.load(open("samconfig.toml", "rb")).get(sys.argv[1], {}).get("deploy", {}).get("parameters", {}); \
-	o = p.get("parameter_overrides", ""); print(o if isinstance(o, str) else " ".join(o))' $(ENV)
+	p = tomllib.load(open(sys.argv[2], "rb")).get(sys.argv[1], {}).get("deploy", {}).get("parameters", {}); \
+	o = p.get("parameter_overrides", ""); print(o if isinstance(o, str) else " ".join(o))' $(ENV) $(SAMCONFIG)
 
 deploy: ## make build, then sam deploy --config-env ENV (default: default) with the images of ECR_REGISTRY/IMAGE_TAG
 	@$(NEED_REGISTRY)
 	@$(MAKE) --no-print-directory build
 	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy --config-env $(ENV) --parameter-overrides \
-		"$$($(SAVED_OVERRIDES)) CoderImageUri=$(CODER_IMAGE) EnvBuiltinImageUri=$(call env_image,builtin)"
+		"$$($(SAVED_OVERRIDES)) Architecture=$(ARCHITECTURE) CoderImageUri=$(CODER_IMAGE) EnvBuiltinImageUri=$(call env_image,builtin)"
 
 clean: ## Remove the virtualenv and caches (not the data directory)
 	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 the work failed (a run's code failed, timed out or was killed; a turn
 failed) or the thing asked for was not found; 2 a usage error or bad input (one line naming the
 field or path, nothing written) or a platform failure. ``submit``, which talks to a deployed stack,
-exits 1 when AWS refuses or cannot be reached and when ``--wait`` times out (the turn goes on).
+exits 2 when AWS refuses, cannot be reached or has no credentials (a platform failure: nothing of
+the turn ran), and 1 when ``--wait`` times out (the turn goes on and may still finish).
 
 Every command that reads a scope is scoped by ``--user`` (default ``$ALPHAAGENT_USER``, else
 ``local``) and answers for another user's conversation exactly as for one that does not exist.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from alphaagent.models.spec import Spec
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_PLATFORM = EXIT_USAGE  # the platform failed (AWS refused, unreachable, no credentials)
 _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
 _SUBMIT_TIMEOUT_S = 3600.0
 
@@ -200,8 +202,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """Send a spec to a deployed stack's SpecQueue; with ``--wait``, wait for the turn's result.
 
     Everything is checked before anything is sent (the queue URL, the table when waiting, the flags,
-    the spec), so a usage error never leaves a turn behind. AWS failures and a wait timeout are one
-    line and exit 1; the turn itself keeps going after a timeout or an interrupted wait.
+    the spec), so a usage error never leaves a turn behind. AWS failures (no credentials, no region,
+    refused, unreachable) are one line and exit 2, a platform failure; a wait timeout is one line and
+    exits 1. The turn itself keeps going after a timeout or an interrupted wait.
     """
     from alphaagent.aws.client import client_settings
 
@@ -234,10 +237,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         return _submit(args, spec, queue_url, table, timeout_s)
     except NoRegionError:
-        return _fail("AWS: no region: the queue URL names none; set AWS_REGION", EXIT_FAILED)
+        return _fail("AWS: no region: the queue URL names none; set AWS_REGION", EXIT_PLATFORM)
     except (BotoCoreError, ClientError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return _fail(f"AWS: {detail}", EXIT_FAILED)
+        return _fail(f"AWS: {detail}", EXIT_PLATFORM)
 
 
 def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, timeout_s: float) -> int:

@@ -47,3 +47,10 @@ class ScopeBusyError(RetryableError):
 
 class ArtifactError(InvalidRequestError):
     """An artifact registration broke a rule (missing file, not a regular file, wrong type)."""
+
+
+class ForgedRunResponseError(AlphaAgentError):
+    """An env function's success response names another run or another object than the run's own
+    claim check: not the handler's answer (user code in the execution environment can post to the
+    Runtime API). Nothing is recorded from it; the recorder fails, and the event ends in its
+    dead-letter queue for inspection."""

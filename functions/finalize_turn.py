@@ -11,7 +11,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
 from alphaagent.domain.turn_steps import finalize_turn
-from alphaagent.models.aws import FinalizeInput
+from alphaagent.models.aws import FinalizeInput, FinalizeOutput
 
 logger = Logger(service="alphaagent-turn")
 tracer = Tracer(service="alphaagent-turn")
@@ -20,6 +20,7 @@ tracer = Tracer(service="alphaagent-turn")
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """``FinalizeInput`` -> the turn's ``TurnResult``."""
+    """``FinalizeInput`` -> ``FinalizeOutput``: the turn's status and where its result is (the
+    result itself stays in the turn record and the scope: the state machine's state is limited)."""
     request = parse(event=event, model=FinalizeInput)
-    return finalize_turn(get_backend(), request).model_dump(mode="json")
+    return FinalizeOutput.of(request, finalize_turn(get_backend(), request)).model_dump(mode="json")

@@ -46,7 +46,7 @@ def start_record(record: SQSRecord) -> str | None:
         return None
     turn = TurnInput.of(spec)
     started = start_turn_execution(
-        get_lambda_settings().required("STATE_MACHINE_ARN"),
+        get_lambda_settings().required("TURN_STATE_MACHINE_ARN"),
         turn.turn_id,
         turn.model_dump_json(exclude_none=True),
     )

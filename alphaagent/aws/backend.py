@@ -23,8 +23,8 @@ from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.domain.backend import Backend, TurnSettings
 from alphaagent.domain.recorder import Recorder, history_view
-from alphaagent.errors import AlphaAgentError
-from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError
+from alphaagent.errors import AlphaAgentError, ForgedRunResponseError
+from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, run_result_key
 from alphaagent.models.events import Event, RunCompleted, RunFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 
@@ -57,8 +57,10 @@ def get_backend() -> Backend:
     """The backend of this Lambda process, built once from ``get_lambda_settings()``.
 
     No client exists until an adapter first calls AWS. Oversized event details go by claim check into
-    the scope's workspace. Every function needs the state table; the bucket and the bus are named
-    only where a function uses them (an unset one fails on first use).
+    the scope's workspace. The connector allowlists are the stack's (``LambdaSettings.connectors``):
+    the prepare step fetches the spec's declared inputs through them. Every function needs the state
+    table; the bucket and the bus are named only where a function uses them (an unset one fails on
+    first use).
 
     Raises:
         MissingSettingError: ``STATE_TABLE_NAME`` is not set.
@@ -70,6 +72,7 @@ def get_backend() -> Backend:
         workspace=workspace,
         bus=EventBridgeBus(settings.EVENT_BUS_NAME, claim_check=workspace.write_bytes),
         executor=NoExecutor(),
+        connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
     )
 
@@ -78,7 +81,8 @@ def get_backend() -> Backend:
 def coder_backend() -> Backend:
     """The backend of the coder worker on AWS (``python -m coder`` in the ECS service): the zip
     functions' adapters, with ``run_in_env`` as asynchronous invocations of the env functions
-    (``LambdaExecutor``, tenant isolation as ``ENV_TENANT_ISOLATION`` says) and the scope lease
+    (``LambdaExecutor``; always with the scope as the tenant id: the template creates every env
+    function in tenant isolation mode), the connector allowlists of the stack, and the scope lease
     renewed with the same ``LOCK_LEASE_S`` the AcquireLock step grants.
 
     Raises:
@@ -88,14 +92,13 @@ def coder_backend() -> Backend:
     settings = get_lambda_settings()
     workspace = S3Workspace(settings.required("WORKSPACES_BUCKET_NAME"))
     store = DynamoStore(settings.required("STATE_TABLE_NAME"))
-    executor = LambdaExecutor(
-        workspace=workspace, store=store, tenant_isolation=settings.ENV_TENANT_ISOLATION == "Enabled"
-    )
+    executor = LambdaExecutor(workspace=workspace, store=store, tenant_isolation=True)
     return Backend(
         store=store,
         workspace=workspace,
         bus=EventBridgeBus(settings.required("EVENT_BUS_NAME"), claim_check=workspace.write_bytes),
         executor=executor,
+        connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
     )
 
@@ -126,16 +129,22 @@ def start_turn_execution(state_machine_arn: str, turn_id: str, execution_input: 
 def run_event_of(backend: Backend, record: DestinationRecord, event_id: str) -> Event:
     """The ``RunCompleted``/``RunFailed`` event a Lambda destination record stands for (DESIGN §4.8).
 
-    On success the env function returned an ``EnvPointer``; the full run result is read from its
-    claim-check object in the scope and carried in the event cut to the stored-history caps
-    (``history_view``). On failure (the function crashed, timed out, or ran out of memory: a platform
-    failure, never a failure of user code) Lambda's ``errorType``/``errorMessage`` become the error.
+    On success the env function returned an ``EnvPointer``; the full run result is read from the
+    run's claim-check object in the scope and carried in the event cut to the stored-history caps
+    (``history_view``). The object is the one of the *request's* run id (``run_result_key``), never a
+    key the response names: user code in the execution environment can post a response of its own
+    through the Runtime API, and a key it chose could point at a file it wrote. Only the handler
+    writes ``work/runs/`` (runs cannot), and the result must be that run's.
+
+    On failure (the function crashed, timed out, or ran out of memory: a platform failure, never a
+    failure of user code) Lambda's ``errorType``/``errorMessage`` become the error.
     ``event_id`` should be stable across redeliveries (the destination's request id), so recording
     twice changes nothing.
 
     Raises:
         pydantic.ValidationError: the success payload is not a pointer or the object not a run result.
         FileNotFoundError: the claim-check object does not exist.
+        ForgedRunResponseError: the response names another run or another key than the run's own.
     """
     request = record.request_payload
     common = {
@@ -148,13 +157,19 @@ def run_event_of(backend: Backend, record: DestinationRecord, event_id: str) -> 
     }
     if record.succeeded:
         pointer = EnvPointer.model_validate(record.response_payload)
-        result = RunResult.model_validate_json(
-            backend.workspace.read_bytes(request.scope, pointer.result_key)
-        )
+        key = run_result_key(request.run_id)
+        if (pointer.run_id, pointer.result_key) != (request.run_id, key):
+            raise ForgedRunResponseError(
+                f"run {request.run_id}: the response names run {pointer.run_id!r} at {pointer.result_key!r},"
+                f" not the run's own claim check {key}; only that object is read"
+            )
+        result = RunResult.model_validate_json(backend.workspace.read_bytes(request.scope, key))
+        if result.run_id != request.run_id:
+            raise ForgedRunResponseError(f"run {request.run_id}: its claim check holds run {result.run_id}")
         completed = RunCompleted(
             **common,
             status=result.status,
-            result_key=pointer.result_key,
+            result_key=key,
             result=history_view(result).model_dump(mode="json"),
         )
         return Event.of(completed, event_id)

@@ -67,7 +67,7 @@ from alphaagent.aws.workspace import (
 from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
-from alphaagent.models.run import RunLimits, RunResult, SkippedPath
+from alphaagent.models.run import LandlockState, RunLimits, RunResult, SkippedPath
 from alphaagent.ports import Store
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
@@ -131,6 +131,24 @@ doubles after each look, up to ``CLAIM_POLL_MAX_S``."""
 CLAIM_POLL_MAX_S: Final = 1.0
 """The longest pause, in seconds, between two looks for the claim check of a run claimed by another
 delivery (one HeadObject each)."""
+
+DEFAULT_RUNTIME_API: Final = "127.0.0.1:9001"
+"""Where Lambda's Runtime API listens when ``AWS_LAMBDA_RUNTIME_API`` does not say (the documented
+default of the runtime interface)."""
+
+LAMBDA_FILE_DESCRIPTORS: Final = 1024
+"""Lambda's quota of file descriptors per execution environment (Lambda quotas, "Function
+configuration, deployment, and execution": 1,024, not adjustable). A run's ``open_files`` above it
+could not be set (``RLIMIT_NOFILE`` above the hard limit fails), so it is cut to this."""
+
+LAMBDA_PROCESSES: Final = 1024
+"""Lambda's quota of execution processes/threads per execution environment (same table: 1,024, not
+adjustable)."""
+
+PLATFORM_PROCESS_RESERVE: Final = 64
+"""Processes and threads of the ``LAMBDA_PROCESSES`` kept for the platform (the runtime and its
+threads, the supervisor, the zygote and its spare child): a run's ``processes`` is cut to the quota
+minus these, so user code cannot exhaust what the platform needs to report the run."""
 
 _RUN_ID: Final = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
@@ -206,9 +224,10 @@ def lambda_sandbox_config(local_dir: Path) -> SandboxConfig:
     """The sandbox of an env function: one run at a time (``exclusive``; after each run every other
     process of the uid is killed and ``/tmp`` emptied except the working copies in ``local_dir``, their
     lock and the sandbox's own scratch), ``process`` isolation (Lambda allows no namespaces, DESIGN
-    §5), one spare child (runs are sequential), the builtin preload. ``hidden_paths`` matter only at
-    the ``namespaces`` level, so none are named (their default, the home directory, may not even
-    resolve for Lambda's sandbox user)."""
+    §5), one spare child (runs are sequential), the builtin preload, and TCP connect to the Runtime
+    API's port denied with Landlock where the kernel has it (``runtime_api_port``). ``hidden_paths``
+    matter only at the ``namespaces`` level, so none are named (their default, the home directory,
+    may not even resolve for Lambda's sandbox user)."""
     return SandboxConfig(
         exclusive=True,
         isolation="process",
@@ -216,7 +235,18 @@ def lambda_sandbox_config(local_dir: Path) -> SandboxConfig:
         wipe_paths=("/tmp", "/dev/shm"),
         wipe_keep=(str(local_dir), str(lock_path(local_dir))),
         hidden_paths=(),
+        deny_tcp_connect_ports=(runtime_api_port(),),
     )
+
+
+def runtime_api_port() -> int:
+    """The TCP port of this execution environment's Runtime API (``AWS_LAMBDA_RUNTIME_API``,
+    ``host:port``; 9001 by default). Runs are denied connections to it where the kernel offers
+    Landlock: a run that reached it could post a response for the current invocation or take the
+    next one (README, "What is isolated on Lambda")."""
+    address = os.environ.get("AWS_LAMBDA_RUNTIME_API") or DEFAULT_RUNTIME_API
+    _, _, port = address.rpartition(":")
+    return int(port) if port.isdigit() and 1 <= int(port) <= 65535 else 9001
 
 
 @functools.cache
@@ -415,10 +445,16 @@ def _run_locked(
         seconds_left = time_left_s()
         if request.not_after is not None:
             seconds_left = min(seconds_left, request.not_after - now())
-        limits = _fit_limits(request.limits, seconds_left - SYNC_MARGIN_S)
+        limits, clamped = lambda_quota_limits(_fit_limits(request.limits, seconds_left - SYNC_MARGIN_S))
         result = sandbox.run(
             request.code, cwd=root, limits=limits, network=request.network, run_id=request.run_id
         )
+        if clamped:
+            result = result.model_copy(update={"limits": {**result.limits, "clamped": clamped}})
+        if "landlock" in sandbox.info:  # whether the Runtime API was out of the run's reach
+            result = result.model_copy(
+                update={"landlock": LandlockState.model_validate(sandbox.info["landlock"])}
+            )
         check_in_time()
         result = sync_result(workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time)
         check_in_time()
@@ -586,6 +622,32 @@ def wipe_tree(path: Path) -> None:
                 with contextlib.suppress(OSError):
                     os.chmod(child, 0o700)
     shutil.rmtree(path)
+
+
+def lambda_quota_limits(limits: RunLimits) -> tuple[RunLimits, str]:
+    """``limits`` cut to what a Lambda execution environment allows, and a note naming each limit cut
+    (empty when none was): ``open_files`` to ``LAMBDA_FILE_DESCRIPTORS`` and ``processes`` to
+    ``LAMBDA_PROCESSES - PLATFORM_PROCESS_RESERVE``. The note goes into the run result's
+    ``limits["clamped"]``, so whoever asked for more sees what the run really had and why."""
+    cuts: dict[str, int] = {}
+    notes: list[str] = []
+    if limits.open_files > LAMBDA_FILE_DESCRIPTORS:
+        cuts["open_files"] = LAMBDA_FILE_DESCRIPTORS
+        notes.append(
+            f"open_files {limits.open_files} -> {LAMBDA_FILE_DESCRIPTORS}"
+            f" (Lambda's quota of {LAMBDA_FILE_DESCRIPTORS:,} file descriptors)"
+        )
+    most_processes = LAMBDA_PROCESSES - PLATFORM_PROCESS_RESERVE
+    if limits.processes > most_processes:
+        cuts["processes"] = most_processes
+        notes.append(
+            f"processes {limits.processes} -> {most_processes} (Lambda's quota of {LAMBDA_PROCESSES:,}"
+            f" processes/threads, {PLATFORM_PROCESS_RESERVE} kept for the platform)"
+        )
+    if not cuts:
+        return limits, ""
+    logger.info("run limits cut to Lambda's quotas", clamped=notes)
+    return limits.model_copy(update=cuts), "; ".join(notes)
 
 
 def _fit_limits(limits: RunLimits, seconds_left: float) -> RunLimits:

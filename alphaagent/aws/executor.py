@@ -95,9 +95,11 @@ class LambdaExecutor:
         lambda_client: a boto3 Lambda client (``boto3.client("lambda")``; created on first use if None).
         workspace: the workspaces bucket (``S3Workspace``), where the claim check appears.
         store: the record store (``DynamoStore``), where the recorder writes a failed run.
-        tenant_isolation: the function runs in Lambda's tenant isolation mode (``EnvTenantIsolation``
-            in template.yaml): every Invoke then carries the scope key as ``TenantId``, so execution
-            environments are never shared between scopes.
+        tenant_isolation: the function runs in Lambda's tenant isolation mode (template.yaml always
+            creates env functions so): every Invoke then carries the scope key as ``TenantId``, so
+            execution environments are never shared between scopes. False only for a function made
+            without it (tests, a hand-made function); Lambda refuses an Invoke without ``TenantId``
+            in that mode.
         function_prefix: functions are ``{function_prefix}{environment_id}``.
         startup_margin_s: seconds allowed beyond ``limits.timeout_s`` (``DEFAULT_STARTUP_MARGIN_S``).
         poll_start_s, poll_max_s: the polling interval starts at the first and doubles up to the second.

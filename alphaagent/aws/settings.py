@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Literal
+import re
+from typing import Final
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+from alphaagent.domain.backend import ConnectorSettings
 from alphaagent.errors import AlphaAgentError
 
 DEFAULT_LOCK_LEASE_S = 2 * 60 * 60
@@ -29,14 +31,36 @@ class MissingSettingError(AlphaAgentError):
     """A function needs an environment variable that its template entry does not set."""
 
 
+_LABEL: Final = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_HOST: Final = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
+"""A DNS host name, lower case (RFC 1123 labels); the http connector compares host names exactly."""
+
+_S3_PREFIX: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\x00-\x1f\x7f*?]{0,1024}")
+"""``bucket/prefix``: an S3 bucket name (3-63 characters, S3's naming rules), a slash, a key prefix
+(possibly empty) without control characters or IAM wildcards (the template turns each entry into the
+IAM resource ``arn:aws:s3:::{entry}*``, so ``*`` or ``?`` would widen the grant)."""
+
+
+def _comma_list(value: object) -> object:
+    """A comma-separated environment variable as a tuple of its non-empty, stripped items."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
+
+
 class LambdaSettings(BaseModel):
     """The environment of the zip functions (the starter, the turn steps, the recorder) and of the
-    coder's AWS backend. ``ENV_TENANT_ISOLATION`` is the template's ``EnvTenantIsolation``: when
-    ``Enabled``, every env invocation carries the scope as its tenant id.
+    coder's AWS backend.
 
     Every name carries its resource type. Each function gets only the variables it needs (least
     privilege in ``template.yaml``), so every field may be empty here; ``required`` names the one that
-    is missing when a function uses it. ``STATE_MACHINE_ARN`` is also read as ``TURN_STATE_MACHINE_ARN``.
+    is missing when a function uses it. ``TURN_STATE_MACHINE_ARN`` (the template's name, so the one
+    ``sam local invoke --env-vars`` passes) is also read as ``STATE_MACHINE_ARN``, its older name.
+
+    The connector allowlists (``connectors()``) are the template's ``ConnectorHttpHosts`` and
+    ``ConnectorS3Prefixes``, comma-separated: ``CONNECTOR_HTTP_HOSTS`` (host names, exact match) and
+    ``CONNECTOR_S3_PREFIXES`` (``bucket/prefix`` entries; ``bucket/`` for a whole bucket). The ``file``
+    connector has no roots on AWS: a function or a Fargate task has no user files to read.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -46,11 +70,40 @@ class LambdaSettings(BaseModel):
     EVENT_BUS_NAME: str = ""
     CODER_QUEUE_URL: str = ""
     IDEMPOTENCY_TABLE_NAME: str = ""
-    STATE_MACHINE_ARN: str = Field(
-        "", validation_alias=AliasChoices("STATE_MACHINE_ARN", "TURN_STATE_MACHINE_ARN")
+    TURN_STATE_MACHINE_ARN: str = Field(
+        "", validation_alias=AliasChoices("TURN_STATE_MACHINE_ARN", "STATE_MACHINE_ARN")
     )
     LOCK_LEASE_S: float = Field(DEFAULT_LOCK_LEASE_S, gt=0)
-    ENV_TENANT_ISOLATION: Literal["Enabled", "Disabled"] = "Enabled"
+    CONNECTOR_HTTP_HOSTS: tuple[str, ...] = ()
+    CONNECTOR_S3_PREFIXES: tuple[str, ...] = ()
+
+    @field_validator("CONNECTOR_HTTP_HOSTS", "CONNECTOR_S3_PREFIXES", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return _comma_list(value)
+
+    @field_validator("CONNECTOR_HTTP_HOSTS")
+    @classmethod
+    def _hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        for host in hosts:
+            if not _HOST.fullmatch(host):
+                raise ValueError(f"{host!r} is not a lower-case DNS host name (no scheme, port or path)")
+        return hosts
+
+    @field_validator("CONNECTOR_S3_PREFIXES")
+    @classmethod
+    def _prefixes(cls, prefixes: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in prefixes:
+            if not _S3_PREFIX.fullmatch(entry):
+                raise ValueError(
+                    f"{entry!r} is not bucket/prefix (a bucket name, a slash, a key prefix without"
+                    " * or ?; bucket/ for the whole bucket)"
+                )
+        return prefixes
+
+    def connectors(self) -> ConnectorSettings:
+        """The connector allowlists of this process (nothing is allowed unless listed)."""
+        return ConnectorSettings(http_hosts=self.CONNECTOR_HTTP_HOSTS, s3_prefixes=self.CONNECTOR_S3_PREFIXES)
 
     def required(self, name: str) -> str:
         """The value of setting ``name``.
@@ -69,6 +122,7 @@ def get_lambda_settings() -> LambdaSettings:
     """The settings from the process environment, read on first call and cached.
 
     Raises:
-        pydantic.ValidationError: ``LOCK_LEASE_S`` is not a positive number.
+        pydantic.ValidationError: ``LOCK_LEASE_S`` is not a positive number, or a connector allowlist
+            entry is malformed (the message names the variable and the entry).
     """
     return LambdaSettings.model_validate(dict(os.environ))

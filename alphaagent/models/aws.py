@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alphaagent.models.common import ConversationScope, NodeScope
-from alphaagent.models.records import PreparedInput, TurnResult
+from alphaagent.models.records import PreparedInput, TurnResult, TurnStatus
 from alphaagent.models.run import RunLimits, RunOrigin
 from alphaagent.models.spec import Spec
 
@@ -169,8 +169,44 @@ class FinalizeInput(TurnInput):
     failed_step: str | None = None
 
 
-FinalizeOutput = TurnResult
-"""``finalize_turn`` returns the turn's result as stored."""
+class FinalizeOutput(_Ours):
+    """What ``finalize_turn`` returns to the turn machine (``$.finalized.result``): the turn's status
+    and where its result is, never the result itself. A turn result grows with the turn (summary,
+    artifacts, citations, run ids) and the execution's state is limited to 256 KiB, a limit whose
+    error (``States.DataLimitExceeded``) no ``Catch`` can take: the turn would end neither completed
+    nor released. A Lambda task's whole payload counts against the limit before any
+    ``ResultSelector``, so the function itself returns only this.
+
+    The result is the turn record's (``Store.get_turn(user_id, turn_id)``, DynamoDB) and, for a turn
+    that started in its scope, the copy ``result_key`` (``work/turns/{turn_id}/result.json``) there.
+    ``error_name`` is the error's name only (its message may be long): the record has the rest.
+    """
+
+    turn_id: str
+    user_id: str
+    scope_key: str
+    status: TurnStatus
+    result_key: str
+    failed_step: str | None = Field(None, max_length=128)
+    error_name: str | None = Field(None, max_length=256)
+
+    @classmethod
+    def of(cls, request: TurnInput, result: TurnResult) -> FinalizeOutput:
+        """The pointer to ``result``, the result of ``request``'s turn."""
+        return cls(
+            turn_id=result.turn_id,
+            user_id=request.user_id,
+            scope_key=request.scope_key,
+            status=result.status,
+            result_key=turn_result_key(result.turn_id),
+            failed_step=(result.failed_step or "")[:128] or None,
+            error_name=result.error.name[:256] if result.error else None,
+        )
+
+
+def turn_result_key(turn_id: str) -> str:
+    """The workspace path of a turn's result copy in its scope, ``work/turns/{turn_id}/result.json``."""
+    return f"work/turns/{turn_id}/result.json"
 
 
 # ------------------------------------------------------------------------- Lambda destinations

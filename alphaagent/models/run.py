@@ -80,6 +80,18 @@ class FileChangeReport(BaseModel):
     truncated: bool = False
 
 
+class LandlockState(BaseModel):
+    """Whether the run was denied TCP connections to ``denied_tcp_ports`` by Landlock
+    (``alphaagent.sandbox.landlock``): on Lambda, the Runtime API's port. ``in_force`` False says why
+    in ``detail`` (the kernel has no Landlock, or an ABI below 4 without network rules); ``abi`` is
+    the kernel's Landlock ABI version (0: none)."""
+
+    in_force: bool
+    abi: int
+    denied_tcp_ports: list[int]
+    detail: str
+
+
 class RunResult(BaseModel):
     """The result of one run (DESIGN §4.4), plus diagnostics a user of a sandbox expects.
 
@@ -111,3 +123,5 @@ class RunResult(BaseModel):
     stderr_path: str | None = None
     cpu_ms: int | None = None
     peak_rss_mb: float | None = None
+    landlock: LandlockState | None = None
+    """Set by the env Lambda (its sandbox asks for the restriction); None where none was asked for."""

@@ -62,6 +62,9 @@ class SandboxConfig(BaseModel):
     - ``hidden_paths``: directories a run must not see at the ``namespaces`` level (covered by an
       empty tmpfs): by default the supervisor's home (``~/.ssh``, ``~/.aws``...); the local backend
       adds its data directory, where the other conversations live.
+    - ``deny_tcp_connect_ports``: TCP ports no run may connect to, on any address, enforced with
+      Landlock where the kernel has it (ABI 4+, ``alphaagent.sandbox.landlock``): the env Lambda
+      denies the Runtime API's 9001. Whether it is in force is the ready message's ``landlock``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -87,6 +90,7 @@ class SandboxConfig(BaseModel):
     extra_env: dict[str, str] = {}
     threads: int = Field(1, ge=1, le=64)
     hidden_paths: tuple[str, ...] = Field(default_factory=lambda: (str(Path.home()),))
+    deny_tcp_connect_ports: tuple[int, ...] = ()
 
     @field_validator("extra_env")
     @classmethod

@@ -153,6 +153,7 @@ class Sandbox:
             "isolation": self.config.isolation,
             "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
             "scratch_root": str(self._scratch_root),
+            "deny_tcp_connect_ports": list(self.config.deny_tcp_connect_ports),
         }
         log_path = self._scratch_root / _ZYGOTE_LOG
         try:

@@ -1066,6 +1066,21 @@ def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
     return loaded, errors
 
 
+def _sibling(name: str) -> types.ModuleType:
+    """A stdlib-only module beside this file (``alphaagent/sandbox/{name}.py``), loaded by its path
+    under a private name: the zygote imports nothing from ``alphaagent``, and user code importing a
+    package of the same name must not get ours."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"_alphaagent_{name}", os.path.join(os.path.dirname(_ZYGOTE_FILE), f"{name}.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     # Not dumpable, so are the spares forked from it: a run of the same uid cannot read or write
     # their memory through /proc/<pid>/mem (the next run would start from what it wrote).
@@ -1089,6 +1104,9 @@ def main() -> None:
         "preloaded": loaded,
         "preload_errors": errors,
     }
+    if config.get("deny_tcp_connect_ports"):
+        # Before any spare is forked: every run inherits the restriction (landlock.py says why).
+        ready["landlock"] = _sibling("landlock").restrict_tcp_connect(config["deny_tcp_connect_ports"])
     try:
         zygote.serve(ready)
     except Exception as exc:

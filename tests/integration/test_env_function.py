@@ -988,3 +988,78 @@ def test_create_exclusive_retries_a_conflict_and_reports_a_persistent_one_as_tak
     always = ConflictingS3(conflicts=99)
     assert not S3Workspace(BUCKET, client=always).create_exclusive(SCOPE, "work/runs/R3/claim.json", b"x")
     assert always.calls == 3
+
+
+# ----------------------------------------------------------------------------- Lambda's own limits
+
+
+def test_open_files_and_processes_over_lambdas_quotas_are_cut_and_named(workspace: S3Workspace) -> None:
+    # Given a request for more open files and processes than a Lambda execution environment has
+    # (1,024 file descriptors, 1,024 processes/threads: Lambda quotas)
+    limits = {**EVENT["limits"], "open_files": 4096, "processes": 2048}
+
+    # When it runs
+    answer = invoke("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])", limits=limits)
+
+    # Then the run had Lambda's 1,024 descriptors, and its result names both limits that were cut
+    assert answer["status"] == "ok"
+    result = stored_result(workspace)
+    assert result.stdout.strip() == str(env_function.LAMBDA_FILE_DESCRIPTORS)
+    most = env_function.LAMBDA_PROCESSES - env_function.PLATFORM_PROCESS_RESERVE
+    assert (result.limits["open_files"], result.limits["processes"]) == (1024, most)
+    clamped = str(result.limits["clamped"])
+    assert "open_files 4096 -> 1024" in clamped and f"processes 2048 -> {most}" in clamped
+    assert "file descriptors" in clamped and "processes/threads" in clamped
+
+
+def test_limits_within_lambdas_quotas_are_kept_as_asked(workspace: S3Workspace) -> None:
+    invoke("print(1)")
+    result = stored_result(workspace)
+    assert (result.limits["open_files"], result.limits["processes"]) == (1024, 256)
+    assert "clamped" not in result.limits
+
+
+def test_the_lambda_sandbox_denies_the_runtime_api_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The port comes from AWS_LAMBDA_RUNTIME_API (host:port), 9001 when unset.
+    monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9123")
+    assert env_function.lambda_sandbox_config(Path("/tmp/w")).deny_tcp_connect_ports == (9123,)
+    monkeypatch.delenv("AWS_LAMBDA_RUNTIME_API")
+    assert env_function.lambda_sandbox_config(Path("/tmp/w")).deny_tcp_connect_ports == (9001,)
+
+
+def test_the_run_result_says_whether_the_runtime_api_was_out_of_reach(
+    workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from alphaagent.sandbox import landlock
+
+    # Given a stand-in for the Runtime API listening on 127.0.0.1, and the env function's sandbox
+    # denying its port (Landlock where the kernel has network rules)
+    runtime_api = socket.socket()
+    runtime_api.bind(("127.0.0.1", 0))
+    runtime_api.listen(4)
+    port = runtime_api.getsockname()[1]
+    config = SandboxConfig(
+        isolation="process", pool_size=1, preload=(), warmup="", deny_tcp_connect_ports=(port,)
+    )
+    probe = (
+        "import socket\ns = socket.socket()\ns.settimeout(5)\n"
+        f"try:\n    s.connect(('127.0.0.1', {port}))\n    print('reached')\n"
+        "except PermissionError:\n    print('denied')\n"
+    )
+    try:
+        with Sandbox(config) as box:
+            monkeypatch.setattr(env_function, "get_sandbox", lambda: box)
+            # When user code tries to reach it
+            invoke(probe)
+            result = stored_result(workspace)
+    finally:
+        runtime_api.close()
+
+    # Then the result says what was in force, and it matched what the code could do
+    assert result.landlock is not None and result.landlock.denied_tcp_ports == [port]
+    assert result.landlock.abi == landlock.abi_version()
+    in_force = landlock.abi_version() >= landlock.NET_ABI
+    assert result.landlock.in_force is in_force, result.landlock.detail
+    assert result.stdout.strip() == ("denied" if in_force else "reached")

@@ -24,12 +24,13 @@ from alphaagent.aws.backend import get_backend, get_stepfunctions_client
 from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
 from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
-from alphaagent.errors import InvalidSpecError, NotFoundError
+from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, NotFoundError
 from alphaagent.models.aws import (
     AcquireLockInput,
     DestinationEvent,
     ExecutionStatusChange,
     FinalizeInput,
+    FinalizeOutput,
     PrepareInput,
     ReleaseLockInput,
     TurnInput,
@@ -244,7 +245,7 @@ def test_a_missing_setting_is_named_and_the_template_alias_is_read(
     monkeypatch.setenv("TURN_STATE_MACHINE_ARN", aws["machine"])
     get_lambda_settings.cache_clear()
     # When the settings are used; Then the machine is found and the missing table is named
-    assert get_lambda_settings().required("STATE_MACHINE_ARN") == aws["machine"]
+    assert get_lambda_settings().required("TURN_STATE_MACHINE_ARN") == aws["machine"]
     with pytest.raises(MissingSettingError, match="STATE_TABLE_NAME"):
         get_backend()
 
@@ -321,10 +322,13 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
     )
     result = finalize_turn.lambda_handler(load("finalize_turn_completed.json"), Context())
     late = finalize_turn.lambda_handler(load("finalize_turn_failed.json"), Context())
-    # Then it completed, the result file is in S3, TurnCompleted was published, and nothing regressed
+    # Then it completed, the result file is in S3, TurnCompleted was published, and nothing regressed;
+    # the step returns where the result is, the record holds it
     assert result["status"] == "completed" and late == result
-    assert (result["summary"], result["run_ids"]) == ("1 step(s) ran.", [RUN_ID])
-    assert store.get_turn(USER, TURN_ID).status == "completed"  # type: ignore[union-attr]
+    assert result["result_key"] == f"work/turns/{TURN_ID}/result.json"
+    finished = store.get_turn(USER, TURN_ID)
+    assert finished is not None and finished.status == "completed" and finished.result is not None
+    assert (finished.result.summary, finished.result.run_ids) == ("1 step(s) ran.", [RUN_ID])
     key = f"{SCOPE.key}/work/turns/{TURN_ID}/result.json"
     assert json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=key)["Body"].read())["status"] == "completed"
     assert published(aws) == ["TurnCompleted"]
@@ -332,6 +336,31 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
     # When the lock is released, another execution can take it
     release_lock.lambda_handler(load("release_lock.json"), Context())
     assert acquire_lock.lambda_handler({**lock, "execution_id": "next"}, Context())["holder"] == "next"
+
+
+def test_finalize_returns_a_pointer_however_large_the_turn_result(aws: dict[str, Any]) -> None:
+    # Given a prepared turn whose coder left a result larger than the 256 KiB execution state
+    # (States.DataLimitExceeded, which no Catch takes, would end it neither completed nor released)
+    acquire_lock.lambda_handler(load("acquire_lock.json"), Context())
+    prepare_turn.lambda_handler(load("prepare_turn.json"), Context())
+    summary = "x" * (300 * 1024)
+    coded = TurnResult(turn_id=TURN_ID, status="completed", summary=summary, run_ids=[RUN_ID] * 2000)
+    aws["s3"].put_object(
+        Bucket=BUCKET, Key=f"{SCOPE.key}/work/turns/{TURN_ID}/result.json", Body=coded.model_dump_json()
+    )
+
+    # When the turn is finalized
+    output = finalize_turn.lambda_handler(load("finalize_turn_completed.json"), Context())
+
+    # Then the step's output is a small pointer with the status; the turn's record ended completed, and
+    # the whole result is at the pointer's key in the scope
+    assert len(json.dumps(output).encode()) < 1024, output
+    pointer = FinalizeOutput.model_validate(output)
+    assert pointer.status == "completed"
+    turn = get_backend().store.get_turn(USER, TURN_ID)
+    assert turn is not None and turn.status == "completed"
+    stored = aws["s3"].get_object(Bucket=BUCKET, Key=f"{SCOPE.key}/{pointer.result_key}")["Body"].read()
+    assert TurnResult.model_validate_json(stored).summary == summary
 
 
 def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, Any]) -> None:
@@ -342,12 +371,12 @@ def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, An
     # Then the turn failed with the error name of the contract, TurnFailed was published once, and the
     # turn's record says so (whoever waits on the table sees the end)
     assert result["status"] == "failed" and again == result
-    assert result["error"]["name"] == "States.HeartbeatTimeout"
+    assert result["error_name"] == "States.HeartbeatTimeout"
     assert published(aws) == ["TurnFailed"]
     user, turn_id = event["spec"]["user_id"], event["turn_id"]
     turn = get_backend().store.get_turn(user, turn_id)
     assert turn is not None and turn.status == "failed" and turn.result is not None
-    assert turn.result.model_dump(mode="json") == result
+    assert turn.result.error is not None and turn.result.error.name == "States.HeartbeatTimeout"
 
 
 def test_another_users_scope_is_never_locked_and_answers_as_a_missing_one(aws: dict[str, Any]) -> None:
@@ -400,7 +429,7 @@ def test_a_turn_refused_for_another_users_scope_touches_nothing_of_that_scope(aw
     result = finalize_turn.lambda_handler(event, Context())
 
     # Then mallory's own record ends failed, and nothing was written into alice's scope
-    assert result["status"] == "failed" and result["error"]["name"] == "NotFoundError"
+    assert result["status"] == "failed" and result["error_name"] == "NotFoundError"
     turn = backend.store.get_turn("mallory", event["turn_id"])
     assert turn is not None and turn.status == "failed"
     assert aws["s3"].list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == before
@@ -444,6 +473,25 @@ def test_a_destination_success_record_becomes_a_run_record(aws: dict[str, Any]) 
     assert run is not None
     assert (run.status, run.exit_code, run.stdout, run.turn_id) == ("ok", 0, "total 7\n", TURN_ID)
     assert [e.detail_type for e in get_backend().store.list_events(TURN_ID)] == ["RunCompleted"]
+
+
+def test_a_response_pointing_elsewhere_than_the_runs_claim_check_records_nothing(
+    aws: dict[str, Any],
+) -> None:
+    # Given user code that wrote a result of its choosing into the scope and posted, through the
+    # Runtime API, a success response pointing at it (the real claim check does not exist yet)
+    forged = _run_result().model_copy(update={"stdout": "all tests passed\n"})
+    aws["s3"].put_object(
+        Bucket=BUCKET, Key=f"{SCOPE.key}/datasets/forged.json", Body=forged.model_dump_json().encode()
+    )
+    event = load("destination_success.json")
+    event["detail"]["responsePayload"]["result_key"] = "datasets/forged.json"
+
+    # When the recorder handles the destination record; Then it refuses it, and nothing is recorded
+    with pytest.raises(ForgedRunResponseError, match="not the run's own claim check"):
+        record_event.lambda_handler(event, Context())
+    assert get_backend().store.get_run(USER, RUN_ID) is None
+    assert get_backend().store.list_events(TURN_ID) == []
 
 
 def test_a_failure_reported_after_the_result_never_turns_the_run_failed(aws: dict[str, Any]) -> None:

@@ -255,7 +255,7 @@ def test_an_invalid_spec_exits_2_with_one_line_and_sends_nothing(
     assert _messages(aws) == []
 
 
-def test_an_aws_error_is_one_line_and_exit_1(
+def test_an_aws_error_is_one_line_and_exit_2(
     aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Given a queue URL that names no queue
@@ -264,11 +264,36 @@ def test_an_aws_error_is_one_line_and_exit_1(
     # When a spec is submitted to it
     code = main(["submit", _spec_file(tmp_path), "--queue-url", missing])
 
-    # Then exit 1 with one line, no traceback
+    # Then exit 2 (a platform failure) with one line, no traceback
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2
     assert err.startswith("alphaagent: error: AWS: ") and len(err.splitlines()) == 1
     assert "Traceback" not in err
+
+
+def test_missing_credentials_are_a_platform_error_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given no AWS credentials anywhere botocore looks (no variables, no files, no instance metadata)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", raising=False)
+    monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", raising=False)
+    monkeypatch.delenv("AWS_WEB_IDENTITY_TOKEN_FILE", raising=False)
+    client_settings.cache_clear()
+    queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/alphaagent-spec-queue"
+
+    # When a spec is submitted
+    code = main(["submit", _spec_file(tmp_path), "--queue-url", queue_url])
+
+    # Then exit 2, not 1 (1 means the turn failed): one line that says what is missing
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("alphaagent: error: AWS: ") and len(err.splitlines()) == 1
+    assert "credentials" in err.lower()
 
 
 def test_submit_spec_refuses_a_spec_over_the_size_limit(aws: dict[str, Any]) -> None:

@@ -320,11 +320,13 @@ def test_the_coder_may_invoke_only_environment_functions() -> None:
 
 
 def test_environment_variable_names_carry_their_resource_type() -> None:
-    # STYLE §7: STATE_TABLE_NAME, WORKSPACES_BUCKET_NAME, EVENT_BUS_NAME, CODER_QUEUE_URL, ...
+    # STYLE §7: STATE_TABLE_NAME, WORKSPACES_BUCKET_NAME, EVENT_BUS_NAME, CODER_QUEUE_URL, ...; the
+    # connector allowlists name no AWS resource, so they carry their kind instead (CONNECTOR_*).
     for name, r in _resources("AWS::Serverless::Function").items():
         for variable in r["Properties"].get("Environment", {}).get("Variables", {}):
             assert re.fullmatch(
-                r"[A-Z][A-Z0-9_]*_(TABLE_NAME|BUCKET_NAME|BUS_NAME|QUEUE_URL|ARN)", variable
+                r"[A-Z][A-Z0-9_]*_(TABLE_NAME|BUCKET_NAME|BUS_NAME|QUEUE_URL|ARN)|CONNECTOR_[A-Z0-9_]+",
+                variable,
             ), (
                 name,
                 variable,
@@ -344,6 +346,7 @@ _SUFFIXES = {
     "AWS::Events::Rule": "Rule",
     "AWS::Logs::LogGroup": "LogGroup",
     "AWS::IAM::Role": "Role",
+    "AWS::IAM::Policy": "Policy",
     "AWS::ECS::Cluster": "Cluster",
     "AWS::ECS::TaskDefinition": "TaskDefinition",
     "AWS::ECS::Service": "Service",
