@@ -153,6 +153,8 @@ class Sandbox:
             "isolation": self.config.isolation,
             "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
             "scratch_root": str(self._scratch_root),
+            "landlock": self.config.landlock,
+            "credential_names": list(self.config.redact_env),
         }
         log_path = self._scratch_root / _ZYGOTE_LOG
         try:
@@ -183,6 +185,9 @@ class Sandbox:
             log_text = log_path.read_text(errors="replace")[-2000:].strip()
             raise SandboxError(f"the zygote exited during start-up: {log_text or 'no output'}")
         parent.settimeout(None)
+        if ready.get("readable_credentials"):
+            self._kill_zygote()
+            raise SandboxError(_credentials_refusal(ready["readable_credentials"]))
         self._ready = ready
         if self.config.exclusive:
             self._scratch_baseline = _ScratchBaseline.capture(self._scratch_root, log_path)
@@ -462,11 +467,11 @@ class Sandbox:
         outcome.stderr = captures[err_fd].finish()
         outcome.stdout_spilled, outcome.stderr_spilled = spills[out_fd].opened, spills[err_fd].opened
         outcome.status_line = _parse_status(bytes(status_buf))
-        if outcome.status_line is None or outcome.kill_reason is not None:
-            # No report from the child (it was killed, or is still exiting): the wait status decides.
-            if outcome.kill_reason is not None:
-                self._kill_run(pid, outcome)
-            outcome.exit_event = self._await_exit(channel)
+        if outcome.kill_reason is not None:
+            self._kill_run(pid, outcome)
+        # Always the wait status, even after a report: the status pipe is the code's to write (or to
+        # close and reopen), the zygote's waitpid is not (DESIGN §4.4: the real exit status wins).
+        outcome.exit_event = self._await_exit(channel)
         return outcome
 
     def _kill_run(self, pid: int, outcome: _Outcome) -> None:
@@ -719,6 +724,41 @@ def _well_formed_done(message: dict[str, Any]) -> bool:
     )
 
 
+def _contradiction(status_line: dict[str, Any], wait_code: int | None) -> str | None:
+    """Why the child's report cannot be believed, or None when it agrees with the wait status.
+
+    The genuine report is written just before the child exits with the very code it names, so a
+    ``done`` report whose ``exit_code`` differs from what ``waitpid`` says was written by the code
+    (and the genuine one suppressed); a run whose exit status is unknown (the zygote died) cannot
+    be confirmed at all. A run killed by a signal is decided by the signal, whatever was reported.
+    """
+    if status_line.get("phase") != "done":
+        return None
+    if wait_code is None:
+        return "the run's exit status could not be read (the zygote died): its own report was ignored"
+    reported = status_line.get("exit_code")
+    if wait_code >= 0 and reported != wait_code:
+        return (
+            f"the run's status report (exit {reported}) contradicts its real exit status ({wait_code});"
+            " the report was written by the code and is ignored"
+        )
+    return None
+
+
+def _credentials_refusal(holders: list[dict[str, Any]]) -> str:
+    """The one-line refusal of the process level when a run could read a credential (README,
+    "What is isolated"): which process holds which variable names (never their values)."""
+    first = holders[0]
+    others = f" and {len(holders) - 1} other process(es)" if len(holders) > 1 else ""
+    return (
+        f"process isolation refused: pid {first['pid']} ({first['command']}){others} holds"
+        f" {', '.join(first['names'])} in an environment a run of this uid could read, and neither"
+        " namespaces nor Landlock are available to hide it; start alphaagent from an environment"
+        " without credentials (for example `env -u AWS_SECRET_ACCESS_KEY ...`), or on a kernel that"
+        " allows user namespaces or Landlock"
+    )
+
+
 def _rlimits(limits: RunLimits) -> dict[str, int]:
     return {
         "memory_bytes": limits.memory_mb * 2**20,
@@ -933,6 +973,9 @@ def _build_result(
     exit_event = outcome.exit_event or {}
     wait_code = exit_event.get("exit_code")  # negative: killed by that signal
     signum = -wait_code if wait_code is not None and wait_code < 0 else None
+    tampered = _contradiction(status_line, wait_code)
+    if tampered is not None:
+        status_line = {}  # the report is ignored: the wait status alone decides below
     error_data = status_line.get("error")
     error = RunError(**{k: _redact(str(v), secrets) for k, v in error_data.items()}) if error_data else None
     reason: str | None = None
@@ -945,18 +988,23 @@ def _build_result(
             reason += f"; {outcome.hint}"
         where = error.traceback if error and status_line.get("interrupted") else ""
         error = RunError(name="TimeoutError", value=reason, traceback=where)
-        exit_code = status_line.get("exit_code") if signum is None else -signum
+        exit_code = wait_code
     elif outcome.kill_reason == "output_limit":
         status = "killed"
         reason = f"output limit: {outcome.hint}"
         error = RunError(name="OutputLimitExceeded", value=reason, traceback="")
         exit_code = -signal.SIGKILL
-    elif status_line.get("memory_error"):
+    elif tampered is not None:
+        status = "error"
+        exit_code = wait_code
+        reason = tampered
+        error = RunError(name="StatusReportTampered", value=reason, traceback="")
+    elif status_line.get("memory_error") and signum is None:
         status = "killed"
         reason = f"memory limit exceeded ({limits.memory_mb} MB)"
         error = RunError(name="MemoryLimitExceeded", value=reason, traceback=error.traceback if error else "")
-        exit_code = status_line.get("exit_code")
-    elif status_line.get("phase") == "done":
+        exit_code = wait_code
+    elif status_line.get("phase") == "done" and signum is None:
         exit_code = int(status_line.get("exit_code", 0))
         status = "ok" if exit_code == 0 and error is None else "error"
     elif signum is not None:
@@ -980,7 +1028,8 @@ def _build_result(
     else:
         raise SandboxError(f"run {run_id}: lost track of the child (the zygote died)")
     stdout, stderr = outcome.stdout, outcome.stderr
-    usage = status_line if "cpu_s" in status_line else exit_event
+    # The zygote's wait4 figures (the run and every child it reaped), never the code's own report.
+    usage = exit_event if "cpu_s" in exit_event else status_line
     return RunResult(
         run_id=run_id,
         status=status,

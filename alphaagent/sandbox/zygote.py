@@ -99,6 +99,13 @@ _MOUNT_OPTION_FLAGS = {
     "relatime": MS_RELATIME,
 }
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# Landlock (include/uapi/linux/landlock.h; the syscall numbers are the same on every architecture).
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
+LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+LANDLOCK_SCOPE_SIGNAL = 1 << 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -237,12 +244,13 @@ def _become_namespace_init(sock: socket.socket) -> None:
     The code must not run as pid 1: the kernel drops signals that pid 1 has no handler for, so
     SIGTERM, SIGALRM or SIGXCPU would not end it. This init forwards SIGINT/SIGTERM to the run,
     reaps orphans, and exits when the run does; its exit ends the namespace, and the kernel kills
-    whatever is left in it. It encodes a run killed by signal N as exit status 128 + N.
+    whatever is left in it. An exit status has 8 bits, too few to tell ``sys.exit(137)`` from a
+    SIGKILL: the init sends the run's exact wait status to the zygote on ``sock`` first. The run
+    closes its copy of ``sock`` before any user code runs, so only the init can write there.
     """
     run = os.fork()
     if run == 0:
         return
-    sock.close()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda n, _frame: _forward(run, n))
     while True:
@@ -251,6 +259,10 @@ def _become_namespace_init(sock: socket.socket) -> None:
         except ChildProcessError:
             os._exit(127)
         if pid == run:
+            try:
+                sock.send(json.dumps({"wait_status": status}).encode())
+            except OSError:
+                pass
             code = os.waitstatus_to_exitcode(status)
             os._exit(code if code >= 0 else 128 - code)
 
@@ -291,6 +303,87 @@ def _probe_namespaces() -> str | None:
     os.close(r)
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return None if status == 0 else (reason or f"exit status {status}")
+
+
+# ---------------------------------------------------------------- landlock
+
+
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI version (1 = Linux 5.13), or 0 when Landlock is absent or disabled."""
+    abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION)
+    return max(abi, 0)
+
+
+def _enter_landlock_domain(abi: int) -> None:
+    """Put this process (and all it will fork) in a Landlock domain of its own.
+
+    Not for its file rules (it handles only the creation of device nodes, which no run needs): a
+    process in a domain cannot ptrace -- nor read ``/proc/<pid>/environ``, ``mem`` or ``fd`` of -- any
+    process outside it (Documentation/userspace-api/landlock.rst, "Ptrace restrictions"). At the
+    process level the run shares its uid with the supervisor's ancestors (the shell that started
+    the CLI, which may hold credentials); this is what keeps their environment out of reach. From
+    ABI 6 (Linux 6.12) it cannot signal processes outside its domain either (the zygote, the
+    supervisor, other runs). Needs ``no_new_privs``.
+    """
+    fields = [LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK]
+    if abi >= 6:
+        fields += [0, LANDLOCK_SCOPE_SIGNAL]  # handled_access_net (none), scoped
+    attr = (ctypes.c_uint64 * len(fields))(*fields)
+    ruleset = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0
+    )
+    if ruleset < 0:
+        raise SetupError(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+def _readable_credentials(names: list[str]) -> list[dict[str, Any]]:
+    """Processes whose environment a run would be able to read and that hold a credential: one of
+    ``names`` with a non-empty value. Probed in a throwaway child with the run's own standing (no
+    capabilities, ``no_new_privs``), so the answer is what a run could read, not what the zygote can.
+
+    Each finding is ``{"pid", "command", "names"}``; values are never read out of the child.
+    """
+    wanted = {name.encode() for name in names}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        found: list[dict[str, Any]] = []
+        try:
+            if os.geteuid() == 0:
+                _drop_capabilities()
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit() or int(entry) == os.getpid():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as fh:
+                        variables = fh.read().split(b"\0")
+                    with open(f"/proc/{entry}/comm", "rb") as fh:
+                        command = fh.read().decode(errors="replace").strip()
+                except OSError:
+                    continue
+                pairs = (variable.partition(b"=") for variable in variables)
+                held = sorted({name.decode() for name, _, value in pairs if name in wanted and value})
+                if held:
+                    found.append({"pid": int(entry), "command": command[:64], "names": held})
+            os.write(w, json.dumps(found[:20]).encode()[: 1 << 15])
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    os.close(w)
+    data = bytearray()
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if status != 0:
+        return [{"pid": 0, "command": "?", "names": ["(the probe failed: assume they are readable)"]}]
+    return list(json.loads(data or b"[]"))
 
 
 # ---------------------------------------------------------------- processes
@@ -352,13 +445,13 @@ def _kill_own_descendants(deadline_s: float = 2.0) -> None:
 
 
 def _reopen_stdio() -> None:
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
-    sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
+    """New ``sys.std*`` over descriptors 0-2 as they are now, built as Python builds its own (a text
+    wrapper over a buffered file). Called again once the run's pipes are in place: a stream caches
+    whether its descriptor is seekable, and one made over the zygote's log file would say it is,
+    so ``reconfigure()`` would seek a pipe (``OSError: Illegal seek``)."""
+    sys.stdin = io.open(0, "r", encoding="utf-8", closefd=False)
+    sys.stdout = io.open(1, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+    sys.stderr = io.open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
 
 
@@ -496,13 +589,44 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     if namespaced or os.geteuid() == 0:
         _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if req.get("landlock_abi"):
+        _enter_landlock_domain(int(req["landlock_abi"]))
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
-    sys.path[:] = [req["cwd"]] + [
+    # The scope comes last: a file a run leaves there named like a standard or installed module
+    # (json.py, pandas/) must not replace it in every later run of the scope.
+    sys.path[:] = [
         p for p in sys.path[1:] if os.path.abspath(p) != os.path.dirname(_ZYGOTE_FILE)
-    ]
+    ] + [req["cwd"]]
+    _import_scope_from_source_only(req["cwd"])
     sys.argv[:] = [""]
+
+
+def _import_scope_from_source_only(scope: str) -> None:
+    """Modules under ``scope`` are compiled from their ``.py`` source at every import: bytecode there
+    (``__pycache__/*.pyc``, a bare ``mod.pyc``) is never read nor written, nor are compiled extensions.
+
+    A ``.pyc`` need not match its source (its header carries a size and mtime the writer chooses, or
+    says "unchecked"), so one left in the scope by an earlier run would run instead of the code
+    anyone can read. Paths outside the scope keep the normal finders (and their bytecode caches).
+    """
+    import importlib.machinery as machinery
+
+    root = os.path.realpath(scope)
+
+    class ScopeSourceLoader(machinery.SourceFileLoader):
+        def get_code(self, fullname: str) -> types.CodeType:
+            return self.source_to_code(self.get_data(self.path), self.path)  # type: ignore[no-any-return]
+
+    def scope_finder(entry: str) -> machinery.FileFinder:
+        real = os.path.realpath(entry or ".")
+        if real != root and not real.startswith(root.rstrip("/") + "/"):
+            raise ImportError("not in the scope")
+        return machinery.FileFinder(entry, (ScopeSourceLoader, list(machinery.SOURCE_SUFFIXES)))
+
+    sys.path_hooks.insert(0, scope_finder)
+    sys.path_importer_cache.clear()
 
 
 def _reseed() -> None:
@@ -606,9 +730,9 @@ def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> 
             outcome = {"phase": "done", "exit_code": 1, "error": _format_error(exc)}
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS)
         _signal.setitimer(_signal.ITIMER_REAL, 0)
-        for stream in (sys.stdout, sys.stderr):
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                stream.flush()  # type: ignore[union-attr]
             except BaseException:
                 pass
         try:
@@ -691,6 +815,7 @@ class Zygote:
         self.spares: list[Spare] = []
         self.pending: dict[int, Spare] = {}  # helper fd -> namespaced spare whose pid is not known yet
         self.runs: dict[int, str] = {}  # pid -> run id
+        self.init_socks: dict[int, socket.socket] = {}  # namespaced run pid -> its init's socket
         self.helpers: set[int] = set()
         self.sel = selectors.DefaultSelector()
         self.cgroup_parent: str | None = config.get("cgroup_parent")
@@ -709,6 +834,12 @@ class Zygote:
                 raise SystemExit(f"namespaces unavailable: {reason}")
         else:
             self.isolation_detail = "requested process isolation"
+        # At the process level every run enters a Landlock domain of its own (``_enter_landlock_domain``).
+        self.landlock_abi = 0 if self.namespaced or not config.get("landlock", True) else _landlock_abi()
+        # Without either, a run can read the environment of every dumpable process of its uid.
+        self.readable_credentials: list[dict[str, Any]] = []
+        if not self.namespaced and not self.landlock_abi:
+            self.readable_credentials = _readable_credentials(list(config.get("credential_names", [])))
 
     # -- spares ----------------------------------------------------------------------------
 
@@ -747,6 +878,8 @@ class Zygote:
                 spare.sock.close()
             for spare in self.pending.values():
                 spare.sock.close()
+            for init_sock in self.init_socks.values():
+                init_sock.close()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             if cgroup:
@@ -771,11 +904,13 @@ class Zygote:
             # Lift the received descriptors clear of 0-3 first, so no dup2 below overwrites another.
             high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
             message["source"] = _read_code(high[3])
+            message["landlock_abi"] = self.landlock_abi
             for target, fd in zip((1, 2, STATUS_FD), high, strict=False):
                 os.dup2(fd, target, inheritable=target != STATUS_FD)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.closerange(STATUS_FD + 1, 1 << 16)
+            _reopen_stdio()  # over the run's pipes now (the prewarm's were over the zygote's files)
         except BaseException as exc:
             try:
                 os.write(2, f"alphaagent zygote: spare failed: {exc}\n".encode())
@@ -843,7 +978,10 @@ class Zygote:
                 [json.dumps(message["request"]).encode()],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())],
             )
-            spare.sock.close()
+            if self.namespaced:
+                self.init_socks[spare.pid] = spare.sock  # the init's wait-status report comes here
+            else:
+                spare.sock.close()
             self.runs[spare.pid] = run_id
             self._send({"event": "spawned", "id": run_id, "pid": spare.pid, "cgroup": cgroup})
         except Exception as exc:
@@ -907,11 +1045,12 @@ class Zygote:
             run_id = self.runs.pop(pid, None)
             if pid in self.cgroups:
                 self.doomed_cgroups.add(self.cgroups.pop(pid))
+            init_sock = self.init_socks.pop(pid, None)
             if run_id is not None:
                 reaped_run = True
                 code = os.waitstatus_to_exitcode(status)
-                if self.namespaced and code > 128:  # the namespace init's encoding of a signal
-                    code = 128 - code
+                if init_sock is not None:
+                    code = _run_wait_code(init_sock, code)
                 self._send(
                     {
                         "event": "exited",
@@ -1030,6 +1169,25 @@ class Zygote:
             self._remove_doomed_cgroups()
 
 
+def _run_wait_code(init_sock: socket.socket, init_code: int) -> int:
+    """The run's exit code (negative: killed by that signal) from the wait status its namespace init
+    sent before exiting; the init's own code when it sent none (it was killed itself)."""
+    try:
+        init_sock.setblocking(False)
+        data = init_sock.recv(256)
+        status = json.loads(data)["wait_status"] if data else None
+    except (OSError, ValueError, KeyError, TypeError):
+        status = None
+    finally:
+        init_sock.close()
+    if not isinstance(status, int) or isinstance(status, bool):
+        return init_code
+    try:
+        return os.waitstatus_to_exitcode(status)
+    except ValueError:
+        return init_code
+
+
 def _parent_of(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -1086,6 +1244,8 @@ def main() -> None:
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "isolation_detail": zygote.isolation_detail,
+        "landlock_abi": zygote.landlock_abi,
+        "readable_credentials": zygote.readable_credentials,
         "preloaded": loaded,
         "preload_errors": errors,
     }
