@@ -101,10 +101,13 @@ _MOUNT_OPTION_FLAGS = {
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # Landlock (include/uapi/linux/landlock.h; the syscall numbers are the same on every architecture).
 SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
 LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
 LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+LANDLOCK_ACCESS_FS_REFER = 1 << 13
 LANDLOCK_SCOPE_SIGNAL = 1 << 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -309,9 +312,15 @@ def _probe_namespaces() -> str | None:
 
 
 def _landlock_abi() -> int:
-    """The kernel's Landlock ABI version (1 = Linux 5.13), or 0 when Landlock is absent or disabled."""
+    """The kernel's Landlock ABI version if it is 2 (Linux 5.19) or later, else 0 (absent, disabled,
+    or ABI 1, whose domains refuse every cross-directory ``rename``/``link``: runs need those)."""
     abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION)
-    return max(abi, 0)
+    return abi if abi >= 2 else 0
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 def _enter_landlock_domain(abi: int) -> None:
@@ -323,9 +332,10 @@ def _enter_landlock_domain(abi: int) -> None:
     process level the run shares its uid with the supervisor's ancestors (the shell that started
     the CLI, which may hold credentials); this is what keeps their environment out of reach. From
     ABI 6 (Linux 6.12) it cannot signal processes outside its domain either (the zygote, the
-    supervisor, other runs). Needs ``no_new_privs``.
+    supervisor, other runs). Every domain denies cross-directory ``rename``/``link`` unless it
+    handles ``REFER`` and grants it: it is granted beneath ``/``. Needs ``no_new_privs``.
     """
-    fields = [LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK]
+    fields = [LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER]
     if abi >= 6:
         fields += [0, LANDLOCK_SCOPE_SIGNAL]  # handled_access_net (none), scoped
     attr = (ctypes.c_uint64 * len(fields))(*fields)
@@ -335,6 +345,15 @@ def _enter_landlock_domain(abi: int) -> None:
     if ruleset < 0:
         raise SetupError(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     try:
+        root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        try:
+            rule = _PathBeneath(LANDLOCK_ACCESS_FS_REFER, root)
+            _check(
+                _libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0),
+                "landlock_add_rule",
+            )
+        finally:
+            os.close(root)
         _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)
