@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -112,7 +112,7 @@ def walk_tree(
     *,
     max_depth: int = MAX_WALK_DEPTH,
     enter: Callable[[tuple[str, ...], os.stat_result], bool] | None = None,
-) -> Iterator[DirVisit]:
+) -> Generator[DirVisit, None, None]:
     """Visit every directory below ``root_fd`` depth first (sorted names), following no symlink.
 
     Each directory is opened relative to its parent's descriptor (``O_NOFOLLOW``) and checked against
@@ -123,7 +123,7 @@ def walk_tree(
     chooses which subdirectories to visit (all, by default). The caller's ``root_fd`` stays open.
     """
     frames: list[tuple[int, tuple[str, ...], list[tuple[str, os.stat_result]]]] = []
-    fd, parts = os.dup(root_fd), ()
+    fd, parts = os.dup(root_fd), tuple[str, ...]()
     try:
         while True:
             if fd >= 0:

@@ -258,7 +258,7 @@ def take_snapshot(
 
     root_fd = os.open(root_str, _ROOT_OPEN_FLAGS)
     try:
-        walk = walk_tree(root_fd, enter=enter)
+        walk = walk_tree(root_fd, enter=enter)  # a generator: closed below, so its descriptors are too
         try:
             for visit in walk:
                 rel_dir = "/".join(visit.parts)

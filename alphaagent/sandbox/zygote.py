@@ -314,7 +314,9 @@ def _probe_namespaces() -> str | None:
 def _landlock_abi() -> int:
     """The kernel's Landlock ABI version if it is 2 (Linux 5.19) or later, else 0 (absent, disabled,
     or ABI 1, whose domains refuse every cross-directory ``rename``/``link``: runs need those)."""
-    abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION)
+    abi = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
+    )
     return abi if abi >= 2 else 0
 
 
@@ -349,7 +351,9 @@ def _enter_landlock_domain(abi: int) -> None:
         try:
             rule = _PathBeneath(LANDLOCK_ACCESS_FS_REFER, root)
             _check(
-                _libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0),
+                _libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+                ),
                 "landlock_add_rule",
             )
         finally:
@@ -468,9 +472,10 @@ def _reopen_stdio() -> None:
     wrapper over a buffered file). Called again once the run's pipes are in place: a stream caches
     whether its descriptor is seekable, and one made over the zygote's log file would say it is,
     so ``reconfigure()`` would seek a pipe (``OSError: Illegal seek``)."""
-    sys.stdin = io.open(0, "r", encoding="utf-8", closefd=False)
-    sys.stdout = io.open(1, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
-    sys.stderr = io.open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+    # They live as long as the process, like the interpreter's own: no context manager.
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
 
 
@@ -615,9 +620,9 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
     # The scope comes last: a file a run leaves there named like a standard or installed module
     # (json.py, pandas/) must not replace it in every later run of the scope.
-    sys.path[:] = [
-        p for p in sys.path[1:] if os.path.abspath(p) != os.path.dirname(_ZYGOTE_FILE)
-    ] + [req["cwd"]]
+    sys.path[:] = [p for p in sys.path[1:] if os.path.abspath(p) != os.path.dirname(_ZYGOTE_FILE)] + [
+        req["cwd"]
+    ]
     _import_scope_from_source_only(req["cwd"])
     sys.argv[:] = [""]
 
@@ -636,7 +641,7 @@ def _import_scope_from_source_only(scope: str) -> None:
 
     class ScopeSourceLoader(machinery.SourceFileLoader):
         def get_code(self, fullname: str) -> types.CodeType:
-            return self.source_to_code(self.get_data(self.path), self.path)  # type: ignore[no-any-return]
+            return self.source_to_code(self.get_data(self.path), self.path)
 
     def scope_finder(entry: str) -> machinery.FileFinder:
         real = os.path.realpath(entry or ".")

@@ -57,7 +57,8 @@ def process_level() -> Iterator[Sandbox]:
 
 @pytest.fixture(params=["namespaces", "process"])
 def box(request: pytest.FixtureRequest) -> Sandbox:
-    return request.getfixturevalue("namespaced" if request.param == "namespaces" else "process_level")
+    box: Sandbox = request.getfixturevalue("namespaced" if request.param == "namespaces" else "process_level")
+    return box
 
 
 @pytest.fixture
@@ -435,13 +436,21 @@ def test_without_landlock_the_process_level_runs_when_nothing_readable_holds_one
         pytest.skip("the host's processes of this uid are outside the test's control")
     scope = tmp_path / "scope"
     scope.mkdir()
-    spec = {"config": {"isolation": "process", "preload": [], "landlock": False}, "code": "print(1)", "cwd": str(scope)}
+    spec = {
+        "config": {"isolation": "process", "preload": [], "landlock": False},
+        "code": "print(1)",
+        "cwd": str(scope),
+    }
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(scope)}
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     completed = subprocess.run(
         [*UNPRIVILEGED, sys.executable, "-c", SUPERVISOR],
-        input=json.dumps(spec), env=env, capture_output=True, text=True, timeout=120,
+        input=json.dumps(spec),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     # When the sandbox starts and runs code
     out = json.loads(completed.stdout)
@@ -483,7 +492,9 @@ class _OpenCounter:
         monkeypatch.setattr(os, "open", counting)
 
 
-def test_listing_a_deep_tree_opens_each_directory_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_listing_a_deep_tree_opens_each_directory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given a chain of 400 directories with a file at the bottom, and one beside the top
     root = tmp_path / "tree"
     root.mkdir()
@@ -638,7 +649,7 @@ def test_registering_a_sparse_artifact_twice_stores_two_sparse_blobs(tmp_path: P
     assert sum(os.stat(p).st_blocks * 512 for p in blobs) <= 1 * MiB
 
 
-def test_copy_refuses_nothing_on_a_filesystem_without_seek_data(
+def test_a_file_on_a_filesystem_without_seek_data_is_copied_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a filesystem where SEEK_DATA is not supported
