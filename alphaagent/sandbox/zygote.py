@@ -247,8 +247,12 @@ def _become_namespace_init(sock: socket.socket) -> None:
     The code must not run as pid 1: the kernel drops signals that pid 1 has no handler for, so
     SIGTERM, SIGALRM or SIGXCPU would not end it. This init forwards SIGINT/SIGTERM to the run,
     reaps orphans, and exits when the run does; its exit ends the namespace, and the kernel kills
-    whatever is left in it. An exit status has 8 bits, too few to tell ``sys.exit(137)`` from a
-    SIGKILL: the init sends the run's exact wait status to the zygote on ``sock`` first. The run
+    whatever is left in it.
+
+    When the run has exited, the init kills everything else in the namespace and sends the run's
+    exact wait status and usage to the zygote on ``sock`` (an exit status has 8 bits, too few to
+    tell ``sys.exit(137)`` from a SIGKILL), so the run's end is known without waiting for the
+    namespace's teardown (its mounts and network take tens of milliseconds to go). The run
     closes its copy of ``sock`` before any user code runs, so only the init can write there.
     """
     run = os.fork()
@@ -258,12 +262,21 @@ def _become_namespace_init(sock: socket.socket) -> None:
         signal.signal(signum, lambda n, _frame: _forward(run, n))
     while True:
         try:
-            pid, status = os.waitpid(-1, 0)
+            pid, status, usage = os.wait4(-1, 0)
         except ChildProcessError:
             os._exit(127)
         if pid == run:
             try:
-                sock.send(json.dumps({"wait_status": status}).encode())
+                os.kill(-1, signal.SIGKILL)  # from pid 1: every other process of the namespace
+            except OSError:
+                pass
+            report = {
+                "wait_status": status,
+                "maxrss_kb": usage.ru_maxrss,
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+            }
+            try:
+                sock.send(json.dumps(report).encode())
             except OSError:
                 pass
             code = os.waitstatus_to_exitcode(status)
@@ -840,6 +853,7 @@ class Zygote:
         self.pending: dict[int, Spare] = {}  # helper fd -> namespaced spare whose pid is not known yet
         self.runs: dict[int, str] = {}  # pid -> run id
         self.init_socks: dict[int, socket.socket] = {}  # namespaced run pid -> its init's socket
+        self.reported: set[int] = set()  # namespaced runs whose exit was sent from the init's report
         self.helpers: set[int] = set()
         self.sel = selectors.DefaultSelector()
         self.cgroup_parent: str | None = config.get("cgroup_parent")
@@ -1004,6 +1018,7 @@ class Zygote:
             )
             if self.namespaced:
                 self.init_socks[spare.pid] = spare.sock  # the init's wait-status report comes here
+                self.sel.register(spare.sock, selectors.EVENT_READ, ("init", spare.pid))
             else:
                 spare.sock.close()
             self.runs[spare.pid] = run_id
@@ -1069,22 +1084,22 @@ class Zygote:
             run_id = self.runs.pop(pid, None)
             if pid in self.cgroups:
                 self.doomed_cgroups.add(self.cgroups.pop(pid))
-            init_sock = self.init_socks.pop(pid, None)
             if run_id is not None:
                 reaped_run = True
-                code = os.waitstatus_to_exitcode(status)
-                if init_sock is not None:
-                    code = _run_wait_code(init_sock, code)
-                self._send(
-                    {
-                        "event": "exited",
-                        "id": run_id,
-                        "pid": pid,
-                        "exit_code": code,
-                        "maxrss_kb": usage.ru_maxrss,
-                        "cpu_s": usage.ru_utime + usage.ru_stime,
-                    }
-                )
+                if pid in self.init_socks:
+                    self._on_init_report(pid)  # not read yet: it is read now, or it never came
+                if pid not in self.reported:
+                    self._send(
+                        {
+                            "event": "exited",
+                            "id": run_id,
+                            "pid": pid,
+                            "exit_code": os.waitstatus_to_exitcode(status),
+                            "maxrss_kb": usage.ru_maxrss,
+                            "cpu_s": usage.ru_utime + usage.ru_stime,
+                        }
+                    )
+                self.reported.discard(pid)
             else:
                 for spare in [s for s in self.spares if s.pid == pid]:
                     self.spares.remove(spare)
@@ -1093,6 +1108,18 @@ class Zygote:
         if reaped_run:
             self._kill_strays()
         self._remove_doomed_cgroups()
+
+    def _on_init_report(self, pid: int) -> None:
+        """A namespaced run's init sent the run's wait status (or closed its socket): tell the
+        supervisor now, before the namespace is torn down; ``_reap`` then sends nothing more."""
+        init_sock = self.init_socks.pop(pid)
+        self.sel.unregister(init_sock)
+        report = _read_init_report(init_sock)
+        run_id = self.runs.get(pid)
+        if report is None or run_id is None:
+            return
+        self.reported.add(pid)
+        self._send({"event": "exited", "id": run_id, "pid": pid, **report})
 
     def _remove_doomed_cgroups(self) -> None:
         """Kill what is left in finished runs' cgroups, and remove those that are empty."""
@@ -1178,6 +1205,9 @@ class Zygote:
                     self._reap()
                 elif key.data == "spare":
                     self._on_spare_ready(key.fileobj)  # type: ignore[arg-type]
+                elif isinstance(key.data, tuple):  # ("init", run pid)
+                    if key.data[1] in self.init_socks:
+                        self._on_init_report(key.data[1])
                 else:
                     message, fds = _recv(self.ctl)
                     if message is None:
@@ -1193,23 +1223,19 @@ class Zygote:
             self._remove_doomed_cgroups()
 
 
-def _run_wait_code(init_sock: socket.socket, init_code: int) -> int:
-    """The run's exit code (negative: killed by that signal) from the wait status its namespace init
-    sent before exiting; the init's own code when it sent none (it was killed itself)."""
+def _read_init_report(init_sock: socket.socket) -> dict[str, Any] | None:
+    """``{"exit_code", "maxrss_kb", "cpu_s"}`` of a namespaced run from its init's report (exit code
+    negative: killed by that signal); None when the init sent none (it was killed itself: its own
+    wait status, from ``_reap``, is then the run's). Closes the socket."""
     try:
         init_sock.setblocking(False)
-        data = init_sock.recv(256)
-        status = json.loads(data)["wait_status"] if data else None
+        report = json.loads(init_sock.recv(256) or b"null")
+        code = os.waitstatus_to_exitcode(report["wait_status"])
+        return {"exit_code": code, "maxrss_kb": int(report["maxrss_kb"]), "cpu_s": float(report["cpu_s"])}
     except (OSError, ValueError, KeyError, TypeError):
-        status = None
+        return None
     finally:
         init_sock.close()
-    if not isinstance(status, int) or isinstance(status, bool):
-        return init_code
-    try:
-        return os.waitstatus_to_exitcode(status)
-    except ValueError:
-        return init_code
 
 
 def _parent_of(pid: int) -> int:
