@@ -339,17 +339,25 @@ class Sandbox:
             outcome = self._supervise(
                 run_id, pid, cgroup, [r for r, _ in pipes], workdir, limits, channel, started
             )
+            duration_ms = int((time.monotonic() - started) * 1000)
+            if self.config.exclusive:
+                if outcome.exit_event is None:
+                    outcome.exit_event = self._await_exit(channel)
+                self._exclusive_cleanup(run_id, channel)
+            # The child reported, so it has ended its descendants: the tree is final, and the snapshot
+            # runs while the child's exit (an address space to tear down) is on its way.
+            after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+            changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
+            _remove_path(scratch)
+            if outcome.exit_event is None:
+                # The wait status, always, even after a report: the status pipe is the code's to write
+                # (or to close and reopen); the zygote's waitpid is not (DESIGN §4.4).
+                outcome.exit_event = self._await_exit(channel)
         finally:
             for r, _ in pipes:
                 with contextlib.suppress(OSError):
                     os.close(r)
             self._channels.pop(run_id, None)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        if self.config.exclusive:
-            self._exclusive_cleanup(run_id, channel)
-        after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
-        changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
-        _remove_path(scratch)
         return _build_result(
             run_id=run_id,
             outcome=outcome,
@@ -467,12 +475,12 @@ class Sandbox:
         outcome.stderr = captures[err_fd].finish()
         outcome.stdout_spilled, outcome.stderr_spilled = spills[out_fd].opened, spills[err_fd].opened
         outcome.status_line = _parse_status(bytes(status_buf))
-        if outcome.kill_reason is not None:
-            self._kill_run(pid, outcome)
-        # Always the wait status, even after a report: the status pipe is the code's to write (or to
-        # close and reopen), the zygote's waitpid is not (DESIGN §4.4: the real exit status wins).
-        outcome.exit_event = self._await_exit(channel)
-        return outcome
+        if outcome.status_line is None or outcome.kill_reason is not None:
+            # No report from the child (it was killed, or is still exiting): the wait status decides.
+            if outcome.kill_reason is not None:
+                self._kill_run(pid, outcome)
+            outcome.exit_event = self._await_exit(channel)
+        return outcome  # after a report, ``_run`` still awaits the exit: the report alone proves nothing
 
     def _kill_run(self, pid: int, outcome: _Outcome) -> None:
         """SIGKILL the run's tree: its process group, every descendant found, then the run itself
