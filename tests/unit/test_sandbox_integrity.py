@@ -368,14 +368,18 @@ def run_behind_an_ancestor(config: dict[str, Any], scope: Path, *, unprivileged:
     return out
 
 
+def _require_unprivileged_namespace() -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    probe = subprocess.run([*UNPRIVILEGED, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"the kernel refuses an unprivileged user namespace: {probe.stderr.strip()}")
+
+
 @pytest.fixture(params=["this-uid", "unprivileged"])
 def unprivileged(request: pytest.FixtureRequest) -> bool:
     if request.param == "unprivileged":
-        if shutil.which("unshare") is None:
-            pytest.skip("util-linux unshare is not installed")
-        probe = subprocess.run([*UNPRIVILEGED, "true"], capture_output=True, text=True)
-        if probe.returncode != 0:
-            pytest.skip(f"the kernel refuses an unprivileged user namespace: {probe.stderr.strip()}")
+        _require_unprivileged_namespace()
     return bool(request.param == "unprivileged")
 
 
@@ -427,13 +431,10 @@ def test_without_landlock_the_process_level_refuses_a_readable_credential(
     assert not any(value in message for value in out["fake"].values())
 
 
-def test_without_landlock_the_process_level_runs_when_nothing_readable_holds_one(
-    tmp_path: Path, unprivileged: bool
-) -> None:
-    # Given the process level without Landlock in a private pid namespace where nothing holds a
-    # credential (on this uid's host side, the test's own ancestors might)
-    if not unprivileged:
-        pytest.skip("the host's processes of this uid are outside the test's control")
+def test_without_landlock_the_process_level_runs_when_nothing_readable_holds_one(tmp_path: Path) -> None:
+    # Given the process level without Landlock, as an unprivileged uid in a private pid namespace
+    # where nothing holds a credential (on the host, this uid's other processes might)
+    _require_unprivileged_namespace()
     scope = tmp_path / "scope"
     scope.mkdir()
     spec = {
