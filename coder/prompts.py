@@ -15,6 +15,10 @@ the tools of the alphaagent server; you have no other tools.
 between runs, variables do not. There is no network. Work in small runs and read each result \
 before the next: look at the data first, then compute, then write the outputs. When a run fails, \
 read the traceback and fix the code.
+- Helper modules you write go in work/ and are imported after sys.path.append("work"). The scope \
+is searched after the installed packages, so a module named like a standard or installed one \
+(json.py, pandas.py) is never imported: give yours distinct names. Modules in the scope are always \
+compiled from their .py source; .pyc files and compiled extensions there are ignored.
 - The spec's inputs are in docs/ (read-only). Write outputs under datasets/ (csv, parquet, json, \
 xlsx), charts/ (png, svg) and reports/ (md, html, txt); scratch files go in work/.
 - Register every output the spec names with register_artifact, with the spec's kind and name.

@@ -27,13 +27,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import io
 import os
 import secrets
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
+
+from alphaagent.sandbox.pathsafe import MAX_WALK_DEPTH, walk_tree
 
 BLOCK_BYTES: Final = 1024 * 1024
 """Copies and hashes read and write in blocks of 1 MiB: memory use stays constant whatever the file size."""
@@ -58,6 +59,9 @@ MISSING_ERRNOS: Final = frozenset(
 """Errors meaning "there is no regular file reachable here without following a link": a missing
 component, a symlink (``ELOOP`` under ``O_NOFOLLOW``), a file where a directory was expected, a
 directory where a file was expected, a component longer than NAME_MAX (255 bytes), a socket."""
+
+TOO_DEEP_REASON: Final = f"directory deeper than {MAX_WALK_DEPTH} levels (not listed)"
+"""The skipped-entry reason of a directory below the walk's depth bound (``pathsafe.MAX_WALK_DEPTH``)."""
 
 _REASONS: Final = {
     errno.ELOOP: "a component is a symlink (never followed)",
@@ -248,20 +252,71 @@ def create_temp(dir_fd: int, *, mode: int = 0o600) -> tuple[str, int]:
 def copy_and_hash(src_fd: int, dst_fd: int) -> tuple[str, int]:
     """Copy everything readable from ``src_fd`` to ``dst_fd`` while hashing it, in ``BLOCK_BYTES`` blocks.
 
-    Returns ``(sha256 hex digest, size in bytes)`` of exactly the bytes written to ``dst_fd``, so a file
-    that changes during the copy still yields a copy that matches its digest. Memory use is one block.
+    Sparsely: holes of the source (``SEEK_HOLE``/``SEEK_DATA``) and blocks that are all zeros are
+    hashed but not written, and the copy is extended to the full size with ``ftruncate``, so a 1 GiB
+    file that holds 4 KiB of data takes 4 KiB of disk in the blob store, not 1 GiB per version. A
+    filesystem without hole support reports the whole file as data; zero blocks are still skipped.
+
+    Returns ``(sha256 hex digest, size in bytes)`` of exactly the bytes the copy holds (holes read as
+    zeros), so a file that changes during the copy still yields a copy that matches its digest. Memory
+    use is two blocks.
     """
     digest = hashlib.sha256()
-    size = 0
     buffer = bytearray(BLOCK_BYTES)
     view = memoryview(buffer)
-    with io.FileIO(src_fd, "rb", closefd=False) as source:
-        while count := source.readinto(buffer):
+    zeros = bytes(BLOCK_BYTES)
+    offset = 0
+    for data_start, data_end in _data_segments(src_fd):
+        _hash_zeros(digest, data_start - offset, zeros)
+        offset = data_start
+        while offset < data_end:
+            count = os.preadv(src_fd, [view[: min(BLOCK_BYTES, data_end - offset)]], offset)
+            if count == 0:
+                break  # truncated since it was measured: the copy ends here
             chunk = view[:count]
             digest.update(chunk)
-            _write_all(dst_fd, chunk)
-            size += count
-    return digest.hexdigest(), size
+            if chunk != zeros[:count]:
+                _pwrite_all(dst_fd, chunk, offset)
+            offset += count
+        if offset < data_end:
+            break
+    os.ftruncate(dst_fd, offset)
+    return digest.hexdigest(), offset
+
+
+def _data_segments(fd: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` byte ranges of ``fd`` that may hold data, in order; the rest are holes. The
+    last range ends at the size (a trailing hole is a range of no data at the end)."""
+    size = os.fstat(fd).st_size
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # no data after offset: a hole up to the end
+                yield size, size
+                return
+            if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            yield offset, size  # no hole support here: all of it is data
+            return
+        yield start, min(end, size)
+        offset = end
+    yield size, size
+
+
+def _hash_zeros(digest: hashlib._Hash, count: int, zeros: bytes) -> None:
+    while count > 0:
+        step = min(count, len(zeros))
+        digest.update(zeros[:step])
+        count -= step
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def publish_once(src_dir_fd: int, src_name: str, dst_dir_fd: int, dst_name: str) -> bool:
@@ -315,40 +370,23 @@ def iter_regular_files(
 ) -> Iterator[tuple[str, os.stat_result]]:
     """Yield ``(relative POSIX path, lstat)`` of every regular file below ``dir_fd``, depth first.
 
-    Nothing but directories is ever opened, each relative to the root descriptor with ``O_NOFOLLOW`` at
-    every component, so a symlinked directory is neither entered nor listed, and a directory swapped for
-    a symlink mid-walk is skipped. Symlinks, FIFOs, sockets and devices are skipped, as are directories
-    that cannot be opened or listed. Names are yielded as the OS gives them (``os.fsdecode``: a name that
-    is not UTF-8 carries surrogate escapes); order is sorted within each directory, not overall. The walk
-    is iterative, with one descriptor open at a time, so a very deep tree exhausts neither the stack nor
-    the descriptor table. When ``skipped`` is given, each entry that is neither a regular file nor a
-    directory is appended to it as ``(relative path, kind)``; it is never opened or followed.
+    Nothing but directories is ever opened, each relative to its parent's descriptor with
+    ``O_NOFOLLOW`` (``pathsafe.walk_tree``: O(entries) whatever the depth), so a symlinked directory is
+    neither entered nor listed, and a directory swapped for a symlink mid-walk is skipped. Symlinks,
+    FIFOs, sockets and devices are skipped, as are directories that cannot be opened or listed, and
+    directories more than ``MAX_WALK_DEPTH`` (512) levels down. Names are yielded as the OS gives them
+    (``os.fsdecode``: a name that is not UTF-8 carries surrogate escapes); order is sorted within each
+    directory, not overall. When ``skipped`` is given, each entry that is neither a regular file nor
+    a directory is appended to it as ``(relative path, kind)``, and each directory too deep to list as
+    ``(relative path, "directory deeper than 512 levels (not listed)")``; none is opened or followed.
     """
-    pending: list[tuple[str, ...]] = [()]
-    while pending:
-        parts = pending.pop()
-        try:
-            current = open_dir(dir_fd, parts)
-        except OSError:
-            continue  # replaced or unreadable since its parent was listed: nothing below it is ours
-        try:
-            with os.scandir(current) as listing:
-                entries = sorted(listing, key=lambda item: item.name)
-            subdirs: list[tuple[str, ...]] = []
-            for entry in entries:
-                try:
-                    # fd-based scandir: this is an fstatat() relative to ``current``, which stays open.
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(info.st_mode):
-                    yield "/".join((*parts, entry.name)), info
-                elif stat.S_ISDIR(info.st_mode):
-                    subdirs.append((*parts, entry.name))
-                elif skipped is not None:
-                    skipped.append(("/".join((*parts, entry.name)), kind_of(info.st_mode)))
-        except OSError:
+    for visit in walk_tree(dir_fd):
+        if visit.too_deep:
+            if skipped is not None:
+                skipped.append(("/".join(visit.parts), TOO_DEEP_REASON))
             continue
-        finally:
-            os.close(current)
-        pending.extend(reversed(subdirs))
+        for name, info in visit.entries or ():
+            if stat.S_ISREG(info.st_mode):
+                yield "/".join((*visit.parts, name)), info
+            elif skipped is not None and not stat.S_ISDIR(info.st_mode):
+                skipped.append(("/".join((*visit.parts, name)), kind_of(info.st_mode)))

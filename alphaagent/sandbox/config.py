@@ -59,6 +59,10 @@ class SandboxConfig(BaseModel):
       cap: shorter output is kept whole in the run record).
     - ``use_cgroup``: bound processes with a pids cgroup when running as root (RLIMIT_NPROC does not
       apply to uid 0).
+    - ``landlock``: at the ``process`` level, put each run in a Landlock domain of its own where the
+      kernel has Landlock (5.13+), so it cannot read another process's ``/proc/<pid>/environ``.
+      Without namespaces and without Landlock, the sandbox refuses to start while any process a run
+      could read holds one of ``redact_env`` (``False`` forces that path; tests use it).
     - ``hidden_paths``: directories a run must not see at the ``namespaces`` level (covered by an
       empty tmpfs): by default the supervisor's home (``~/.ssh``, ``~/.aws``...); the local backend
       adds its data directory, where the other conversations live.
@@ -87,6 +91,7 @@ class SandboxConfig(BaseModel):
     zygote_start_timeout_s: float = Field(120.0, gt=0)
     spawn_timeout_s: float = Field(15.0, gt=0)
     redact_env: tuple[str, ...] = DEFAULT_REDACT_ENV
+    landlock: bool = True
     extra_env: dict[str, str] = {}
     threads: int = Field(1, ge=1, le=64)
     hidden_paths: tuple[str, ...] = Field(default_factory=lambda: (str(Path.home()),))

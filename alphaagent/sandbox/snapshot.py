@@ -29,6 +29,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final, Literal
 
+from alphaagent.sandbox.pathsafe import MAX_WALK_DEPTH, walk_tree
+
 EntryKind = Literal["file", "dir", "symlink", "fifo", "socket", "device", "other"]
 """What an lstat of a path found; only ``file`` entries are ever reported as created/modified/deleted."""
 
@@ -49,6 +51,7 @@ REASON_NOT_UTF8: Final = "name is not valid UTF-8"
 REASON_UNREADABLE_DIR: Final = "unreadable directory"
 REASON_SYMLINK: Final = "symlink"
 REASON_SYMLINK_TO_DIR: Final = "symlink to directory (not followed)"
+REASON_TOO_DEEP: Final = f"directory deeper than {MAX_WALK_DEPTH} levels (not listed)"
 
 _KIND_REASONS: Final[Mapping[EntryKind, str]] = {
     "fifo": "fifo",
@@ -56,9 +59,6 @@ _KIND_REASONS: Final[Mapping[EntryKind, str]] = {
     "device": "device",
     "other": "other file type",
 }
-# O_NOFOLLOW refuses a symlink as the last component; every directory is also checked against the
-# (dev, ino) its parent's listing reported, so a directory swapped for a symlink mid-walk is not entered.
-_SUBDIR_OPEN_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # The root is chosen by the supervisor, not by the run, so a symlinked root (e.g. a tmp dir) is accepted.
 _ROOT_OPEN_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # O_NONBLOCK keeps a FIFO that replaced a file since the snapshot from blocking the open; it has no
@@ -103,6 +103,8 @@ class TreeSnapshot:
             They are kept apart from ``entries`` because a display path is not a real path: it cannot
             be opened and may even equal the name of another, genuine file. A directory with such a
             name is not entered.
+        too_deep: relative paths of directories more than ``MAX_WALK_DEPTH`` (512) levels down: they
+            appear in ``entries``, nothing beneath them is listed.
     """
 
     root: str
@@ -110,6 +112,7 @@ class TreeSnapshot:
     truncated: bool = False
     unreadable: tuple[str, ...] = ()
     invalid_names: Mapping[str, Entry] = field(default_factory=dict)
+    too_deep: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,8 @@ class SkippedEntry:
         path: workspace-relative POSIX path (a display path for a name that is not UTF-8).
         reason: one of ``"symlink"``, ``"symlink to directory (not followed)"``, ``"fifo"``,
             ``"socket"``, ``"device"``, ``"other file type"``, ``"name is not valid UTF-8"``,
-            ``"unreadable directory"``. Never contains a symlink's target.
+            ``"unreadable directory"``, ``"directory deeper than 512 levels (not listed)"``. Never
+            contains a symlink's target.
     """
 
     path: str
@@ -246,39 +250,52 @@ def take_snapshot(
     entries: dict[str, Entry] = {}
     invalid_names: dict[str, Entry] = {}
     unreadable: list[str] = []
+    too_deep: list[str] = []
     truncated = False
-    # (relative path, (dev, ino) the parent listed); the root has no parent to check against.
-    pending: list[tuple[str, tuple[int, int] | None]] = [("", None)]
-    while pending and not truncated:
-        rel_dir, identity = pending.pop()
-        listing = _list_directory(root_str, rel_dir, identity)
-        if listing is None:
-            unreadable.append(rel_dir)
-            continue
-        children, complete = listing
-        if not complete:
-            unreadable.append(rel_dir or ".")
-        subdirs: list[tuple[str, tuple[int, int] | None]] = []
-        for name, entry in children:
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            if rel in excluded:
-                continue
-            if len(entries) + len(invalid_names) >= max_entries:
-                truncated = True
-                break
-            if not _is_utf8(name):
-                invalid_names[_display_path(rel_dir, name)] = entry
-                continue
-            entries[rel] = entry
-            if entry.kind == "dir":
-                subdirs.append((rel, (entry.dev, entry.ino)))
-        pending.extend(reversed(subdirs))
+
+    def enter(parts: tuple[str, ...], st: os.stat_result) -> bool:
+        return _is_utf8(parts[-1]) and "/".join(parts) not in excluded
+
+    root_fd = os.open(root_str, _ROOT_OPEN_FLAGS)
+    try:
+        walk = walk_tree(root_fd, enter=enter)  # a generator: closed below, so its descriptors are too
+        try:
+            for visit in walk:
+                rel_dir = "/".join(visit.parts)
+                if visit.too_deep:
+                    too_deep.append(rel_dir)
+                    continue
+                if visit.entries is None:
+                    if not visit.parts:
+                        raise OSError(errno.EIO, f"cannot list {root_str}")
+                    unreadable.append(rel_dir)
+                    continue
+                if not visit.complete:
+                    unreadable.append(rel_dir or ".")
+                for name, st in visit.entries:
+                    rel = f"{rel_dir}/{name}" if rel_dir else name
+                    if rel in excluded:
+                        continue
+                    if len(entries) + len(invalid_names) >= max_entries:
+                        truncated = True
+                        break
+                    if not _is_utf8(name):
+                        invalid_names[_display_path(rel_dir, name)] = _entry_from_stat(st)
+                        continue
+                    entries[rel] = _entry_from_stat(st)
+                if truncated:
+                    break
+        finally:
+            walk.close()
+    finally:
+        os.close(root_fd)
     return TreeSnapshot(
         root=root_str,
         entries=MappingProxyType(entries),
         truncated=truncated,
         unreadable=tuple(unreadable),
         invalid_names=MappingProxyType(invalid_names),
+        too_deep=tuple(too_deep),
     )
 
 
@@ -330,7 +347,7 @@ def diff_snapshots(
             skipped.append(SkippedEntry(path, _skip_reason(new, after_root / path)))
 
     newly_unreadable = frozenset(after.unreadable) - frozenset(before.unreadable)
-    after_unreadable = frozenset(after.unreadable)
+    after_unreadable = frozenset(after.unreadable) | frozenset(after.too_deep)
     for path, old in before.entries.items():
         if old.kind != "file":
             continue
@@ -342,6 +359,7 @@ def diff_snapshots(
             deleted.append(path)
 
     skipped.extend(SkippedEntry(path, REASON_UNREADABLE_DIR) for path in newly_unreadable)
+    skipped.extend(SkippedEntry(path, REASON_TOO_DEEP) for path in after.too_deep)
     skipped.extend(
         SkippedEntry(path, REASON_NOT_UTF8)
         for path, new in after.invalid_names.items()
@@ -361,52 +379,6 @@ def _normalise_exclude(prefix: str) -> str:
     if prefix.startswith("/") or not parts or ".." in parts:
         raise ValueError(f"exclude prefix must be a relative path inside the scope, got {prefix!r}")
     return "/".join(parts)
-
-
-def _list_directory(
-    root: str, rel_dir: str, identity: tuple[int, int] | None
-) -> tuple[list[tuple[str, Entry]], bool] | None:
-    """Return the sorted (name, Entry) pairs of one directory and whether every entry could be lstat'ed.
-
-    ``None`` when the directory cannot be opened or listed, or is no longer the one its parent listed.
-    Only the root's failures propagate.
-    """
-    is_root = not rel_dir
-    try:
-        fd = os.open(
-            os.path.join(root, rel_dir) if rel_dir else root,
-            _ROOT_OPEN_FLAGS if is_root else _SUBDIR_OPEN_FLAGS,
-        )
-    except OSError:
-        if is_root:
-            raise
-        return None
-    try:
-        if identity is not None:
-            opened = os.fstat(fd)
-            if (opened.st_dev, opened.st_ino) != identity:
-                return None
-        children: list[tuple[str, Entry]] = []
-        complete = True
-        # DirEntry.stat() on an fd-based scandir is an fstatat() relative to ``fd``: it must stay open.
-        with os.scandir(fd) as listing:
-            dir_entries = sorted(listing, key=lambda item: item.name)
-        for dir_entry in dir_entries:
-            try:
-                st = dir_entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # removed since the listing: it is simply not there
-            except OSError:
-                complete = False
-                continue
-            children.append((dir_entry.name, _entry_from_stat(st)))
-        return children, complete
-    except OSError:
-        if is_root:
-            raise
-        return None
-    finally:
-        os.close(fd)
 
 
 def _entry_from_stat(st: os.stat_result) -> Entry:

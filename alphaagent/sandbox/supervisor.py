@@ -154,6 +154,8 @@ class Sandbox:
             "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
             "scratch_root": str(self._scratch_root),
             "deny_tcp_connect_ports": list(self.config.deny_tcp_connect_ports),
+            "landlock": self.config.landlock,
+            "credential_names": list(self.config.redact_env),
         }
         log_path = self._scratch_root / _ZYGOTE_LOG
         try:
@@ -184,6 +186,9 @@ class Sandbox:
             log_text = log_path.read_text(errors="replace")[-2000:].strip()
             raise SandboxError(f"the zygote exited during start-up: {log_text or 'no output'}")
         parent.settimeout(None)
+        if ready.get("readable_credentials"):
+            self._kill_zygote()
+            raise SandboxError(_credentials_refusal(ready["readable_credentials"]))
         self._ready = ready
         if self.config.exclusive:
             self._scratch_baseline = _ScratchBaseline.capture(self._scratch_root, log_path)
@@ -335,17 +340,25 @@ class Sandbox:
             outcome = self._supervise(
                 run_id, pid, cgroup, [r for r, _ in pipes], workdir, limits, channel, started
             )
+            duration_ms = int((time.monotonic() - started) * 1000)
+            if self.config.exclusive:
+                if outcome.exit_event is None:
+                    outcome.exit_event = self._await_exit(channel)
+                self._exclusive_cleanup(run_id, channel)
+            # The child reported, so it has ended its descendants: the tree is final, and the snapshot
+            # runs while the child's exit (an address space to tear down) is on its way.
+            after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+            changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
+            _remove_path(scratch)
+            if outcome.exit_event is None:
+                # The wait status, always, even after a report: the status pipe is the code's to write
+                # (or to close and reopen); the zygote's waitpid is not (DESIGN §4.4).
+                outcome.exit_event = self._await_exit(channel)
         finally:
             for r, _ in pipes:
                 with contextlib.suppress(OSError):
                     os.close(r)
             self._channels.pop(run_id, None)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        if self.config.exclusive:
-            self._exclusive_cleanup(run_id, channel)
-        after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
-        changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
-        _remove_path(scratch)
         return _build_result(
             run_id=run_id,
             outcome=outcome,
@@ -468,7 +481,7 @@ class Sandbox:
             if outcome.kill_reason is not None:
                 self._kill_run(pid, outcome)
             outcome.exit_event = self._await_exit(channel)
-        return outcome
+        return outcome  # after a report, ``_run`` still awaits the exit: the report alone proves nothing
 
     def _kill_run(self, pid: int, outcome: _Outcome) -> None:
         """SIGKILL the run's tree: its process group, every descendant found, then the run itself
@@ -720,6 +733,41 @@ def _well_formed_done(message: dict[str, Any]) -> bool:
     )
 
 
+def _contradiction(status_line: dict[str, Any], wait_code: int | None) -> str | None:
+    """Why the child's report cannot be believed, or None when it agrees with the wait status.
+
+    The genuine report is written just before the child exits with the very code it names, so a
+    ``done`` report whose ``exit_code`` differs from what ``waitpid`` says was written by the code
+    (and the genuine one suppressed); a run whose exit status is unknown (the zygote died) cannot
+    be confirmed at all. A run killed by a signal is decided by the signal, whatever was reported.
+    """
+    if status_line.get("phase") != "done":
+        return None
+    if wait_code is None:
+        return "the run's exit status could not be read (the zygote died): its own report was ignored"
+    reported = status_line.get("exit_code")
+    if wait_code >= 0 and reported != wait_code:
+        return (
+            f"the run's status report (exit {reported}) contradicts its real exit status ({wait_code});"
+            " the report was written by the code and is ignored"
+        )
+    return None
+
+
+def _credentials_refusal(holders: list[dict[str, Any]]) -> str:
+    """The one-line refusal of the process level when a run could read a credential (README,
+    "What is isolated"): which process holds which variable names (never their values)."""
+    first = holders[0]
+    others = f" and {len(holders) - 1} other process(es)" if len(holders) > 1 else ""
+    return (
+        f"process isolation refused: pid {first['pid']} ({first['command']}){others} holds"
+        f" {', '.join(first['names'])} in an environment a run of this uid could read, and neither"
+        " namespaces nor Landlock are available to hide it; start alphaagent from an environment"
+        " without credentials (for example `env -u AWS_SECRET_ACCESS_KEY ...`), or on a kernel that"
+        " allows user namespaces or Landlock"
+    )
+
+
 def _rlimits(limits: RunLimits) -> dict[str, int]:
     return {
         "memory_bytes": limits.memory_mb * 2**20,
@@ -934,6 +982,9 @@ def _build_result(
     exit_event = outcome.exit_event or {}
     wait_code = exit_event.get("exit_code")  # negative: killed by that signal
     signum = -wait_code if wait_code is not None and wait_code < 0 else None
+    tampered = _contradiction(status_line, wait_code)
+    if tampered is not None:
+        status_line = {}  # the report is ignored: the wait status alone decides below
     error_data = status_line.get("error")
     error = RunError(**{k: _redact(str(v), secrets) for k, v in error_data.items()}) if error_data else None
     reason: str | None = None
@@ -946,18 +997,23 @@ def _build_result(
             reason += f"; {outcome.hint}"
         where = error.traceback if error and status_line.get("interrupted") else ""
         error = RunError(name="TimeoutError", value=reason, traceback=where)
-        exit_code = status_line.get("exit_code") if signum is None else -signum
+        exit_code = wait_code
     elif outcome.kill_reason == "output_limit":
         status = "killed"
         reason = f"output limit: {outcome.hint}"
         error = RunError(name="OutputLimitExceeded", value=reason, traceback="")
         exit_code = -signal.SIGKILL
-    elif status_line.get("memory_error"):
+    elif tampered is not None:
+        status = "error"
+        exit_code = wait_code
+        reason = tampered
+        error = RunError(name="StatusReportTampered", value=reason, traceback="")
+    elif status_line.get("memory_error") and signum is None:
         status = "killed"
         reason = f"memory limit exceeded ({limits.memory_mb} MB)"
         error = RunError(name="MemoryLimitExceeded", value=reason, traceback=error.traceback if error else "")
-        exit_code = status_line.get("exit_code")
-    elif status_line.get("phase") == "done":
+        exit_code = wait_code
+    elif status_line.get("phase") == "done" and signum is None:
         exit_code = int(status_line.get("exit_code", 0))
         status = "ok" if exit_code == 0 and error is None else "error"
     elif signum is not None:
@@ -981,7 +1037,8 @@ def _build_result(
     else:
         raise SandboxError(f"run {run_id}: lost track of the child (the zygote died)")
     stdout, stderr = outcome.stdout, outcome.stderr
-    usage = status_line if "cpu_s" in status_line else exit_event
+    # The zygote's wait4 figures (the run and every child it reaped), never the code's own report.
+    usage = exit_event if "cpu_s" in exit_event else status_line
     return RunResult(
         run_id=run_id,
         status=status,

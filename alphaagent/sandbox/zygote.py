@@ -99,6 +99,16 @@ _MOUNT_OPTION_FLAGS = {
     "relatime": MS_RELATIME,
 }
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# Landlock (include/uapi/linux/landlock.h; the syscall numbers are the same on every architecture).
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
+LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+LANDLOCK_ACCESS_FS_REFER = 1 << 13
+LANDLOCK_SCOPE_SIGNAL = 1 << 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -237,20 +247,38 @@ def _become_namespace_init(sock: socket.socket) -> None:
     The code must not run as pid 1: the kernel drops signals that pid 1 has no handler for, so
     SIGTERM, SIGALRM or SIGXCPU would not end it. This init forwards SIGINT/SIGTERM to the run,
     reaps orphans, and exits when the run does; its exit ends the namespace, and the kernel kills
-    whatever is left in it. It encodes a run killed by signal N as exit status 128 + N.
+    whatever is left in it.
+
+    When the run has exited, the init kills everything else in the namespace and sends the run's
+    exact wait status and usage to the zygote on ``sock`` (an exit status has 8 bits, too few to
+    tell ``sys.exit(137)`` from a SIGKILL), so the run's end is known without waiting for the
+    namespace's teardown (its mounts and network take tens of milliseconds to go). The run
+    closes its copy of ``sock`` before any user code runs, so only the init can write there.
     """
     run = os.fork()
     if run == 0:
         return
-    sock.close()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda n, _frame: _forward(run, n))
     while True:
         try:
-            pid, status = os.waitpid(-1, 0)
+            pid, status, usage = os.wait4(-1, 0)
         except ChildProcessError:
             os._exit(127)
         if pid == run:
+            try:
+                os.kill(-1, signal.SIGKILL)  # from pid 1: every other process of the namespace
+            except OSError:
+                pass
+            report = {
+                "wait_status": status,
+                "maxrss_kb": usage.ru_maxrss,
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+            }
+            try:
+                sock.send(json.dumps(report).encode())
+            except OSError:
+                pass
             code = os.waitstatus_to_exitcode(status)
             os._exit(code if code >= 0 else 128 - code)
 
@@ -291,6 +319,107 @@ def _probe_namespaces() -> str | None:
     os.close(r)
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return None if status == 0 else (reason or f"exit status {status}")
+
+
+# ---------------------------------------------------------------- landlock
+
+
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI version if it is 2 (Linux 5.19) or later, else 0 (absent, disabled,
+    or ABI 1, whose domains refuse every cross-directory ``rename``/``link``: runs need those)."""
+    abi = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
+    )
+    return abi if abi >= 2 else 0
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _enter_landlock_domain(abi: int) -> None:
+    """Put this process (and all it will fork) in a Landlock domain of its own.
+
+    Not for its file rules (it handles only the creation of device nodes, which no run needs): a
+    process in a domain cannot ptrace -- nor read ``/proc/<pid>/environ``, ``mem`` or ``fd`` of -- any
+    process outside it (Documentation/userspace-api/landlock.rst, "Ptrace restrictions"). At the
+    process level the run shares its uid with the supervisor's ancestors (the shell that started
+    the CLI, which may hold credentials); this is what keeps their environment out of reach. From
+    ABI 6 (Linux 6.12) it cannot signal processes outside its domain either (the zygote, the
+    supervisor, other runs). Every domain denies cross-directory ``rename``/``link`` unless it
+    handles ``REFER`` and grants it: it is granted beneath ``/``. Needs ``no_new_privs``.
+    """
+    fields = [LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER]
+    if abi >= 6:
+        fields += [0, LANDLOCK_SCOPE_SIGNAL]  # handled_access_net (none), scoped
+    attr = (ctypes.c_uint64 * len(fields))(*fields)
+    ruleset = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0
+    )
+    if ruleset < 0:
+        raise SetupError(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        try:
+            rule = _PathBeneath(LANDLOCK_ACCESS_FS_REFER, root)
+            _check(
+                _libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+                ),
+                "landlock_add_rule",
+            )
+        finally:
+            os.close(root)
+        _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+def _readable_credentials(names: list[str]) -> list[dict[str, Any]]:
+    """Processes whose environment a run would be able to read and that hold a credential: one of
+    ``names`` with a non-empty value. Probed in a throwaway child with the run's own standing (no
+    capabilities, ``no_new_privs``), so the answer is what a run could read, not what the zygote can.
+
+    Each finding is ``{"pid", "command", "names"}``; values are never read out of the child.
+    """
+    wanted = {name.encode() for name in names}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        found: list[dict[str, Any]] = []
+        try:
+            if os.geteuid() == 0:
+                _drop_capabilities()
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit() or int(entry) == os.getpid():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as fh:
+                        variables = fh.read().split(b"\0")
+                    with open(f"/proc/{entry}/comm", "rb") as fh:
+                        command = fh.read().decode(errors="replace").strip()
+                except OSError:
+                    continue
+                pairs = (variable.partition(b"=") for variable in variables)
+                held = sorted({name.decode() for name, _, value in pairs if name in wanted and value})
+                if held:
+                    found.append({"pid": int(entry), "command": command[:64], "names": held})
+            os.write(w, json.dumps(found[:20]).encode()[: 1 << 15])
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    os.close(w)
+    data = bytearray()
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if status != 0:
+        return [{"pid": 0, "command": "?", "names": ["(the probe failed: assume they are readable)"]}]
+    return list(json.loads(data or b"[]"))
 
 
 # ---------------------------------------------------------------- processes
@@ -352,13 +481,14 @@ def _kill_own_descendants(deadline_s: float = 2.0) -> None:
 
 
 def _reopen_stdio() -> None:
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
-    sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
+    """New ``sys.std*`` over descriptors 0-2 as they are now, built as Python builds its own (a text
+    wrapper over a buffered file). Called again once the run's pipes are in place: a stream caches
+    whether its descriptor is seekable, and one made over the zygote's log file would say it is,
+    so ``reconfigure()`` would seek a pipe (``OSError: Illegal seek``)."""
+    # They live as long as the process, like the interpreter's own: no context manager.
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
 
 
@@ -496,13 +626,44 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     if namespaced or os.geteuid() == 0:
         _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if req.get("landlock_abi"):
+        _enter_landlock_domain(int(req["landlock_abi"]))
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
-    sys.path[:] = [req["cwd"]] + [
-        p for p in sys.path[1:] if os.path.abspath(p) != os.path.dirname(_ZYGOTE_FILE)
+    # The scope comes last: a file a run leaves there named like a standard or installed module
+    # (json.py, pandas/) must not replace it in every later run of the scope.
+    sys.path[:] = [p for p in sys.path[1:] if os.path.abspath(p) != os.path.dirname(_ZYGOTE_FILE)] + [
+        req["cwd"]
     ]
+    _import_scope_from_source_only(req["cwd"])
     sys.argv[:] = [""]
+
+
+def _import_scope_from_source_only(scope: str) -> None:
+    """Modules under ``scope`` are compiled from their ``.py`` source at every import: bytecode there
+    (``__pycache__/*.pyc``, a bare ``mod.pyc``) is never read nor written, nor are compiled extensions.
+
+    A ``.pyc`` need not match its source (its header carries a size and mtime the writer chooses, or
+    says "unchecked"), so one left in the scope by an earlier run would run instead of the code
+    anyone can read. Paths outside the scope keep the normal finders (and their bytecode caches).
+    """
+    import importlib.machinery as machinery
+
+    root = os.path.realpath(scope)
+
+    class ScopeSourceLoader(machinery.SourceFileLoader):
+        def get_code(self, fullname: str) -> types.CodeType:
+            return self.source_to_code(self.get_data(self.path), self.path)
+
+    def scope_finder(entry: str) -> machinery.FileFinder:
+        real = os.path.realpath(entry or ".")
+        if real != root and not real.startswith(root.rstrip("/") + "/"):
+            raise ImportError("not in the scope")
+        return machinery.FileFinder(entry, (ScopeSourceLoader, list(machinery.SOURCE_SUFFIXES)))
+
+    sys.path_hooks.insert(0, scope_finder)
+    sys.path_importer_cache.clear()
 
 
 def _reseed() -> None:
@@ -606,9 +767,9 @@ def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> 
             outcome = {"phase": "done", "exit_code": 1, "error": _format_error(exc)}
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS)
         _signal.setitimer(_signal.ITIMER_REAL, 0)
-        for stream in (sys.stdout, sys.stderr):
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                stream.flush()  # type: ignore[union-attr]
             except BaseException:
                 pass
         try:
@@ -691,6 +852,8 @@ class Zygote:
         self.spares: list[Spare] = []
         self.pending: dict[int, Spare] = {}  # helper fd -> namespaced spare whose pid is not known yet
         self.runs: dict[int, str] = {}  # pid -> run id
+        self.init_socks: dict[int, socket.socket] = {}  # namespaced run pid -> its init's socket
+        self.reported: set[int] = set()  # namespaced runs whose exit was sent from the init's report
         self.helpers: set[int] = set()
         self.sel = selectors.DefaultSelector()
         self.cgroup_parent: str | None = config.get("cgroup_parent")
@@ -709,6 +872,12 @@ class Zygote:
                 raise SystemExit(f"namespaces unavailable: {reason}")
         else:
             self.isolation_detail = "requested process isolation"
+        # At the process level every run enters a Landlock domain of its own (``_enter_landlock_domain``).
+        self.landlock_abi = 0 if self.namespaced or not config.get("landlock", True) else _landlock_abi()
+        # Without either, a run can read the environment of every dumpable process of its uid.
+        self.readable_credentials: list[dict[str, Any]] = []
+        if not self.namespaced and not self.landlock_abi:
+            self.readable_credentials = _readable_credentials(list(config.get("credential_names", [])))
 
     # -- spares ----------------------------------------------------------------------------
 
@@ -747,6 +916,8 @@ class Zygote:
                 spare.sock.close()
             for spare in self.pending.values():
                 spare.sock.close()
+            for init_sock in self.init_socks.values():
+                init_sock.close()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             if cgroup:
@@ -771,11 +942,13 @@ class Zygote:
             # Lift the received descriptors clear of 0-3 first, so no dup2 below overwrites another.
             high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
             message["source"] = _read_code(high[3])
+            message["landlock_abi"] = self.landlock_abi
             for target, fd in zip((1, 2, STATUS_FD), high, strict=False):
                 os.dup2(fd, target, inheritable=target != STATUS_FD)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.closerange(STATUS_FD + 1, 1 << 16)
+            _reopen_stdio()  # over the run's pipes now (the prewarm's were over the zygote's files)
         except BaseException as exc:
             try:
                 os.write(2, f"alphaagent zygote: spare failed: {exc}\n".encode())
@@ -843,7 +1016,11 @@ class Zygote:
                 [json.dumps(message["request"]).encode()],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())],
             )
-            spare.sock.close()
+            if self.namespaced:
+                self.init_socks[spare.pid] = spare.sock  # the init's wait-status report comes here
+                self.sel.register(spare.sock, selectors.EVENT_READ, ("init", spare.pid))
+            else:
+                spare.sock.close()
             self.runs[spare.pid] = run_id
             self._send({"event": "spawned", "id": run_id, "pid": spare.pid, "cgroup": cgroup})
         except Exception as exc:
@@ -909,19 +1086,20 @@ class Zygote:
                 self.doomed_cgroups.add(self.cgroups.pop(pid))
             if run_id is not None:
                 reaped_run = True
-                code = os.waitstatus_to_exitcode(status)
-                if self.namespaced and code > 128:  # the namespace init's encoding of a signal
-                    code = 128 - code
-                self._send(
-                    {
-                        "event": "exited",
-                        "id": run_id,
-                        "pid": pid,
-                        "exit_code": code,
-                        "maxrss_kb": usage.ru_maxrss,
-                        "cpu_s": usage.ru_utime + usage.ru_stime,
-                    }
-                )
+                if pid in self.init_socks:
+                    self._on_init_report(pid)  # not read yet: it is read now, or it never came
+                if pid not in self.reported:
+                    self._send(
+                        {
+                            "event": "exited",
+                            "id": run_id,
+                            "pid": pid,
+                            "exit_code": os.waitstatus_to_exitcode(status),
+                            "maxrss_kb": usage.ru_maxrss,
+                            "cpu_s": usage.ru_utime + usage.ru_stime,
+                        }
+                    )
+                self.reported.discard(pid)
             else:
                 for spare in [s for s in self.spares if s.pid == pid]:
                     self.spares.remove(spare)
@@ -930,6 +1108,18 @@ class Zygote:
         if reaped_run:
             self._kill_strays()
         self._remove_doomed_cgroups()
+
+    def _on_init_report(self, pid: int) -> None:
+        """A namespaced run's init sent the run's wait status (or closed its socket): tell the
+        supervisor now, before the namespace is torn down; ``_reap`` then sends nothing more."""
+        init_sock = self.init_socks.pop(pid)
+        self.sel.unregister(init_sock)
+        report = _read_init_report(init_sock)
+        run_id = self.runs.get(pid)
+        if report is None or run_id is None:
+            return
+        self.reported.add(pid)
+        self._send({"event": "exited", "id": run_id, "pid": pid, **report})
 
     def _remove_doomed_cgroups(self) -> None:
         """Kill what is left in finished runs' cgroups, and remove those that are empty."""
@@ -1015,6 +1205,9 @@ class Zygote:
                     self._reap()
                 elif key.data == "spare":
                     self._on_spare_ready(key.fileobj)  # type: ignore[arg-type]
+                elif isinstance(key.data, tuple):  # ("init", run pid)
+                    if key.data[1] in self.init_socks:
+                        self._on_init_report(key.data[1])
                 else:
                     message, fds = _recv(self.ctl)
                     if message is None:
@@ -1028,6 +1221,21 @@ class Zygote:
             if not self.runs or not self.spares:
                 self._refill()
             self._remove_doomed_cgroups()
+
+
+def _read_init_report(init_sock: socket.socket) -> dict[str, Any] | None:
+    """``{"exit_code", "maxrss_kb", "cpu_s"}`` of a namespaced run from its init's report (exit code
+    negative: killed by that signal); None when the init sent none (it was killed itself: its own
+    wait status, from ``_reap``, is then the run's). Closes the socket."""
+    try:
+        init_sock.setblocking(False)
+        report = json.loads(init_sock.recv(256) or b"null")
+        code = os.waitstatus_to_exitcode(report["wait_status"])
+        return {"exit_code": code, "maxrss_kb": int(report["maxrss_kb"]), "cpu_s": float(report["cpu_s"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        init_sock.close()
 
 
 def _parent_of(pid: int) -> int:
@@ -1101,6 +1309,8 @@ def main() -> None:
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "isolation_detail": zygote.isolation_detail,
+        "landlock_abi": zygote.landlock_abi,
+        "readable_credentials": zygote.readable_credentials,
         "preloaded": loaded,
         "preload_errors": errors,
     }
