@@ -733,11 +733,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="alphaagent",
         description=(
-            "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack."
-            f" Data directory: {_where_home()}. Identity: --user, else $ALPHAAGENT_USER, else"
-            f" '{DEFAULT_USER}'."
+            "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack.\n\n"
+            f"data directory: {_where_home()}\n"
+            f"identity:       --user, else ${USER_ENV}, else '{DEFAULT_USER}'"
         ),
         epilog="See alphaagent COMMAND --help.",
+        # As written: a wrapped path could not be copied from the terminal.
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"alphaagent {_version()}")
     _add_home(parser, None)

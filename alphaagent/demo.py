@@ -106,7 +106,9 @@ def run_demo(*, json_output: bool = False, home: Path | None = None, user_id: st
             print(f"  {info.size_bytes:>9} B  {info.path}")
         print(f"artifacts: {', '.join(f'{a.name} v{a.version}' for a in artifacts)}")
         print(f"sessions:  {len(sessions)}: the first expired before turn 2; its files carried over")
-        command = f"alphaagent history --user {shlex.quote(user_id)} --conversation {conversation_id}"
+        # As it was started (`make demo` runs .venv/bin/alphaagent), else the name on PATH.
+        program = sys.argv[0] if Path(sys.argv[0]).name == "alphaagent" else "alphaagent"
+        command = f"{program} history --user {shlex.quote(user_id)} --conversation {conversation_id}"
         print(f"runs:      {len(history)} ({command})")
         print(f"data:      {home} (every alphaagent command reads it; --home or $ALPHAAGENT_HOME moves it)")
     return 0 if first.status == second.status == "completed" else 1

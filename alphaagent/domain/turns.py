@@ -545,10 +545,17 @@ class ResolvedInput:
         return [self.path] if self.data is not None else []
 
 
-def _stable_copy_path(folder: str, found: ArtifactVersion) -> str:
+def _copy_path(folder: str, found: ArtifactVersion, taken: set[str]) -> str:
     """``{folder}/NAME.EXT``: the same name for every version, so code that reads it never reads an
-    older version by accident (the previous turn's copy is replaced; the sidecar names the version)."""
-    return f"{folder}/{found.name}{PurePosixPath(found.path).suffix}"
+    older version by accident (the previous turn's copy is replaced; the sidecar names the version).
+    A spec that asks for a second version of the same artifact (to compare them) gets that one as
+    ``{folder}/NAME.vN.EXT``: a name it asked for by version, never one it could read by accident."""
+    suffix = PurePosixPath(found.path).suffix
+    stable = f"{folder}/{found.name}{suffix}"
+    if stable not in taken:
+        taken.add(stable)
+        return stable
+    return f"{folder}/{found.name}.v{found.version}{suffix}"
 
 
 def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
@@ -557,6 +564,7 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
     workspace, store, scope, user_id = backend.workspace, backend.store, spec.scope, spec.user_id
     owned = store.owner_of(scope.owner_key) == user_id
     resolved: list[ResolvedInput] = []
+    stable_names: set[str] = set()
     for i, item in enumerate(spec.inputs):
         if isinstance(item, DocumentInput):
             if not owned or workspace.stat(scope, item.path) is None:
@@ -568,7 +576,7 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
                 wanted = f"{item.name} v{item.version}" if item.version else item.name
                 raise InvalidSpecError(f"inputs[{i}]: no registered dataset {wanted} in this scope")
             note = f"copied dataset {found.name} v{found.version}"
-            target = _stable_copy_path("docs", found)
+            target = _copy_path("docs", found, stable_names)
             # copied one at a time later, so that only one blob is in memory at once
             resolved.append(ResolvedInput(target, None, note, blob=found.sha256, artifact=found))
         elif isinstance(item, ConnectorInput):
@@ -583,7 +591,7 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
             found = store.get_artifact(user_id, source_scope.key, item.artifact, item.version)
             if found is None:
                 raise InvalidSpecError(f"inputs[{i}]: node {item.node_id} has no artifact {item.artifact}")
-            target = _stable_copy_path(f"docs/{item.node_id}", found)
+            target = _copy_path(f"docs/{item.node_id}", found, stable_names)
             note = f"copied {item.node_id}/{found.name} v{found.version}"
             resolved.append(ResolvedInput(target, None, note, blob=found.sha256, artifact=found))
     seen: dict[str, int] = {}
