@@ -593,7 +593,7 @@ def test_prepare_copies_a_dataset_input_to_its_stable_name_with_a_sidecar(aws: d
         ("docs/sales.csv", 1),
     ]
     listed = aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix=f"{SCOPE.key}/docs/")["Contents"]
-    assert sorted(o["Key"].removeprefix(f"{SCOPE.key}/") for o in listed) == [
+    assert sorted(o["Key"].removeprefix(f"{SCOPE.key}/") for o in listed if not o["Key"].endswith("/")) == [
         "docs/sales.csv",
         "docs/sales.csv.version.json",
     ]
