@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from alphaagent.api import AlphaAgent, alphaagent_home
-from alphaagent.cli import LIVE_OUTPUT_CAP_BYTES, LiveOutput
 from alphaagent.models.common import ConversationScope, printable_text
+from alphaagent.terminal import LIVE_OUTPUT_CAP_BYTES, LiveOutput
 
 ENV_NAMES = ("ALPHAAGENT_HOME", "ALPHAAGENT_USER", "XDG_DATA_HOME")
 
