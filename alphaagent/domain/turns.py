@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import PurePosixPath
 
-from alphaagent.domain.artifacts import ARTIFACT_FOLDERS, KIND_FOLDERS, KIND_SUFFIXES
+from alphaagent.domain.artifacts import KIND_FOLDERS
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
@@ -40,6 +40,7 @@ from alphaagent.models.spec import (
     NodeArtifactInput,
     Spec,
     SpecOutput,
+    check_spec_rules,
 )
 from alphaagent.ports import OutputSink, Workspace
 
@@ -68,12 +69,7 @@ def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> Non
             "steps: this spec has no pinned steps and no model is configured; set ANTHROPIC_API_KEY"
             " (or CLAUDE_CODE_USE_BEDROCK=1 with AWS_REGION) so the coder can write the code, or add steps"
         )
-    if spec.steps is not None and len(spec.steps) > spec.constraints.max_runs:
-        raise InvalidSpecError(
-            f"constraints.max_runs: {spec.constraints.max_runs} is fewer than the {len(spec.steps)} steps"
-            " (each step is one run); raise max_runs or drop steps"
-        )
-    _check_outputs(spec)
+    check_spec_rules(spec)  # parse_spec checked them already; a Spec may have been built otherwise
     for i, item in enumerate(spec.inputs):
         if isinstance(item, NodeArtifactInput) and not isinstance(spec.scope, NodeScope):
             raise InvalidSpecError(f"inputs[{i}]: node_artifact inputs need a workflow node scope")
@@ -81,27 +77,6 @@ def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> Non
             raise InvalidSpecError(
                 f"inputs[{i}].connector: unknown connector {item.connector!r}"
                 f" (available: {', '.join(CONNECTORS)})"
-            )
-
-
-def _check_outputs(spec: Spec) -> None:
-    """The rules ``register_artifact`` applies to an output's path that need no file: its folder and
-    a suffix that fits its kind. Checked before any code, so a spec that could never register its
-    outputs fails at once instead of after all its steps."""
-    for i, output in enumerate(spec.outputs):
-        if output.path is None:
-            continue
-        folder = output.path.split("/", 1)[0]
-        if folder not in ARTIFACT_FOLDERS or "/" not in output.path:
-            raise InvalidSpecError(
-                f"outputs[{i}].path: {output.path!r} must be inside datasets/, charts/, reports/ or work/"
-            )
-        suffix = PurePosixPath(output.path).suffix.lower()
-        if suffix not in KIND_SUFFIXES[output.kind]:
-            allowed = ", ".join(KIND_SUFFIXES[output.kind])
-            raise InvalidSpecError(
-                f"outputs[{i}].path: {output.path!r} does not fit kind {output.kind!r} (a {output.kind}"
-                f" is one of {allowed})"
             )
 
 

@@ -180,3 +180,14 @@ def utcnow() -> datetime:
 
 
 ArtifactKind = Literal["dataset", "chart", "report"]
+
+KIND_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "dataset": (".csv", ".parquet", ".json", ".xlsx"),
+    "chart": (".png", ".svg", ".jpg", ".jpeg", ".html"),
+    "report": (".md", ".html", ".pdf", ".txt"),
+}
+"""File types each artifact kind accepts (issue 3 §9): checked on a spec's outputs before any code
+and again when a file is registered."""
+
+ARTIFACT_FOLDERS = ("datasets", "charts", "reports", "work")
+"""Where a registered file may live (case PATH-03): never spec/ (the platform's) nor docs/ (inputs)."""

@@ -497,3 +497,19 @@ def test_another_users_turn_is_never_shown(
     assert answer.err == nowhere.err.replace(unknown, TURN_ID)
     assert f"turn {TURN_ID}: queued" in answer.err
     assert "total 7" not in answer.err and "completed" not in answer.err
+
+
+def test_a_spec_that_could_never_finish_is_refused_before_it_is_sent(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec whose chart output has a .csv path (checks that need no code, issue 14)
+    spec_path = _spec_file(tmp_path, outputs=[{"kind": "chart", "name": "c", "path": "charts/c.csv"}])
+
+    # When it is submitted
+    code = main(["submit", spec_path, "--queue-url", aws["queue_url"]])
+
+    # Then one line names the output, exit 2, and nothing reached the queue
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("alphaagent: error: outputs[0].path: 'charts/c.csv' does not fit kind 'chart'")
+    assert _messages(aws) == []
