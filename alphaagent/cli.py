@@ -123,7 +123,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     live = LiveOutput(sys.stderr if args.json else sys.stdout, stdout_prefix="", stderr_prefix="stderr | ")
     with Sandbox() as sandbox:
         result = sandbox.run(code, cwd=workdir, limits=limits, network=args.network == "on", on_output=live)
-    live.close()
+    live.end_lines()
     # The output was shown as it came; what is left to print is the error and the status lines.
     shown = result.model_copy(update={"stdout": "", "stderr": ""})
     _emit(args, result, list(iter_result_lines(shown)))
@@ -251,13 +251,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     live = LiveOutput(sys.stderr, stdout_prefix="  | ", stderr_prefix="  stderr | ")
 
     def progress(message: str) -> None:
-        live.close()  # a run's unfinished last line ends before the next progress line
+        live.end_lines()  # a run's unfinished last line ends before the next progress line
         print(printable_text(message), file=sys.stderr, flush=True)
 
     with _agent(args, with_coder=spec.steps is None, writes=True) as agent:
         result = agent.run_analysis(spec, progress=progress, on_output=live)
         scope_root = agent.home / spec.scope.key
-    live.close()
+    live.end_lines()
     return _emit_turn_result(args, result, scope_root)
 
 

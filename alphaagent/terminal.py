@@ -86,8 +86,9 @@ class LiveOutput:
             self._out.write("\n")
             self._at_line_start[stream] = True
 
-    def close(self) -> None:
-        """Show what the decoders still hold and end the last line."""
+    def end_lines(self) -> None:
+        """Show what the decoders still hold and end each stream's unfinished line (after a run,
+        before the next progress line); the sink can go on being used."""
         for stream in self._prefix:
             if self._pending_cr[stream]:
                 self._pending_cr[stream] = False

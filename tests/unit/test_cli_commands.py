@@ -308,7 +308,7 @@ def test_live_output_is_safe_whole_and_bounded() -> None:
     live("stdout", b"\n10%\r100%\n\x1b[2J\xe2\x80\xae")
     live("stderr", b"warn")
     live("stdout", b"end")
-    live.close()
+    live.end_lines()
     # Then characters stay whole, CRLF is one line end, escapes and controls are shown, not obeyed
     assert out.getvalue() == "| café ok\n| 10%\n| 100%\n| \\x1b[2J\\u202e\n! warn\n| end\n"
     # And at most the cap of a stream is shown, then one line says so
@@ -316,7 +316,7 @@ def test_live_output_is_safe_whole_and_bounded() -> None:
     live = LiveOutput(out, stdout_prefix="", stderr_prefix="")
     for _ in range(3):
         live("stdout", b"x" * (LIVE_OUTPUT_CAP_BYTES // 2 + 1))
-    live.close()
+    live.end_lines()
     text = out.getvalue()
     assert text.count("x") == LIVE_OUTPUT_CAP_BYTES
     assert text.endswith(
@@ -673,3 +673,34 @@ def test_the_run_budget_still_binds_the_coder(tmp_path: Path) -> None:
     # Then the second run was refused, naming the budget, and only one ran
     assert result.status == "completed" and len(result.run_ids) == 1
     assert refused == ["run budget spent: this turn allows 1 runs (constraints.max_runs)"]
+
+
+def test_a_node_artifact_input_has_one_stable_name_too(tmp_path: Path) -> None:
+    # Given node n-1 of a workflow run that registered a dataset
+    from alphaagent.models.common import NodeScope
+
+    first = {"workflow_execution_id": "w-stable", "node_id": "n-1"}
+    output = [{"kind": "dataset", "name": "table", "path": "datasets/table.csv"}]
+    with AlphaAgent(tmp_path / "data") as agent:
+        made = agent.run_analysis(
+            _spec("unused", "open('datasets/table.csv', 'w').write('a\\n1\\n')", user_id="me", outputs=output)
+            | {"scope": first}
+        )
+        assert made.status == "completed", made.error
+        # When node n-2 takes it as an input
+        second = {"workflow_execution_id": "w-stable", "node_id": "n-2"}
+        spec = _spec(
+            "unused",
+            "print(open('docs/n-1/table.csv').read(), end='')",
+            user_id="me",
+            inputs=[{"kind": "node_artifact", "node_id": "n-1", "artifact": "table"}],
+        ) | {"scope": second}
+        result = agent.run_analysis(spec)
+        scope = NodeScope(**second)
+        sidecar = json.loads(agent.read_file("me", scope, "docs/n-1/table.csv.version.json"))
+        (run,) = agent.history("me", scope)
+    # Then it is copied under the artifact's own name, with its version in the sidecar and the result
+    assert result.status == "completed", result.error
+    assert run.stdout == "a\n1\n"
+    assert (sidecar["artifact"], sidecar["version"]) == ("table", 1)
+    assert [(i.path, i.artifact, i.version) for i in result.inputs] == [("docs/n-1/table.csv", "table", 1)]
