@@ -248,6 +248,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     produced, on standard error (output lines prefixed ``  | `` and ``  stderr | ``); the result on
     standard output."""
     spec = _spec_from(args)
+    if args.user_source is None and spec.user_id != args.user:
+        # The spec's own user_id, with no --user or $ALPHAAGENT_USER: reads need it named.
+        print(
+            f"running as user {spec.user_id!r} (the spec's user_id); read its results with --user"
+            f" {spec.user_id}",
+            file=sys.stderr,
+            flush=True,
+        )
     live = LiveOutput(sys.stderr, stdout_prefix="  | ", stderr_prefix="  stderr | ")
 
     def progress(message: str) -> None:

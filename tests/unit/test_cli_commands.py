@@ -704,3 +704,17 @@ def test_a_node_artifact_input_has_one_stable_name_too(tmp_path: Path) -> None:
     assert run.stdout == "a\n1\n"
     assert (sidecar["artifact"], sidecar["version"]) == ("table", 1)
     assert [(i.path, i.artifact, i.version) for i in result.inputs] == [("docs/n-1/table.csv", "table", 1)]
+
+
+def test_a_spec_with_its_own_user_and_no_identity_given_runs_as_that_user_and_says_so(
+    empty: tuple[Path, Path],
+) -> None:
+    home, cwd = empty
+    spec_file = _write(cwd / "spec.json", _spec("c-own", "print(1)", user_id="alice"))
+    done = _cli("run", str(spec_file), env=_env(HOME=str(home)), cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    assert "running as user 'alice' (the spec's user_id); read its results with --user alice\n" in done.stderr
+    found = _cli(
+        "history", "--json", "--user", "alice", "--conversation", "c-own", env=_env(HOME=str(home)), cwd=cwd
+    )
+    assert found.returncode == 0 and len(json.loads(found.stdout)) == 1
