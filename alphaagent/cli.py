@@ -428,7 +428,10 @@ def _write_new_file(out: Path, data: bytes) -> None:
     import tempfile
 
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)  # the mode a plain `> FILE` gets, not mkstemp's private 0600
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, out)
