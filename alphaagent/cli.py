@@ -248,14 +248,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     produced, on standard error (output lines prefixed ``  | `` and ``  stderr | ``); the result on
     standard output."""
     spec = _spec_from(args)
-    if args.user_source is None and spec.user_id != args.user:
-        # The spec's own user_id, with no --user or $ALPHAAGENT_USER: reads need it named.
-        print(
-            f"running as user {spec.user_id!r} (the spec's user_id); read its results with --user"
-            f" {spec.user_id}",
-            file=sys.stderr,
-            flush=True,
-        )
     live = LiveOutput(sys.stderr, stdout_prefix="  | ", stderr_prefix="  stderr | ")
 
     def progress(message: str) -> None:
@@ -266,6 +258,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = agent.run_analysis(spec, progress=progress, on_output=live)
         scope_root = agent.home / spec.scope.key
     live.end_lines()
+    if args.user_source is None and spec.user_id != args.user:
+        # The spec's own user_id, with no --user or $ALPHAAGENT_USER: reads need it named.
+        print(
+            f"ran as user {spec.user_id!r} (the spec's user_id); read its results with --user {spec.user_id}",
+            file=sys.stderr,
+            flush=True,
+        )
     return _emit_turn_result(args, result, scope_root)
 
 

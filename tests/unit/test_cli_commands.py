@@ -330,21 +330,39 @@ def test_printable_text_keeps_lines_and_escapes_the_rest() -> None:
 
 
 def test_run_says_when_it_waits_for_a_busy_conversation(tmp_path: Path) -> None:
-    # Given a conversation whose lease another turn holds for 3 more seconds
+    # Given a conversation whose lease another turn holds
+    from alphaagent.local.store import SqliteStore
+    from alphaagent.models.common import utcnow
+
     home = tmp_path / "data"
     with AlphaAgent(home) as agent:
-        from alphaagent.models.common import utcnow
-
-        assert agent.store.acquire_lock("conversations/c-busy", "other-turn", utcnow(), 3)
+        assert agent.store.acquire_lock("conversations/c-busy", "other-turn", utcnow(), 600)
     spec_file = _write(tmp_path / "spec.json", _spec("c-busy", "print('ran')"))
     # When a turn is run there
-    done = _cli("run", str(spec_file), env=_env(ALPHAAGENT_HOME=str(home)), cwd=tmp_path)
-    # Then it says that it waits, for how long at most, and how long it waited
-    assert done.returncode == 0, done.stderr
-    assert "conversation c-busy is busy: another turn is running there; waiting for it (at most 600 s)" in (
-        done.stderr
+    process = subprocess.Popen(
+        [sys.executable, "-m", "alphaagent.cli", "run", str(spec_file)],
+        env=_env(ALPHAAGENT_HOME=str(home)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert "conversation c-busy is free after " in done.stderr
+    seen: list[str] = []
+    try:
+        # Then it says that it waits, and for how long at most
+        assert _read_until(process.stderr, "is busy", seen), seen
+        assert seen[-1] == (
+            "conversation c-busy is busy: another turn is running there; waiting for it (at most 600 s)\n"
+        )
+        # And once the other turn lets go, it runs and says how long it waited
+        with SqliteStore(home / "alphaagent.db") as store:
+            store.release_lock("conversations/c-busy", "other-turn")
+        _out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert err.startswith("conversation c-busy is free after ") and "  | ran\n" in err
 
 
 # ----------------------------------------------------------------------------- checks before code
@@ -713,7 +731,9 @@ def test_a_spec_with_its_own_user_and_no_identity_given_runs_as_that_user_and_sa
     spec_file = _write(cwd / "spec.json", _spec("c-own", "print(1)", user_id="alice"))
     done = _cli("run", str(spec_file), env=_env(HOME=str(home)), cwd=cwd)
     assert done.returncode == 0, done.stderr
-    assert "running as user 'alice' (the spec's user_id); read its results with --user alice\n" in done.stderr
+    assert done.stderr.endswith(
+        "ran as user 'alice' (the spec's user_id); read its results with --user alice\n"
+    )
     found = _cli(
         "history", "--json", "--user", "alice", "--conversation", "c-own", env=_env(HOME=str(home)), cwd=cwd
     )
