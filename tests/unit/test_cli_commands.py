@@ -596,7 +596,7 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
     )
     seen: list[str] = []
     try:
-        assert _read_until(process.stderr, "started", seen), seen
+        assert _read_until(process.stderr, "  | started", seen), seen  # the run's line, not the session's
         # When Ctrl-C reaches the command
         process.send_signal(signal.SIGINT)
         _out, err = process.communicate(timeout=60)
