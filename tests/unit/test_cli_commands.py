@@ -221,6 +221,26 @@ def _read_until(stream: Any, wanted: str, seen: list[str], limit: int = 400) -> 
     return False
 
 
+def _rest(process: subprocess.Popen[str], timeout_s: float = 120) -> tuple[str, str]:
+    """The rest of a process's stdout and stderr after ``_read_until``, read through the same
+    buffered files (``communicate`` reads the descriptors and would skip what ``readline`` had
+    already buffered), each in its own thread so neither pipe can fill up and block the process."""
+    import threading
+
+    assert process.stdout is not None and process.stderr is not None
+    found: dict[str, str] = {}
+    readers = [
+        threading.Thread(target=lambda name=name, f=f: found.__setitem__(name, f.read()), daemon=True)
+        for name, f in (("out", process.stdout), ("err", process.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    process.wait(timeout=timeout_s)
+    for reader in readers:
+        reader.join(timeout=timeout_s)
+    return found.get("out", ""), found.get("err", "")
+
+
 def test_run_streams_each_run_output_as_it_is_produced(tmp_path: Path) -> None:
     # Given a step that prints a line, then waits until the test saw that line before it goes on
     home = tmp_path / "data"
@@ -247,7 +267,7 @@ def test_run_streams_each_run_output_as_it_is_produced(tmp_path: Path) -> None:
         # When the first line arrives on stderr, the run is still going: it waits for the gate
         assert _read_until(process.stderr, "first", seen), seen
         gate.write_text("open")
-        _out, err = process.communicate(timeout=120)
+        _out, err = _rest(process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -287,7 +307,7 @@ def test_exec_streams_output_live_and_keeps_its_format(tmp_path: Path) -> None:
     try:
         assert _read_until(process.stdout, "hello", seen), seen
         (tmp_path / "go").write_text("")
-        rest, err = process.communicate(timeout=120)
+        rest, err = _rest(process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -356,7 +376,7 @@ def test_run_says_when_it_waits_for_a_busy_conversation(tmp_path: Path) -> None:
         # And once the other turn lets go, it runs and says how long it waited
         with SqliteStore(home / "alphaagent.db") as store:
             store.release_lock("conversations/c-busy", "other-turn")
-        _out, err = process.communicate(timeout=120)
+        _out, err = _rest(process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -599,7 +619,7 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
         assert _read_until(process.stderr, "  | started", seen), seen  # the run's line, not the session's
         # When Ctrl-C reaches the command
         process.send_signal(signal.SIGINT)
-        _out, err = process.communicate(timeout=60)
+        _out, err = _rest(process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -648,7 +668,7 @@ def test_ctrl_c_during_exec_kills_the_run_and_exits_130(tmp_path: Path) -> None:
     try:
         assert _read_until(process.stdout, "started", seen), seen
         process.send_signal(signal.SIGINT)
-        _out, err = process.communicate(timeout=60)
+        _out, err = _rest(process)
     finally:
         if process.poll() is None:
             process.kill()
