@@ -367,7 +367,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     aws = {"queue_url": args.queue_url, "table": args.table, "bucket": args.bucket}
     if args.backend == "local" and any(aws.values()):
         raise InvalidRequestError("--queue-url, --table and --bucket go with --backend aws")
-    options: dict[str, Any] = aws if args.backend == "aws" else {}
+    if args.backend == "local":
+        from alphaagent.api import alphaagent_home
+
+        options: dict[str, Any] = {"home": alphaagent_home(args.home)}
+    else:
+        options = aws
     if args.timeout is not None:
         options["timeout_s"] = args.timeout
     with connect(backend=args.backend, user=args.user, **options) as client:
@@ -549,7 +554,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise InvalidRequestError("--table, --bucket and --region go with --backend aws")
         from alphaagent.api import alphaagent_home
 
-        reader = local_reader(alphaagent_home(), args.user)
+        reader = local_reader(alphaagent_home(args.home), args.user)
     try:
         serve(reader, host=args.host, port=args.port, open_browser=args.open)
     except OSError as exc:
@@ -737,7 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     conversations = sub.add_parser("conversations", help="list your conversations and workflow nodes")
     conversations.add_argument(
-        "--user", default=default_user, help="who is asking (default: $ALPHAAGENT_USER or 'local')"
+        "--user", default=None, help=f"who is asking (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
     conversations.add_argument("--json", action="store_true", help="print JSON")
     conversations.set_defaults(handler=cmd_conversations)
@@ -750,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     serve.add_argument(
-        "--user", default=default_user, help="whose work to show (default: $ALPHAAGENT_USER or 'local')"
+        "--user", default=None, help=f"whose work to show (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
     serve.add_argument("--open", action="store_true", help="open the URL in a browser")
     serve.add_argument(
@@ -772,7 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp = sub.add_parser("mcp", help="serve run_analysis and the result readers to agents over MCP (stdio)")
     mcp.add_argument(
-        "--user", default=default_user, help="the one user it acts for (default: $ALPHAAGENT_USER or 'local')"
+        "--user", default=None, help=f"the one user it acts for (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
     mcp.add_argument(
         "--backend", choices=("local", "aws"), default="local", help="where turns run (default local)"
