@@ -32,14 +32,28 @@ from alphaagent.local.workspace import LocalWorkspace
 from alphaagent.models.common import Scope
 from alphaagent.models.records import TurnResult
 from alphaagent.models.spec import Spec, parse_spec
+from alphaagent.ports import OutputSink
 from alphaagent.sandbox.config import SandboxConfig
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+DATABASE_NAME = "alphaagent.db"
 
 
-def alphaagent_home() -> Path:
-    """``$ALPHAAGENT_HOME``, default ``./.alphaagent`` (DESIGN §1)."""
-    return Path(os.environ.get("ALPHAAGENT_HOME", ".alphaagent"))
+def alphaagent_home(explicit: str | Path | None = None) -> Path:
+    """The data directory (DESIGN §1), as an absolute path: ``explicit`` (the CLI's ``--home``),
+    else ``$ALPHAAGENT_HOME``, else ``${XDG_DATA_HOME:-~/.local/share}/alphaagent``, the one
+    per-user place of the XDG Base Directory specification, so that every command finds the same
+    data wherever it is run from. An empty variable counts as unset, and a relative
+    ``XDG_DATA_HOME`` is ignored (the specification says such a value is invalid). Nothing is
+    created here."""
+    if explicit is not None and str(explicit) != "":
+        return Path(explicit).expanduser().absolute()
+    configured = os.environ.get("ALPHAAGENT_HOME", "")
+    if configured:
+        return Path(configured).expanduser().absolute()
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    data_home = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return data_home / "alphaagent"
 
 
 def connector_settings_from_env() -> ConnectorSettings:
@@ -69,7 +83,11 @@ class AlphaAgent(ScopeReads):
     """The local backend: files under ``home``, records in ``home/alphaagent.db``, code in the sandbox.
 
     The owner-scoped reads (``files``, ``read_file``, ``turns``, ``turn``, ``artifacts``, ``artifact``,
-    ...) come from ``ScopeReads``, which the AWS client shares."""
+    ...) come from ``ScopeReads``, which the AWS client shares.
+
+    ``read_only=True`` (the CLI's read commands) creates nothing: no data directory, no database.
+    A data directory without a database answers exactly like an empty one (every scope not found,
+    every list empty), through an empty in-memory store."""
 
     def __init__(
         self,
@@ -79,10 +97,15 @@ class AlphaAgent(ScopeReads):
         turns: TurnSettings | None = None,
         sandbox: SandboxConfig | None = None,
         coder: Coder | None = None,
+        read_only: bool = False,
     ) -> None:
         self.home = home or alphaagent_home()
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.store: SqliteStore = SqliteStore(self.home / "alphaagent.db")
+        database = self.home / DATABASE_NAME
+        if read_only and not database.is_file():
+            database = Path(":memory:")  # sqlite3's name for a private database that is never on disk
+        elif not read_only:
+            self.home.mkdir(parents=True, exist_ok=True)
+        self.store: SqliteStore = SqliteStore(database)
         self.workspace: LocalWorkspace = LocalWorkspace(self.home)
         self.bus = InProcessBus()
         self.bus.subscribe(Recorder(self.store).handle)
@@ -115,15 +138,20 @@ class AlphaAgent(ScopeReads):
     # ------------------------------------------------------------------ turns
 
     def run_analysis(
-        self, spec: Spec | dict[str, Any] | str | bytes, *, progress: Progress | None = None
+        self,
+        spec: Spec | dict[str, Any] | str | bytes,
+        *,
+        progress: Progress | None = None,
+        on_output: OutputSink | None = None,
     ) -> TurnResult:
-        """Run a spec end to end (see ``run_turn``); raises ``InvalidSpecError`` for a bad spec."""
+        """Run a spec end to end (see ``run_turn``: ``progress`` gets each step, ``on_output`` each
+        run's output as it is produced); raises ``InvalidSpecError`` for a bad spec."""
         if isinstance(spec, dict):
             import json
 
             spec = json.dumps(spec)
         parsed = spec if isinstance(spec, Spec) else parse_spec(spec)
-        return run_turn(self.backend, parsed, coder=self.coder, progress=progress)
+        return run_turn(self.backend, parsed, coder=self.coder, progress=progress, on_output=on_output)
 
     # ------------------------------------------------------------------ local-only reads
 

@@ -5,14 +5,20 @@ failed) or the thing asked for was not found; 2 a usage error or bad input (one 
 field or path, nothing written) or a platform failure. ``submit``, which talks to a deployed stack,
 exits 2 when AWS refuses, cannot be reached or has no credentials (a platform failure: nothing of
 the turn ran), and 1 when ``--wait`` times out (the turn goes on and may still finish).
+130 interrupted (Ctrl-C: the run's processes are killed, the turn is recorded as failed and its
+lease released first).
 
-Every command that reads a scope is scoped by ``--user`` (default ``$ALPHAAGENT_USER``, else
-``local``) and answers for another user's conversation exactly as for one that does not exist.
+The data directory is ``--home``, else ``$ALPHAAGENT_HOME``, else
+``${XDG_DATA_HOME:-~/.local/share}/alphaagent`` (``alphaagent.api.alphaagent_home``); read commands
+never create it. Every command has one identity: ``--user``, else ``$ALPHAAGENT_USER``, else
+``local``; a command that reads a scope answers for another user's conversation exactly as for one
+that does not exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -22,9 +28,17 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
-from alphaagent.errors import AlphaAgentError, InvalidRequestError, NotFoundError
-from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope, printable_path
+from alphaagent.errors import AlphaAgentError, InvalidRequestError, InvalidSpecError, NotFoundError
+from alphaagent.models.common import (
+    ConversationScope,
+    NodeScope,
+    PathRuleError,
+    Scope,
+    printable_path,
+    printable_text,
+)
 from alphaagent.models.run import RunLimits
+from alphaagent.terminal import LiveOutput, looks_binary
 
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
@@ -34,6 +48,9 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_PLATFORM = EXIT_USAGE  # the platform failed (AWS refused, unreachable, no credentials)
+EXIT_INTERRUPTED = 128 + 2  # 128 + SIGINT, what shells report for a command ended by Ctrl-C
+DEFAULT_USER = "local"
+USER_ENV = "ALPHAAGENT_USER"
 _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
 _SUBMIT_TIMEOUT_S = 3600.0
 
@@ -53,8 +70,10 @@ def _emit(args: argparse.Namespace, data: Any, lines: Sequence[str]) -> None:
         payload = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
         print(json.dumps(payload, indent=2, default=str))
     else:
+        # Lines for people carry what code produced (names, messages, tracebacks): never obeyed
+        # by the terminal.
         for line in lines:
-            print(line)
+            print(printable_text(line))
 
 
 def _dump(items: Sequence[BaseModel]) -> list[Any]:
@@ -92,15 +111,22 @@ def _read_input(source: str, what: str) -> bytes:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    """Run a file (or stdin) exactly as ``run_in_env`` would and print the result."""
+    """Run a file (or stdin) exactly as ``run_in_env`` would, its output shown as it is produced,
+    and print the result: without ``--json`` the run's stdout, then its stderr lines prefixed
+    ``stderr | `` go to standard output as they come, then the status lines; with ``--json`` they
+    go to standard error, and standard output is the result alone."""
     from alphaagent.sandbox.supervisor import Sandbox, _validate_code, _validate_workdir, iter_result_lines
 
     limits = _limits_from(args)
     code = _validate_code(_read_input(args.file, "code"))
     workdir = _validate_workdir(Path(args.workdir))
+    live = LiveOutput(sys.stderr if args.json else sys.stdout, stdout_prefix="", stderr_prefix="stderr | ")
     with Sandbox() as sandbox:
-        result = sandbox.run(code, cwd=workdir, limits=limits, network=args.network == "on")
-    _emit(args, result, list(iter_result_lines(result)))
+        result = sandbox.run(code, cwd=workdir, limits=limits, network=args.network == "on", on_output=live)
+    live.end_lines()
+    # The output was shown as it came; what is left to print is the error and the status lines.
+    shown = result.model_copy(update={"stdout": "", "stderr": ""})
+    _emit(args, result, list(iter_result_lines(shown)))
     return EXIT_OK if result.status == "ok" else EXIT_FAILED
 
 
@@ -138,10 +164,17 @@ def _required_scope(args: argparse.Namespace) -> Scope:
     return scope
 
 
-def _agent(args: argparse.Namespace, *, with_coder: bool = False) -> AlphaAgent:
-    from alphaagent.api import AlphaAgent
+def _agent(args: argparse.Namespace, *, with_coder: bool = False, writes: bool = False) -> AlphaAgent:
+    """The local backend on the data directory (``--home``, else ``$ALPHAAGENT_HOME``, else the
+    per-user default). Only commands that ``writes`` may create it: a read of a missing data
+    directory answers like a read of an empty one, and leaves nothing behind."""
+    from alphaagent.api import AlphaAgent, alphaagent_home
 
-    return AlphaAgent(coder=_coder() if with_coder else None)
+    return AlphaAgent(
+        alphaagent_home(getattr(args, "home", None)),
+        coder=_coder() if with_coder else None,
+        read_only=not writes,
+    )
 
 
 def _coder() -> Coder | None:
@@ -153,17 +186,43 @@ def _coder() -> Coder | None:
 
 
 def _spec_from(args: argparse.Namespace) -> Spec:
-    """The spec file (or stdin) of ``run``/``submit``, with ``--user`` and the scope flags applied."""
+    """The spec file (or stdin) of ``run``/``submit``, with the command's identity and scope flags.
+
+    The identity rule: a spec without ``user_id`` runs as the command's user (``--user``, else
+    ``$ALPHAAGENT_USER``, else ``local``); a spec whose ``user_id`` disagrees with a user given
+    explicitly (``--user`` or ``$ALPHAAGENT_USER``) is refused, since the later reads as that user
+    would not find it. A relative ``path`` of a ``file`` connector input is resolved against the
+    spec file's folder (the current directory for standard input), so a spec runs the same from
+    wherever the command is started.
+    """
     from alphaagent.models.spec import parse_spec
 
     raw = _read_input(args.spec, "spec")
     overrides: dict[str, Any] = {}
-    if args.user is not None:
-        overrides["user_id"] = args.user
     scope = _scope_from(args, required=False)
     if scope is not None:
         overrides["scope"] = scope.model_dump()
-    return parse_spec(raw, overrides)
+    spec = parse_spec(raw, overrides, defaults={"user_id": args.user})
+    if spec.user_id != args.user and args.user_source is not None:
+        raise InvalidSpecError(
+            f"user_id: the spec says {spec.user_id!r} but {args.user_source} says {args.user!r};"
+            " drop one of them"
+        )
+    base = Path.cwd() if args.spec == "-" else Path(args.spec).absolute().parent
+    return _with_file_paths_under(spec, base)
+
+
+def _with_file_paths_under(spec: Spec, base: Path) -> Spec:
+    from alphaagent.models.spec import ConnectorInput
+
+    inputs = []
+    for item in spec.inputs:
+        path = item.request.get("path") if isinstance(item, ConnectorInput) else None
+        relative = isinstance(path, str) and "\x00" not in path and not Path(path or "/").is_absolute()
+        if isinstance(item, ConnectorInput) and item.connector == "file" and relative:
+            item = item.model_copy(update={"request": {**item.request, "path": str(base / str(path))}})
+        inputs.append(item)
+    return spec.model_copy(update={"inputs": inputs})
 
 
 def _emit_turn_result(args: argparse.Namespace, result: TurnResult, scope_root: PurePath) -> int:
@@ -185,16 +244,27 @@ def _emit_turn_result(args: argparse.Namespace, result: TurnResult, scope_root: 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a spec end to end on the local backend."""
-    from alphaagent.client import connect
-
+    """Run a spec end to end on the local backend: progress and each run's output, as it is
+    produced, on standard error (output lines prefixed ``  | `` and ``  stderr | ``); the result on
+    standard output."""
     spec = _spec_from(args)
-    coder = _coder() if spec.steps is None else None
-    with connect(backend="local", user=spec.user_id, coder=coder) as client:
-        result = client.run_analysis(
-            spec, progress=lambda message: print(message, file=sys.stderr, flush=True)
+    live = LiveOutput(sys.stderr, stdout_prefix="  | ", stderr_prefix="  stderr | ")
+
+    def progress(message: str) -> None:
+        live.end_lines()  # a run's unfinished last line ends before the next progress line
+        print(printable_text(message), file=sys.stderr, flush=True)
+
+    with _agent(args, with_coder=spec.steps is None, writes=True) as agent:
+        result = agent.run_analysis(spec, progress=progress, on_output=live)
+        scope_root = agent.home / spec.scope.key
+    live.end_lines()
+    if args.user_source is None and spec.user_id != args.user:
+        # The spec's own user_id, with no --user or $ALPHAAGENT_USER: reads need it named.
+        print(
+            f"ran as user {spec.user_id!r} (the spec's user_id); read its results with --user {spec.user_id}",
+            file=sys.stderr,
+            flush=True,
         )
-        scope_root = Path(client.scope_root(spec.scope))
     return _emit_turn_result(args, result, scope_root)
 
 
@@ -239,6 +309,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except NoRegionError:
         return _fail("AWS: no region: the queue URL names none; set AWS_REGION", EXIT_PLATFORM)
     except (BotoCoreError, ClientError) as exc:
+        # AWS refusing or not answering is a platform failure: exit 2, as everywhere else.
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return _fail(f"AWS: {detail}", EXIT_PLATFORM)
 
@@ -275,10 +346,11 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo analysis on the embedded default."""
+    """Run the demo analysis on the embedded default, in the data directory, as the command's user."""
+    from alphaagent.api import alphaagent_home
     from alphaagent.demo import run_demo
 
-    return run_demo(json_output=args.json)
+    return run_demo(json_output=args.json, home=alphaagent_home(args.home), user_id=args.user)
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -295,7 +367,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     aws = {"queue_url": args.queue_url, "table": args.table, "bucket": args.bucket}
     if args.backend == "local" and any(aws.values()):
         raise InvalidRequestError("--queue-url, --table and --bucket go with --backend aws")
-    options: dict[str, Any] = aws if args.backend == "aws" else {}
+    if args.backend == "local":
+        from alphaagent.api import alphaagent_home
+
+        options: dict[str, Any] = {"home": alphaagent_home(args.home)}
+    else:
+        options = aws
     if args.timeout is not None:
         options["timeout_s"] = args.timeout
     with connect(backend=args.backend, user=args.user, **options) as client:
@@ -318,19 +395,54 @@ def cmd_files(args: argparse.Namespace) -> int:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
+    """Write a file's (or an artifact version's) bytes to standard output or ``-o FILE``; refuse
+    binary bytes for a terminal, where they would be garbage or escape sequences."""
     if args.json:
         raise InvalidRequestError("cat: --json is not supported; cat prints the bytes (see artifacts --json)")
     scope = _required_scope(args)
+    if not args.artifact and not args.path:
+        raise InvalidRequestError("give a PATH, or --artifact NAME [--version N]")
+    out = Path(args.output) if args.output is not None else None
+    if out is not None and out.is_dir():
+        raise InvalidRequestError(f"-o: {out} is a directory; give a file name")
+    if out is not None and not out.parent.is_dir():
+        raise InvalidRequestError(f"-o: the folder {out.parent} does not exist")
     with _agent(args) as agent:
         if args.artifact:
             _version, data = agent.artifact(args.user, scope, args.artifact, args.version)
-        elif args.path:
-            data = agent.read_file(args.user, scope, args.path)
         else:
-            raise InvalidRequestError("give a PATH, or --artifact NAME [--version N]")
+            data = agent.read_file(args.user, scope, args.path)
+    if out is not None:
+        _write_new_file(out, data)
+        return EXIT_OK
+    if sys.stdout.isatty() and looks_binary(data):
+        what = args.artifact or args.path
+        raise InvalidRequestError(
+            f"cat: {printable_path(what)} is binary ({len(data)} bytes); write it to a file with -o FILE"
+            " or pipe it (| less, > file)"
+        )
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _write_new_file(out: Path, data: bytes) -> None:
+    """Write ``data`` to ``out`` whole or not at all: a temporary file in the same folder renamed
+    over it, so an interrupted write never leaves half a file."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)  # the mode a plain `> FILE` gets, not mkstemp's private 0600
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -442,7 +554,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise InvalidRequestError("--table, --bucket and --region go with --backend aws")
         from alphaagent.api import alphaagent_home
 
-        reader = local_reader(alphaagent_home(), args.user)
+        reader = local_reader(alphaagent_home(args.home), args.user)
     try:
         serve(reader, host=args.host, port=args.port, open_browser=args.open)
     except OSError as exc:
@@ -500,21 +612,60 @@ def cmd_export(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("alphaagent")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from alphaagent import __version__
+
+        return __version__
+
+
+def _where_home() -> str:
+    """Where the data directory is, and why (for ``--help``)."""
+    from alphaagent.api import alphaagent_home
+
+    if os.environ.get("ALPHAAGENT_HOME"):
+        why = "from $ALPHAAGENT_HOME"
+    elif os.environ.get("XDG_DATA_HOME", "").startswith("/"):
+        why = "$XDG_DATA_HOME/alphaagent; set $ALPHAAGENT_HOME or give --home to move it"
+    else:
+        why = "the per-user default; set $ALPHAAGENT_HOME or give --home to move it"
+    return f"{alphaagent_home()} ({why})"
+
+
+def _add_home(command: argparse.ArgumentParser, default: Any) -> None:
+    command.add_argument(
+        "--home",
+        metavar="DIR",
+        default=default,
+        help="the data directory (default: $ALPHAAGENT_HOME, else"
+        " ${XDG_DATA_HOME:-~/.local/share}/alphaagent)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="alphaagent",
         description=(
-            "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack."
+            "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack.\n\n"
+            f"data directory: {_where_home()}\n"
+            f"identity:       --user, else ${USER_ENV}, else '{DEFAULT_USER}'"
         ),
         epilog="See alphaagent COMMAND --help.",
+        # As written: a wrapped path could not be copied from the terminal.
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"alphaagent {_version()}")
+    _add_home(parser, None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    default_user = os.environ.get("ALPHAAGENT_USER", "local")
 
     def scoped(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument(
-            "--user", default=default_user, help="who is asking (default: $ALPHAAGENT_USER or 'local')"
+            "--user", default=None, help=f"who is asking (default: ${USER_ENV}, else '{DEFAULT_USER}')"
         )
         command.add_argument("--conversation", metavar="ID", help="a conversation scope")
         command.add_argument("--workflow", metavar="EXEC", help="a workflow execution (with --node)")
@@ -536,8 +687,10 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("spec", metavar="SPEC.json", help="the spec ('-' reads standard input)")
         for action in command._actions:
             if action.dest == "user":
-                action.default = None
-                action.help = "replaces (or supplies) the spec's user_id"
+                action.help = (
+                    f"who runs it (default: ${USER_ENV}, else '{DEFAULT_USER}'); supplies a missing"
+                    " user_id; a spec with another user_id is refused"
+                )
             elif action.dest in ("conversation", "workflow"):
                 action.help = f"{action.help}; replaces (or supplies) the spec's scope"
         return command
@@ -561,6 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.set_defaults(handler=cmd_submit)
 
     demo = sub.add_parser("demo", help="run the demo analysis on the embedded default")
+    demo.add_argument(
+        "--user", default=None, help=f"who runs it (default: ${USER_ENV}, else '{DEFAULT_USER}')"
+    )
     demo.add_argument("--json", action="store_true", help="print the results as JSON")
     demo.set_defaults(handler=cmd_demo)
 
@@ -572,6 +728,9 @@ def build_parser() -> argparse.ArgumentParser:
     cat.add_argument("path", nargs="?", metavar="PATH", help="workspace-relative path")
     cat.add_argument("--artifact", metavar="NAME", help="an artifact instead of a path")
     cat.add_argument("--version", type=int, metavar="N", help="artifact version (default: latest)")
+    cat.add_argument(
+        "-o", "--output", metavar="FILE", help="write the bytes to FILE (binary never goes to a terminal)"
+    )
     cat.set_defaults(handler=cmd_cat)
 
     scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
@@ -583,7 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     conversations = sub.add_parser("conversations", help="list your conversations and workflow nodes")
     conversations.add_argument(
-        "--user", default=default_user, help="who is asking (default: $ALPHAAGENT_USER or 'local')"
+        "--user", default=None, help=f"who is asking (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
     conversations.add_argument("--json", action="store_true", help="print JSON")
     conversations.set_defaults(handler=cmd_conversations)
@@ -596,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     serve.add_argument(
-        "--user", default=default_user, help="whose work to show (default: $ALPHAAGENT_USER or 'local')"
+        "--user", default=None, help=f"whose work to show (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
     serve.add_argument("--open", action="store_true", help="open the URL in a browser")
     serve.add_argument(
@@ -618,7 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp = sub.add_parser("mcp", help="serve run_analysis and the result readers to agents over MCP (stdio)")
     mcp.add_argument(
-        "--user", default=default_user, help="the one user it acts for (default: $ALPHAAGENT_USER or 'local')"
+        "--user", default=None, help=f"the one user it acts for (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
     mcp.add_argument(
         "--backend", choices=("local", "aws"), default="local", help="where turns run (default local)"
@@ -645,21 +804,40 @@ def build_parser() -> argparse.ArgumentParser:
     export = scoped("export", "export a scope's files as a zip (per-file ceiling 25 MiB)")
     export.add_argument("-o", "--output", required=True, metavar="FILE.zip", help="where to write the zip")
     export.set_defaults(handler=cmd_export)
+    # --home after the command name too (`alphaagent files --home DIR ...`), for every command.
+    for command in sub.choices.values():
+        _add_home(command, argparse.SUPPRESS)
     return parser
+
+
+def _resolve_user(args: argparse.Namespace) -> str | None:
+    """Apply the identity rule to a command that has ``--user``; an error message, or None.
+    Sets ``args.user`` and ``args.user_source`` (``--user``, ``$ALPHAAGENT_USER`` or None for the
+    default)."""
+    from pydantic import TypeAdapter
+
+    from alphaagent.models.common import UserId
+
+    if args.user is not None:
+        args.user_source = "--user"
+    elif os.environ.get(USER_ENV):
+        args.user, args.user_source = os.environ[USER_ENV], f"${USER_ENV}"
+    else:
+        args.user, args.user_source = DEFAULT_USER, None
+    try:
+        TypeAdapter(UserId).validate_python(args.user)
+    except ValidationError:
+        return f"{args.user_source or 'user'}: 1-128 characters of letters, digits and . _ @ : -"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alphaagent`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    if getattr(args, "user", None) is not None:
-        from pydantic import TypeAdapter
-
-        from alphaagent.models.common import UserId
-
-        try:
-            TypeAdapter(UserId).validate_python(args.user)
-        except ValidationError:
-            return _fail("--user: 1-128 characters of letters, digits and . _ @ : -")
+    if hasattr(args, "user"):
+        problem = _resolve_user(args)
+        if problem is not None:
+            return _fail(problem)
     try:
         code: int = args.handler(args)
     except NotFoundError as exc:
@@ -669,7 +847,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AlphaAgentError as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
-        return _fail("interrupted")
+        # The run's processes are gone and the turn is recorded (the sandbox and the turn driver
+        # saw the interrupt on its way here); the shell's convention for Ctrl-C is 128 + SIGINT.
+        print("alphaagent: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (PathRuleError, ValidationError) as exc:
         return _fail(str(exc).splitlines()[0])
     except BrokenPipeError:

@@ -10,16 +10,21 @@ Two turns in one conversation on the local backend, with real public data shippe
    ``turn2.json`` builds on the registered dataset ``species_summary`` v1 in a new session: files
    and artifacts outlive sessions.
 
-Finally it lists where everything is: files, artifacts, sessions and the run history.
+Finally it lists where everything is: files, artifacts, sessions and the run history. It runs in
+the data directory every other command uses (``--home``, else ``$ALPHAAGENT_HOME``, else
+``${XDG_DATA_HOME:-~/.local/share}/alphaagent``) as the command's user (``--user``, else
+``$ALPHAAGENT_USER``, else ``local``), so the commands it prints read its results from anywhere.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from alphaagent.api import (
@@ -35,23 +40,26 @@ from alphaagent.models.common import ConversationScope
 DEMO_IDLE_TIMEOUT_S = 1
 
 
-def _load(name: str, conversation_id: str) -> dict[str, Any]:
+def _load(name: str, conversation_id: str, user_id: str) -> dict[str, Any]:
     path = EXAMPLES_DIR / "penguins" / name
     if not path.is_file():
         raise InvalidRequestError(f"examples: {path} is missing (run the demo from a checkout)")
     spec: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     spec["scope"] = {"conversation_id": conversation_id}
+    spec["user_id"] = user_id
     for item in spec.get("inputs", []):
         if item.get("connector") == "file":
-            item["request"]["path"] = str(EXAMPLES_DIR.parent / item["request"]["path"])
+            # relative to the spec file, as `alphaagent run` resolves it
+            item["request"]["path"] = str(path.parent / item["request"]["path"])
     return spec
 
 
-def run_demo(*, json_output: bool = False) -> int:
-    """Run the two demo turns in a new conversation; return the CLI exit code."""
+def run_demo(*, json_output: bool = False, home: Path | None = None, user_id: str = "local") -> int:
+    """Run the two demo turns in a new conversation of ``user_id`` in ``home`` (default: the data
+    directory, ``alphaagent_home()``); return the CLI exit code."""
     conversation_id = "penguins-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     scope = ConversationScope(conversation_id=conversation_id)
-    home = alphaagent_home()
+    home = home or alphaagent_home()
     turns = replace(turn_settings_from_env(), session_idle_timeout_s=DEMO_IDLE_TIMEOUT_S)
     connectors = replace(connector_settings_from_env(), file_roots=(EXAMPLES_DIR,))
 
@@ -60,14 +68,14 @@ def run_demo(*, json_output: bool = False) -> int:
 
     with AlphaAgent(home, connectors=connectors, turns=turns) as agent:
         print(f"turn 1 in conversation {conversation_id}", file=sys.stderr)
-        first = agent.run_analysis(_load("turn1.json", conversation_id), progress=say)
+        first = agent.run_analysis(_load("turn1.json", conversation_id, user_id), progress=say)
         time.sleep(DEMO_IDLE_TIMEOUT_S + 0.5)
         print("turn 2, after the first session expired, building on species_summary v1", file=sys.stderr)
-        second = agent.run_analysis(_load("turn2.json", conversation_id), progress=say)
-        files = agent.files("demo", scope)
-        artifacts = agent.artifacts("demo", scope)
-        sessions = agent.sessions("demo", scope)
-        history = agent.history("demo", scope)
+        second = agent.run_analysis(_load("turn2.json", conversation_id, user_id), progress=say)
+        files = agent.files(user_id, scope)
+        artifacts = agent.artifacts(user_id, scope)
+        sessions = agent.sessions(user_id, scope)
+        history = agent.history(user_id, scope)
     root = home / scope.key
     if json_output:
         print(
@@ -98,6 +106,9 @@ def run_demo(*, json_output: bool = False) -> int:
             print(f"  {info.size_bytes:>9} B  {info.path}")
         print(f"artifacts: {', '.join(f'{a.name} v{a.version}' for a in artifacts)}")
         print(f"sessions:  {len(sessions)}: the first expired before turn 2; its files carried over")
-        command = f".venv/bin/alphaagent history --user demo --conversation {conversation_id}"
+        # As it was started (`make demo` runs .venv/bin/alphaagent), else the name on PATH.
+        program = sys.argv[0] if Path(sys.argv[0]).name == "alphaagent" else "alphaagent"
+        command = f"{program} history --user {shlex.quote(user_id)} --conversation {conversation_id}"
         print(f"runs:      {len(history)} ({command})")
+        print(f"data:      {home} (every alphaagent command reads it; --home or $ALPHAAGENT_HOME moves it)")
     return 0 if first.status == second.status == "completed" else 1

@@ -19,6 +19,7 @@ from alphaagent.models.common import Scope
 from alphaagent.models.events import Event
 from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, ScopeSummary, Session, Turn
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
+from alphaagent.sandbox.capture import OutputSink as OutputSink  # re-exported: part of Executor
 
 
 @dataclass(frozen=True)
@@ -214,10 +215,14 @@ class Executor(Protocol):
         run_id: str,
         network: bool = False,
         origin: RunOrigin | None = None,
+        on_output: OutputSink | None = None,
     ) -> RunResult:
         """Run ``code`` with ``workdir`` as its working directory; user-code failures are results.
         ``origin`` names the turn, session, user, scope and environment (required by executors that
-        run code elsewhere; the local sandbox ignores it)."""
+        run code elsewhere; the local sandbox ignores it). ``on_output``, when the executor can,
+        receives the run's output as it is produced (``OutputSink``); callers pass it only when they
+        want a live view, and an executor that cannot stream (the env Lambda on AWS, invoked
+        asynchronously) ignores it: the result is the same either way."""
 
 
 def iter_chunks(reader: BinaryIO, size: int = 1 << 20) -> Iterator[bytes]:

@@ -183,14 +183,14 @@ def fresh_id(prefix: str) -> str:
 
 
 def demo_spec(conversation_id: str) -> dict[str, Any]:
-    """``turn1.json`` for ``USER`` in ``conversation_id``, its file input made absolute (as
-    ``alphaagent.demo`` does, so the turn does not depend on the working directory)."""
+    """``turn1.json`` for ``USER`` in ``conversation_id``, its file input (relative to the spec
+    file) made absolute, as ``alphaagent.demo`` and ``alphaagent run`` do."""
     spec: dict[str, Any] = json.loads(DEMO_SPEC.read_text(encoding="utf-8"))
     spec["user_id"] = USER
     spec["scope"] = {"conversation_id": conversation_id}
     for item in spec.get("inputs", []):
         if item.get("connector") == "file":
-            item["request"]["path"] = str(REPO_ROOT / item["request"]["path"])
+            item["request"]["path"] = str(DEMO_SPEC.parent / item["request"]["path"])
     return spec
 
 

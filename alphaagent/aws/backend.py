@@ -27,6 +27,7 @@ from alphaagent.errors import AlphaAgentError, ForgedRunResponseError
 from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, run_result_key
 from alphaagent.models.events import Event, RunCompleted, RunFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
+from alphaagent.ports import OutputSink
 
 
 class NoExecutorError(AlphaAgentError):
@@ -47,6 +48,7 @@ class NoExecutor:
         run_id: str,
         network: bool = False,
         origin: RunOrigin | None = None,
+        on_output: OutputSink | None = None,
     ) -> RunResult:
         """Always raises ``NoExecutorError``: on AWS, code runs in the ``alphaagent-env-*`` functions."""
         raise NoExecutorError("this function does not run code; run_in_env invokes an environment function")

@@ -35,7 +35,7 @@ from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvRequest, run_result_key
 from alphaagent.models.records import RunRecord
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
-from alphaagent.ports import Store, Workspace
+from alphaagent.ports import OutputSink, Store, Workspace
 
 MAX_ASYNC_PAYLOAD_BYTES: Final = 256 * 1024
 """256 KiB (262,144 bytes): the limit an invocation payload must stay within. It was Lambda's limit on
@@ -153,10 +153,13 @@ class LambdaExecutor:
         run_id: str,
         network: bool = False,
         origin: RunOrigin | None = None,
+        on_output: OutputSink | None = None,
     ) -> RunResult:
         """Invoke ``{function_prefix}{origin.environment_id}`` with the ``EnvRequest`` of the run and
         wait for its result. ``workdir`` is not used: the code runs in the function's own working copy
         of ``origin.scope``. A failure of user code is a result (status ``error``, ``timeout``...).
+        ``on_output`` is ignored: the function is invoked asynchronously and its output arrives
+        with its result, all at once.
 
         Waits at most ``limits.timeout_s + startup_margin_s`` seconds, polling from ``poll_start_s``
         to ``poll_max_s``.

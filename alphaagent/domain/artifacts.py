@@ -12,20 +12,19 @@ from urllib.parse import unquote
 
 from alphaagent.errors import ArtifactError
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ArtifactKind, PathRuleError, Scope, check_workspace_path, utcnow
+from alphaagent.models.common import ARTIFACT_FOLDERS as ARTIFACT_FOLDERS  # re-exported, as before
+from alphaagent.models.common import KIND_SUFFIXES as KIND_SUFFIXES  # re-exported, as before
+from alphaagent.models.common import (
+    ArtifactKind,
+    PathRuleError,
+    Scope,
+    check_workspace_path,
+    utcnow,
+)
 from alphaagent.models.records import ArtifactVersion
 from alphaagent.ports import Store, Workspace
 
-KIND_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "dataset": (".csv", ".parquet", ".json", ".xlsx"),
-    "chart": (".png", ".svg", ".jpg", ".jpeg", ".html"),
-    "report": (".md", ".html", ".pdf", ".txt"),
-}
-"""File types each artifact kind accepts (issue 3 §9)."""
-
 KIND_FOLDERS: dict[str, str] = {"dataset": "datasets", "chart": "charts", "report": "reports"}
-ARTIFACT_FOLDERS = ("datasets", "charts", "reports", "work")
-"""Where a registered file may live (case PATH-03): never spec/ (the platform's) nor docs/ (inputs)."""
 PREVIEW_ROWS = 5
 MAX_DATASET_PROFILE_BYTES = 32 * 2**20
 """csv/json/xlsx datasets larger than this are registered without schema, row count or preview:

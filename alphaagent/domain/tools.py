@@ -28,9 +28,10 @@ from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ArtifactKind, PathRuleError, Scope, check_workspace_path, utcnow
 from alphaagent.models.events import ArtifactRegistered, CitationEmitted, Event, RunCompleted, RunFailed
-from alphaagent.models.records import ArtifactRef, ArtifactVersion, CitationRef, Session
+from alphaagent.models.records import ArtifactRef, ArtifactVersion, CitationRef, PreparedInput, Session
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.models.spec import Spec
+from alphaagent.ports import OutputSink
 
 MAX_STORED_CODE_CHARS = 64 * 1024
 TEXT_SUFFIXES = (
@@ -77,6 +78,8 @@ class TurnContext:
     origins: dict[str, str] = field(default_factory=dict)  # docs/ path -> where it came from
     fetched_sources: set[str] = field(default_factory=set)  # URLs connectors fetched this turn
     lease_held: Callable[[], bool] = lambda: True
+    on_output: OutputSink | None = None  # a live view of each run's output (the CLI's terminal)
+    inputs: list[PreparedInput] = field(default_factory=list)  # what the turn brought into docs/
 
     def check_lease(self) -> None:
         """Raise ``ScopeBusyError`` once the turn has lost its scope lease (fencing: no run or
@@ -139,8 +142,16 @@ def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> R
         "user_id": ctx.user_id,
         "code": code[:MAX_STORED_CODE_CHARS],
     }
+    limits = RunLimits(timeout_s=limit)
     try:
-        result = executor.run(workdir, code, limits=RunLimits(timeout_s=limit), run_id=run_id, origin=origin)
+        # Only a caller that wants a live view passes a sink: executors that cannot stream need
+        # not know the argument.
+        if ctx.on_output is None:
+            result = executor.run(workdir, code, limits=limits, run_id=run_id, origin=origin)
+        else:
+            result = executor.run(
+                workdir, code, limits=limits, run_id=run_id, origin=origin, on_output=ctx.on_output
+            )
     except SandboxError as exc:
         if not exc.recorded:
             error = RunError(name=type(exc).__name__, value=str(exc), traceback="")

@@ -25,6 +25,7 @@ from alphaagent.domain.turns import (
     resolve_inputs,
     scope_label,
     start_turn,
+    write_inputs,
 )
 from alphaagent.errors import InvalidRequestError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid
@@ -187,12 +188,7 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
             raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")
     spec_bytes = spec.model_dump_json(indent=2).encode()
     backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec_bytes)
-    written: list[PreparedInput] = []
-    for item in inputs:
-        data = item.data if item.blob is None else backend.workspace.read_blob(item.blob)
-        if data is not None:
-            backend.workspace.write_bytes(scope, item.path, data)
-        written.append(PreparedInput(path=item.path, note=item.note))
+    written = write_inputs(backend.workspace, scope, turn_id, inputs)
     return _prepared(existing, spec, written, finished=False)
 
 

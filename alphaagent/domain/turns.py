@@ -31,7 +31,7 @@ from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError, 
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope, utcnow
 from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
-from alphaagent.models.records import PreparedInput, Session, Turn, TurnResult
+from alphaagent.models.records import ArtifactVersion, PreparedInput, Session, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import (
     ConnectorInput,
@@ -40,7 +40,9 @@ from alphaagent.models.spec import (
     NodeArtifactInput,
     Spec,
     SpecOutput,
+    check_spec_rules,
 )
+from alphaagent.ports import OutputSink, Workspace
 
 Coder = Callable[[TurnContext], str]
 """Writes and runs code for a spec without steps; returns the turn's summary (issue 5)."""
@@ -67,6 +69,7 @@ def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> Non
             "steps: this spec has no pinned steps and no model is configured; set ANTHROPIC_API_KEY"
             " (or CLAUDE_CODE_USE_BEDROCK=1 with AWS_REGION) so the coder can write the code, or add steps"
         )
+    check_spec_rules(spec)  # parse_spec checked them already; a Spec may have been built otherwise
     for i, item in enumerate(spec.inputs):
         if isinstance(item, NodeArtifactInput) and not isinstance(spec.scope, NodeScope):
             raise InvalidSpecError(f"inputs[{i}]: node_artifact inputs need a workflow node scope")
@@ -98,17 +101,32 @@ class _Lease:
             )
         self._start_renewing()
 
-    def acquire(self) -> None:
+    def acquire(self, say: Progress, label: str) -> None:
+        """Take the lease, waiting up to ``TurnSettings.lock_wait_s`` for a busy scope (``label`` in
+        messages); ``say`` is told when the wait starts, for how long at most, and when it ends."""
         settings = self.backend.turns
-        deadline = time.monotonic() + settings.lock_wait_s
+        started = time.monotonic()
+        deadline = started + settings.lock_wait_s
         delay = 0.05
+        waited = False
         while not self.backend.store.acquire_lock(
             self.scope_key, self.holder, utcnow(), settings.lock_lease_s
         ):
+            if not waited:
+                waited = True
+                say(
+                    f"{label} is busy: another turn is running there; waiting for it"
+                    f" (at most {settings.lock_wait_s:g} s)"
+                )
             if time.monotonic() >= deadline:
-                raise ScopeBusyError(f"{self.scope_key}: another turn is running there; try again later")
+                raise ScopeBusyError(
+                    f"{self.scope_key}: another turn is running there; waited {settings.lock_wait_s:g} s;"
+                    " try again later"
+                )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        if waited:
+            say(f"{label} is free after {time.monotonic() - started:.1f} s of waiting")
         self._start_renewing()
 
     def _start_renewing(self) -> None:
@@ -137,9 +155,18 @@ class _Lease:
 
 
 def run_turn(
-    backend: Backend, spec: Spec, *, coder: Coder | None = None, progress: Progress | None = None
+    backend: Backend,
+    spec: Spec,
+    *,
+    coder: Coder | None = None,
+    progress: Progress | None = None,
+    on_output: OutputSink | None = None,
 ) -> TurnResult:
     """Run one turn of ``spec`` end to end and return its result (also stored and published).
+    ``progress`` is told each step; ``on_output`` gets each run's output as it is produced.
+
+    An interrupt (``KeyboardInterrupt``, Ctrl-C) while the turn runs kills the run, records the
+    turn as failed (``TurnCancelled``), releases the lease and is raised again.
 
     Raises ``InvalidSpecError`` for a spec this backend cannot run (nothing written),
     ``NotFoundError`` when the scope belongs to another user (the same answer as for a scope that
@@ -166,7 +193,7 @@ def run_turn(
     # Each attempt holds the lease under its own name, so a duplicate of a running turn waits for
     # it instead of sharing (and then releasing) its lease.
     lease = _Lease(backend, scope.key, f"{turn_id}/{new_ulid()}")
-    lease.acquire()
+    lease.acquire(say, scope_label(scope))
     try:
         existing = backend.store.get_turn(user_id, turn_id)
         if existing is not None:
@@ -174,7 +201,7 @@ def run_turn(
                 return existing.result
             # Still "running" while we hold the lease: its process died and its lease expired.
             return record_turn_end(backend, existing, _abandoned(existing.turn_id))
-        return _locked_turn(backend, spec, turn_id, coder, say, lease)
+        return _locked_turn(backend, spec, turn_id, coder, say, lease, on_output)
     finally:
         lease.release()
 
@@ -242,7 +269,13 @@ def _abandoned(turn_id: str) -> TurnResult:
 
 
 def _locked_turn(
-    backend: Backend, spec: Spec, turn_id: str, coder: Coder | None, say: Progress, lease: _Lease
+    backend: Backend,
+    spec: Spec,
+    turn_id: str,
+    coder: Coder | None,
+    say: Progress,
+    lease: _Lease,
+    on_output: OutputSink | None = None,
 ) -> TurnResult:
     scope, user_id = spec.scope, spec.user_id
     inputs = resolve_inputs(backend, spec)  # before anything is written: a bad input leaves nothing
@@ -262,6 +295,7 @@ def _locked_turn(
         session=session,
         progress=say,
         lease_held=lease.held,
+        on_output=on_output,
     )
     deadline = time.monotonic() + spec.constraints.turn_timeout_s
     try:
@@ -271,6 +305,14 @@ def _locked_turn(
         result = _code(ctx, coder, deadline)
     except (AlphaAgentError, PathRuleError, OSError) as exc:
         result = _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
+    except KeyboardInterrupt:
+        # Ctrl-C: the sandbox has killed the run's processes; the turn ends as failed, never left
+        # running, and the interrupt goes on to the caller (the CLI exits 130).
+        cancelled = RunError(
+            name="TurnCancelled", value="interrupted (Ctrl-C) while the turn ran", traceback=""
+        )
+        _finish_checked(backend, turn, _failed(ctx, cancelled, None), lease)
+        raise
     except Exception as exc:
         # A crash (a bug, a custom coder's exception): the turn is still recorded as failed, never
         # left running, and the exception goes on to the caller (the worker reports its class).
@@ -305,6 +347,7 @@ def _code(ctx: TurnContext, coder: Coder | None, deadline: float) -> TurnResult:
         artifacts=[a.ref() for a in ctx.artifacts],
         citations=list(ctx.citations),
         run_ids=list(ctx.run_ids),
+        inputs=list(ctx.inputs),
     )
 
 
@@ -357,6 +400,7 @@ def code_prepared_turn(
         for item in inputs:
             ctx.fetched.append(item.path)
             ctx.origins[item.path] = item.note
+            ctx.inputs.append(item)
         result = _code(ctx, coder, time.monotonic() + spec.constraints.turn_timeout_s)
         if not lease.held():
             raise ScopeBusyError(f"turn {turn_id} lost its lease on {turn.scope_key}")
@@ -392,6 +436,7 @@ def _failed(ctx: TurnContext, error: RunError, step: str | None) -> TurnResult:
         run_ids=list(ctx.run_ids),
         error=error,
         failed_step=step,
+        inputs=list(ctx.inputs),
     )
 
 
@@ -439,12 +484,53 @@ def _fail_abandoned_turns(backend: Backend, scope: Scope, user_id: str, turn_id:
 # ----------------------------------------------------------------------------- prepare
 
 
+SIDECAR_SUFFIX = ".version.json"
+"""A registered artifact copied into ``docs/`` gets a sidecar next to it, ``docs/NAME.EXT`` +
+``.version.json``, naming the artifact version the copy holds (code can read it; people can too)."""
+
+
 class ResolvedInput:
     """A declared input, resolved: where it goes in ``docs/`` and what to put there (``None``: a
-    document already in the scope, used in place)."""
+    document already in the scope, used in place; ``blob``: a registered artifact version's
+    content, copied under a stable name with a sidecar)."""
 
-    def __init__(self, path: str, data: bytes | None, note: str, blob: str | None = None) -> None:
-        self.path, self.data, self.note, self.blob = path, data, note, blob
+    def __init__(
+        self,
+        path: str,
+        data: bytes | None,
+        note: str,
+        blob: str | None = None,
+        artifact: ArtifactVersion | None = None,
+    ) -> None:
+        self.path, self.data, self.note, self.blob, self.artifact = path, data, note, blob, artifact
+
+    def prepared(self) -> PreparedInput:
+        """What the turn records of this input (its result's ``inputs``)."""
+        found = self.artifact
+        if found is None:
+            return PreparedInput(path=self.path, note=self.note)
+        return PreparedInput(
+            path=self.path, note=self.note, artifact=found.name, version=found.version, sha256=found.sha256
+        )
+
+    def written_paths(self) -> list[str]:
+        """The ``docs/`` paths bringing this input writes (none for a document used in place)."""
+        if self.blob is not None:
+            return [self.path, self.path + SIDECAR_SUFFIX]
+        return [self.path] if self.data is not None else []
+
+
+def _copy_path(folder: str, found: ArtifactVersion, taken: set[str]) -> str:
+    """``{folder}/NAME.EXT``: the same name for every version, so code that reads it never reads an
+    older version by accident (the previous turn's copy is replaced; the sidecar names the version).
+    A spec that asks for a second version of the same artifact (to compare them) gets that one as
+    ``{folder}/NAME.vN.EXT``: a name it asked for by version, never one it could read by accident."""
+    suffix = PurePosixPath(found.path).suffix
+    stable = f"{folder}/{found.name}{suffix}"
+    if stable not in taken:
+        taken.add(stable)
+        return stable
+    return f"{folder}/{found.name}.v{found.version}{suffix}"
 
 
 def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
@@ -453,6 +539,7 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
     workspace, store, scope, user_id = backend.workspace, backend.store, spec.scope, spec.user_id
     owned = store.owner_of(scope.owner_key) == user_id
     resolved: list[ResolvedInput] = []
+    stable_names: set[str] = set()
     for i, item in enumerate(spec.inputs):
         if isinstance(item, DocumentInput):
             if not owned or workspace.stat(scope, item.path) is None:
@@ -463,11 +550,10 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
             if found is None or found.kind != "dataset":
                 wanted = f"{item.name} v{item.version}" if item.version else item.name
                 raise InvalidSpecError(f"inputs[{i}]: no registered dataset {wanted} in this scope")
-            target = f"docs/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
             note = f"copied dataset {found.name} v{found.version}"
-            resolved.append(
-                ResolvedInput(target, None, note, blob=found.sha256)
-            )  # copied one at a time later
+            target = _copy_path("docs", found, stable_names)
+            # copied one at a time later, so that only one blob is in memory at once
+            resolved.append(ResolvedInput(target, None, note, blob=found.sha256, artifact=found))
         elif isinstance(item, ConnectorInput):
             try:
                 target, data, source = fetch(backend.connectors, item.connector, item.request)
@@ -480,20 +566,58 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
             found = store.get_artifact(user_id, source_scope.key, item.artifact, item.version)
             if found is None:
                 raise InvalidSpecError(f"inputs[{i}]: node {item.node_id} has no artifact {item.artifact}")
-            target = f"docs/{item.node_id}/{found.name}.v{found.version}{PurePosixPath(found.path).suffix}"
+            target = _copy_path(f"docs/{item.node_id}", found, stable_names)
             note = f"copied {item.node_id}/{found.name} v{found.version}"
-            resolved.append(ResolvedInput(target, None, note, blob=found.sha256))
+            resolved.append(ResolvedInput(target, None, note, blob=found.sha256, artifact=found))
+    seen: dict[str, int] = {}
+    for i, resolved_input in enumerate(resolved):
+        for path in resolved_input.written_paths():
+            if path in seen:
+                raise InvalidSpecError(
+                    f"inputs[{i}]: would be written to {path}, as inputs[{seen[path]}] is; give one of"
+                    " them another name"
+                )
+            seen[path] = i
     return resolved
+
+
+def write_inputs(
+    workspace: Workspace, scope: Scope, turn_id: str, inputs: Sequence[ResolvedInput]
+) -> list[PreparedInput]:
+    """Write resolved inputs into the scope's ``docs/`` (DESIGN §3 step 4): fetched bytes as they
+    are, a registered version under its stable name (replacing the previous turn's copy) with its
+    sidecar. Shared by the local driver and the AWS prepare step. Returns what was brought."""
+    brought: list[PreparedInput] = []
+    for item in inputs:
+        if item.blob is not None:
+            assert item.artifact is not None
+            workspace.write_bytes(scope, item.path, workspace.read_blob(item.blob))
+            workspace.write_bytes(scope, item.path + SIDECAR_SUFFIX, _sidecar(item.artifact, turn_id))
+        elif item.data is not None:
+            workspace.write_bytes(scope, item.path, item.data)
+        brought.append(item.prepared())
+    return brought
+
+
+def _sidecar(found: ArtifactVersion, turn_id: str) -> bytes:
+    document = {
+        "artifact": found.name,
+        "kind": found.kind,
+        "version": found.version,
+        "sha256": found.sha256,
+        "size_bytes": found.size_bytes,
+        "registered_path": found.path,
+        "copied_by_turn": turn_id,
+    }
+    return (json.dumps(document, indent=2) + "\n").encode()
 
 
 def _bring_inputs(ctx: TurnContext, inputs: list[ResolvedInput]) -> None:
     """Write the resolved inputs into ``docs/`` (DESIGN §3 step 4)."""
-    for item in inputs:
-        data = item.data if item.blob is None else ctx.backend.workspace.read_blob(item.blob)
-        if data is not None:
-            ctx.backend.workspace.write_bytes(ctx.scope, item.path, data)
+    for item in write_inputs(ctx.backend.workspace, ctx.scope, ctx.turn_id, inputs):
         ctx.fetched.append(item.path)
         ctx.origins[item.path] = item.note
+        ctx.inputs.append(item)
         ctx.progress(f"{item.note} -> {item.path}")
 
 

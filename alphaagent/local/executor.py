@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
+from alphaagent.sandbox.capture import OutputSink
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
@@ -29,14 +30,17 @@ class SandboxExecutor:
         run_id: str,
         network: bool = False,
         origin: RunOrigin | None = None,
+        on_output: OutputSink | None = None,
     ) -> RunResult:
-        """Run ``code`` with ``workdir`` as its working directory (see ``Sandbox.run``); ``origin``
-        is not needed here."""
+        """Run ``code`` with ``workdir`` as its working directory (see ``Sandbox.run``, which streams
+        to ``on_output``); ``origin`` is not needed here."""
         with self._lock:
             if self._sandbox is None:
                 self._sandbox = Sandbox(self._config)
             sandbox = self._sandbox
-        return sandbox.run(code, cwd=workdir, limits=limits, network=network, run_id=run_id)
+        return sandbox.run(
+            code, cwd=workdir, limits=limits, network=network, run_id=run_id, on_output=on_output
+        )
 
     def close(self) -> None:
         """Stop the zygote."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Literal
@@ -63,6 +64,23 @@ def printable_path(path: str) -> str:
         else ch
         for ch in text
     )
+
+
+_UNSAFE_IN_TEXT = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029" + "".join(sorted(_BIDI_CONTROLS)) + "]"
+)
+
+
+def printable_text(text: str) -> str:
+    """Untrusted text (a run's output) made safe to write to a terminal by the rule of
+    ``printable_path``, keeping its lines: line feeds and tabs stay, every other control character
+    (C0, DEL, C1: so ESC, and with it every escape sequence), line and paragraph separator and
+    bidirectional control is written as a ``\\xNN``/``\\uNNNN`` escape. A carriage return is
+    escaped too: it could overwrite what the line showed before it.
+
+    Example: ``printable_text("ok\\x1b]0;title\\x07\\n")`` is ``"ok\\\\x1b]0;title\\\\x07\\n"``.
+    """
+    return _UNSAFE_IN_TEXT.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def check_workspace_path(path: str, *, prefix: str = "") -> str:
@@ -162,3 +180,14 @@ def utcnow() -> datetime:
 
 
 ArtifactKind = Literal["dataset", "chart", "report"]
+
+KIND_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "dataset": (".csv", ".parquet", ".json", ".xlsx"),
+    "chart": (".png", ".svg", ".jpg", ".jpeg", ".html"),
+    "report": (".md", ".html", ".pdf", ".txt"),
+}
+"""File types each artifact kind accepts (issue 3 §9): checked on a spec's outputs before any code
+and again when a file is registered."""
+
+ARTIFACT_FOLDERS = ("datasets", "charts", "reports", "work")
+"""Where a registered file may live (case PATH-03): never spec/ (the platform's) nor docs/ (inputs)."""

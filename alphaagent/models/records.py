@@ -72,12 +72,18 @@ class CitationRef(BaseModel):
 
 class PreparedInput(BaseModel):
     """A declared input the prepare step brought into ``docs/``: its workspace path and where it came
-    from (``note``, e.g. ``"fetched from https://..."``; cited by pinned steps)."""
+    from (``note``, e.g. ``"fetched from https://..."``; cited by pinned steps). A registered
+    artifact (a ``dataset`` or ``node_artifact`` input) also names the ``artifact``, the
+    ``version`` copied and its ``sha256``: its copy has a stable name that each turn replaces, so
+    this is how a turn records which version it read."""
 
     model_config = ConfigDict(extra="forbid")
 
     path: str
     note: str
+    artifact: str | None = None
+    version: int | None = None
+    sha256: str | None = None
 
 
 class TurnResult(BaseModel):
@@ -91,6 +97,7 @@ class TurnResult(BaseModel):
     run_ids: list[str] = Field(default_factory=list)
     error: RunError | None = None
     failed_step: str | None = None
+    inputs: list[PreparedInput] = Field(default_factory=list)
 
 
 class Turn(BaseModel):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.common import (
+    ARTIFACT_FOLDERS,
+    KIND_SUFFIXES,
     ArtifactKind,
     ArtifactName,
     ConversationScope,
@@ -176,6 +179,35 @@ def parse_spec(
         raise InvalidSpecError("spec: must be a JSON object")
     document = {**(defaults or {}), **document, **(overrides or {})}
     try:
-        return Spec.model_validate(document)
+        spec = Spec.model_validate(document)
     except ValidationError as exc:
         raise InvalidSpecError(describe_validation_error(exc)) from None
+    check_spec_rules(spec)
+    return spec
+
+
+def check_spec_rules(spec: Spec) -> None:
+    """The rules between a spec's fields that need no code and no backend, so that a spec that
+    could never finish is refused before anything is sent, written or run (and not after its
+    steps): ``constraints.max_runs`` is at least the number of ``steps`` (each step is one run), and
+    each output's ``path`` is in an artifact folder with a suffix that fits its kind (the rules
+    ``register_artifact`` applies to the file later). Raises ``InvalidSpecError`` naming the field."""
+    if spec.steps is not None and len(spec.steps) > spec.constraints.max_runs:
+        raise InvalidSpecError(
+            f"constraints.max_runs: {spec.constraints.max_runs} is fewer than the {len(spec.steps)} steps"
+            " (each step is one run); raise max_runs or drop steps"
+        )
+    for i, output in enumerate(spec.outputs):
+        if output.path is None:
+            continue
+        if output.path.split("/", 1)[0] not in ARTIFACT_FOLDERS or "/" not in output.path:
+            raise InvalidSpecError(
+                f"outputs[{i}].path: {output.path!r} must be inside datasets/, charts/, reports/ or work/"
+            )
+        suffix = PurePosixPath(output.path).suffix.lower()
+        if suffix not in KIND_SUFFIXES[output.kind]:
+            allowed = ", ".join(KIND_SUFFIXES[output.kind])
+            raise InvalidSpecError(
+                f"outputs[{i}].path: {output.path!r} does not fit kind {output.kind!r} (a {output.kind}"
+                f" is one of {allowed})"
+            )

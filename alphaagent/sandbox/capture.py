@@ -24,6 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+OutputSink = Callable[[str, bytes], None]
+"""A live view of a run's output: called as ``sink(stream, data)`` with ``stream`` ``"stdout"`` or
+``"stderr"`` and the raw (redacted, untrusted) bytes as they arrive."""
+
 __all__ = [
     "MIN_CAP_BYTES",
     "REDACTED",
@@ -247,6 +251,10 @@ class StreamCapture:
             :meth:`finish`. None: no spill.
         spill_cap_bytes: most bytes written to the spill (:data:`SPILL_CAP_BYTES`), >= 0.
         redact: secrets to redact.
+        on_data: called with each piece of redacted raw bytes as it arrives (the same bytes the
+            spill gets, before any cap), for a live view of the run; it must not block for long. The
+            bytes are untrusted: a terminal must neutralise them first. An exception it raises
+            stops further calls and is otherwise ignored: a broken viewer never breaks a run.
 
     Raises:
         ValueError: ``cap_bytes`` < 256 or ``spill_cap_bytes`` < 0.
@@ -265,6 +273,7 @@ class StreamCapture:
         spill_opener: Callable[[], BinaryIO] | None = None,
         spill_cap_bytes: int = SPILL_CAP_BYTES,
         redact: Sequence[str] = (),
+        on_data: Callable[[bytes], None] | None = None,
     ) -> None:
         if cap_bytes < MIN_CAP_BYTES:
             raise ValueError(f"cap_bytes must be >= {MIN_CAP_BYTES}, got {cap_bytes}")
@@ -273,6 +282,7 @@ class StreamCapture:
         self._cap = cap_bytes
         self._total = 0
         self._result: CapturedStream | None = None
+        self._on_data = on_data
 
         secrets = {secret.encode("utf-8") for secret in redact}
         kept_secrets = sorted(s for s in secrets if len(s) >= REDACTION_MIN_SECRET_BYTES)
@@ -354,10 +364,19 @@ class StreamCapture:
     def _process(self, data: bytes, *, final: bool) -> None:
         if data:
             self._write_spill(data)
+            self._tell(data)
         self._clean(self._decode(data, final=final), final=final)
         if self._ready:
             self._keep("".join(self._ready))
             self._ready.clear()
+
+    def _tell(self, data: bytes) -> None:
+        if self._on_data is None:
+            return
+        try:
+            self._on_data(data)
+        except Exception:
+            self._on_data = None
 
     def _write_spill(self, data: bytes) -> None:
         if not self._spill_open or self._spill_opener is None:

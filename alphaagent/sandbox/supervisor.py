@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import printable_path
 from alphaagent.models.run import FileChangeReport, RunError, RunLimits, RunResult, SkippedPath
-from alphaagent.sandbox.capture import REDACTED, StreamCapture
+from alphaagent.sandbox.capture import REDACTED, OutputSink, StreamCapture
 from alphaagent.sandbox.cgroup import PidsCgroup, pids_limit_reached
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
@@ -276,12 +276,16 @@ class Sandbox:
         limits: RunLimits | None = None,
         network: bool = False,
         run_id: str | None = None,
+        on_output: OutputSink | None = None,
     ) -> RunResult:
         """Run ``code`` in a fresh child with ``cwd`` as its working directory; return its result.
 
         ``code``: Python source, UTF-8, 1 byte to 4 MiB. ``cwd``: an existing directory (the scope
         root). ``limits``: per-run limits (``RunLimits`` defaults). ``network``: allow network access
         (only meaningful at the ``namespaces`` level; ``process`` isolation cannot take it away).
+        ``on_output``: called as ``on_output("stdout" | "stderr", data)`` with the run's output as it
+        arrives (redacted, uncapped, untrusted bytes), for a live view; the result is the same
+        with or without it.
 
         Raises ``InvalidRequestError`` for empty or non-UTF-8 code or a bad ``cwd`` (nothing is
         written), ``SandboxError`` when the platform fails. User code failing is a result.
@@ -293,10 +297,18 @@ class Sandbox:
         run_id = run_id or new_ulid()
         if self.config.exclusive:
             with self._exclusive_lock:
-                return self._run(source, workdir, limits, network, run_id)
-        return self._run(source, workdir, limits, network, run_id)
+                return self._run(source, workdir, limits, network, run_id, on_output)
+        return self._run(source, workdir, limits, network, run_id, on_output)
 
-    def _run(self, source: str, workdir: Path, limits: RunLimits, network: bool, run_id: str) -> RunResult:
+    def _run(
+        self,
+        source: str,
+        workdir: Path,
+        limits: RunLimits,
+        network: bool,
+        run_id: str,
+        on_output: OutputSink | None = None,
+    ) -> RunResult:
         assert self._scratch_root is not None
         namespaced = self._ready.get("isolation") == "namespaces"
         scratch = self._scratch_root / run_id
@@ -337,9 +349,16 @@ class Sandbox:
                     os.close(w)
                 os.close(code_fd)
             pid, cgroup = self._await_spawn(channel, run_id)
-            outcome = self._supervise(
-                run_id, pid, cgroup, [r for r, _ in pipes], workdir, limits, channel, started
-            )
+            try:
+                outcome = self._supervise(
+                    run_id, pid, cgroup, [r for r, _ in pipes], workdir, limits, channel, started, on_output
+                )
+            except BaseException:
+                # Ctrl-C (KeyboardInterrupt) in the caller, or any other way out mid-run: the run
+                # ends with it, never goes on unsupervised.
+                self._kill_run(pid, _Outcome(pid=pid, cgroup=cgroup))
+                _remove_path(scratch)
+                raise
             duration_ms = int((time.monotonic() - started) * 1000)
             if self.config.exclusive:
                 if outcome.exit_event is None:
@@ -398,6 +417,7 @@ class Sandbox:
         limits: RunLimits,
         channel: _RunChannel,
         started: float,
+        on_output: OutputSink | None = None,
     ) -> _Outcome:
         """Read stdout, stderr and status concurrently until EOF; enforce the wall clock and output cap."""
         out_fd, err_fd, status_fd = fds
@@ -413,6 +433,7 @@ class Sandbox:
                 spill_opener=lambda spill=spill: spill,  # type: ignore[misc]
                 spill_cap_bytes=self.config.spill_bytes,
                 redact=self._secrets,
+                on_data=None if on_output is None else _sink_for(on_output, fd == out_fd),
             )
             for fd, spill in spills.items()
         }
@@ -597,6 +618,11 @@ class _Outcome:
     process_limit_hit: bool = False
     stdout_spilled: bool = False
     stderr_spilled: bool = False
+
+
+def _sink_for(on_output: OutputSink, is_stdout: bool) -> Callable[[bytes], None]:
+    stream = "stdout" if is_stdout else "stderr"
+    return lambda data: on_output(stream, data)
 
 
 def _fd_array(fds: list[int]) -> bytes:

@@ -50,18 +50,21 @@ print(f"kept {len(clean)} of {len(raw)} rows")
 """
 
 SUMMARISE_CODE = """\
-import glob
+import json
+
 import pandas as pd
 
-# node_artifact inputs arrive as docs/<node>/<name>.v<version><suffix>
-[source] = sorted(glob.glob("docs/clean/penguins-clean.v*.csv"))[-1:]
+# node_artifact inputs arrive as docs/<node>/<name><suffix>, one stable name for every version;
+# the sidecar next to it says which version it is
+source = "docs/clean/penguins-clean.csv"
+version = json.load(open(source + ".version.json"))["version"]
 penguins = pd.read_csv(source)
 by_species = penguins.groupby(["species", "sex"])["body_mass_g"].mean().round(0).unstack()
 axes = by_species.plot.barh(title="Mean body mass (g) by species and sex")
 axes.figure.savefig("charts/mass-by-species.png", bbox_inches="tight")
 heaviest = penguins.groupby("species")["body_mass_g"].mean().idxmax()
 with open("reports/summary.md", "w") as report:
-    report.write(f"# Penguins\\n\\nFrom {len(penguins)} cleaned rows ({source}).\\n\\n")
+    report.write(f"# Penguins\\n\\nFrom {len(penguins)} cleaned rows ({source}, v{version}).\\n\\n")
     report.write(f"Heaviest species: {heaviest}.\\n\\n```\\n{by_species.to_string()}\\n```\\n")
 print(by_species.to_string())
 """

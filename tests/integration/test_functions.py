@@ -543,3 +543,57 @@ def test_an_aborted_executions_lock_is_released(aws: dict[str, Any]) -> None:
     # Then the lease is released and the next execution takes it
     assert answer == {"scope_key": SCOPE.key, "holder": TURN_ID, "released": True}
     assert store.acquire_lock(SCOPE.key, "next", utcnow(), 600)
+
+
+def test_prepare_copies_a_dataset_input_to_its_stable_name_with_a_sidecar(aws: dict[str, Any]) -> None:
+    # Given a dataset registered twice in the scope on AWS (S3 + DynamoDB), v1 then v2
+    from alphaagent.domain.artifacts import register_artifact
+
+    backend = get_backend()
+    assert backend.store.claim_owner(SCOPE.owner_key, USER, utcnow()) == USER
+    backend.workspace.ensure_scope(SCOPE)
+    for rows in (b"n\n1\n", b"n\n1\n2\n"):
+        backend.workspace.write_bytes(SCOPE, "datasets/sales.csv", rows)
+        register_artifact(
+            backend.store,
+            backend.workspace,
+            scope=SCOPE,
+            user_id=USER,
+            turn_id=RUN_ID,
+            kind="dataset",
+            path="datasets/sales.csv",
+            name="sales",
+        )
+    # When the state machine's prepare step brings in the latest, then (a later turn) v1
+    event = load("prepare_turn.json")
+    prepared = []
+    for version, turn_id in ((None, TURN_ID), (1, "01JDQ8Z6Q4M3W8K2X5V7N9B0CE")):
+        spec = {
+            **event["spec"],
+            "turn_id": turn_id,
+            "inputs": [{"kind": "dataset", "name": "sales", "version": version}],
+        }
+        lock = {**event["lock"], "holder": turn_id}
+        prepared.append(
+            prepare_turn.lambda_handler({"turn_id": turn_id, "spec": spec, "lock": lock}, Context())
+        )
+        body = aws["s3"].get_object(Bucket=BUCKET, Key=f"{SCOPE.key}/docs/sales.csv")["Body"].read()
+        sidecar_key = f"{SCOPE.key}/docs/sales.csv.version.json"
+        sidecar = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=sidecar_key)["Body"].read())
+        # Then docs/sales.csv holds the version asked for, and its sidecar says which
+        assert body == (b"n\n1\n2\n" if version is None else b"n\n1\n")
+        assert (sidecar["artifact"], sidecar["version"], sidecar["copied_by_turn"]) == (
+            "sales",
+            version or 2,
+            turn_id,
+        )
+    # And the prepared turn records the version each turn was given; no versioned copy exists
+    assert [(p["inputs"][0]["path"], p["inputs"][0]["version"]) for p in prepared] == [
+        ("docs/sales.csv", 2),
+        ("docs/sales.csv", 1),
+    ]
+    listed = aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix=f"{SCOPE.key}/docs/")["Contents"]
+    assert sorted(o["Key"].removeprefix(f"{SCOPE.key}/") for o in listed if not o["Key"].endswith("/")) == [
+        "docs/sales.csv",
+        "docs/sales.csv.version.json",
+    ]

@@ -171,15 +171,25 @@ def test_an_explicit_turn_id_is_kept_and_json_names_the_queue(
     assert json.loads(body)["turn_id"] == TURN_ID
 
 
-def test_user_and_conversation_flags_replace_the_spec_fields(
+def test_user_and_conversation_flags_supply_the_spec_fields(
     aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Given a spec for alice in c-demo and an explicit queue URL (the environment's is not used)
-    spec_path = _spec_file(tmp_path)
+    # Given a spec in c-demo without user_id and an explicit queue URL (the environment's is not used)
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({k: v for k, v in SPEC.items() if k != "user_id"}))
 
     # When bob submits it to another conversation
     code = main(
-        ["submit", spec_path, "--user", "bob", "--conversation", "c-other", "--queue-url", aws["queue_url"]]
+        [
+            "submit",
+            str(spec_path),
+            "--user",
+            "bob",
+            "--conversation",
+            "c-other",
+            "--queue-url",
+            aws["queue_url"],
+        ]
     )
 
     # Then the message carries bob and c-other
@@ -188,6 +198,24 @@ def test_user_and_conversation_flags_replace_the_spec_fields(
     sent = json.loads(body)
     assert sent["user_id"] == "bob"
     assert sent["scope"] == {"conversation_id": "c-other"}
+
+
+def test_a_spec_of_another_user_than_the_user_flag_is_refused_and_nothing_sent(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec of alice's
+    spec_path = _spec_file(tmp_path)
+
+    # When bob submits it
+    code = main(["submit", spec_path, "--user", "bob", "--queue-url", aws["queue_url"]])
+
+    # Then one line names the disagreement, exit 2, and nothing was sent (one identity rule)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (
+        err == f"alphaagent: error: user_id: the spec says {USER!r} but --user says 'bob'; drop one of them\n"
+    )
+    assert _messages(aws) == []
 
 
 def test_a_queue_url_that_is_not_a_url_is_a_usage_error(
@@ -469,3 +497,19 @@ def test_another_users_turn_is_never_shown(
     assert answer.err == nowhere.err.replace(unknown, TURN_ID)
     assert f"turn {TURN_ID}: queued" in answer.err
     assert "total 7" not in answer.err and "completed" not in answer.err
+
+
+def test_a_spec_that_could_never_finish_is_refused_before_it_is_sent(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec whose chart output has a .csv path (checks that need no code, issue 14)
+    spec_path = _spec_file(tmp_path, outputs=[{"kind": "chart", "name": "c", "path": "charts/c.csv"}])
+
+    # When it is submitted
+    code = main(["submit", spec_path, "--queue-url", aws["queue_url"]])
+
+    # Then one line names the output, exit 2, and nothing reached the queue
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("alphaagent: error: outputs[0].path: 'charts/c.csv' does not fit kind 'chart'")
+    assert _messages(aws) == []

@@ -84,7 +84,7 @@ def test_node_b_is_submitted_by_the_chain_rule_when_node_a_completes(stack: Stac
         }
         # with node clean's registered dataset, copied into its docs/
         clean_version, clean_bytes = client.artifact(clean, "penguins-clean")
-        assert client.read(summarise, "docs/clean/penguins-clean.v1.csv") == clean_bytes
+        assert client.read(summarise, "docs/clean/penguins-clean.csv") == clean_bytes
         report = client.read(summarise, "reports/summary.md").decode()
     assert "From 4 cleaned rows" in report and "Heaviest species: Gentoo." in report
     assert clean_version.version == 1

@@ -43,7 +43,45 @@ def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
     assert "Gentoo penguins are the heaviest" in (scope / "reports/summary.md").read_text()
     # And the second turn, in a new session, built on the registered dataset
     assert len(report["sessions"]) == 2
-    assert "docs/species_summary.v1.csv" in report["files"]
+    assert "docs/species_summary.csv" in report["files"]
+    assert not [f for f in report["files"] if ".v1." in f]  # one stable name, never a versioned copy
+    sidecar = json.loads((scope / "docs/species_summary.csv.version.json").read_text())
+    assert (sidecar["artifact"], sidecar["version"]) == ("species_summary", 1)
+    assert [(i["artifact"], i["version"]) for i in second["inputs"]] == [("species_summary", 1)]
     assert "Gentoo penguins weigh 1.37 times as much as Adelie" in (scope / "reports/followup.md").read_text()
     # And progress went to stderr, step by step
     assert "step 1/3: aggregate body mass by species" in done.stderr
+
+
+def test_the_demo_uses_the_per_user_data_directory_and_the_identity_rule(tmp_path: Path) -> None:
+    # Given no ALPHAAGENT_HOME, an empty HOME, ALPHAAGENT_USER set, and another working directory
+    home, cwd = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("ALPHAAGENT_HOME", "XDG_DATA_HOME")}
+    env.update(HOME=str(home), ALPHAAGENT_USER="newcomer")
+    # When the demo runs there
+    done = subprocess.run(
+        [sys.executable, "-m", "alphaagent.cli", "demo", "--json"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # Then its scope is under ~/.local/share/alphaagent, nothing was written where it ran
+    assert done.returncode == 0, done.stderr
+    scope = Path(json.loads(done.stdout)["scope"])
+    assert scope.parent.parent == home / ".local/share/alphaagent"
+    assert list(cwd.iterdir()) == []
+    # And a read command from anywhere, as the same user, finds its runs
+    read = subprocess.run(
+        [sys.executable, "-m", "alphaagent.cli", "history", "--json", "--conversation", scope.name],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert read.returncode == 0, read.stderr
+    assert len(json.loads(read.stdout)) == 4

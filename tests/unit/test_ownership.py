@@ -48,7 +48,7 @@ READ_TINY = (
     "import os\n"
     "print(sorted(os.listdir('datasets')))\n"
     "print(open('datasets/tiny.csv').read(), end='')\n"
-    "print(open('docs/tiny.v1.csv').read(), end='')\n"
+    "print(open('docs/tiny.csv').read(), end='')\n"
 )
 
 CONVERSATION_SCOPE = {"conversation_id": CONVERSATION}

@@ -33,7 +33,7 @@ import pytest
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext, register_artifact, run_in_env
-from alphaagent.errors import ArtifactError, InvalidSpecError, ScopeBusyError
+from alphaagent.errors import ArtifactError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope
 from alphaagent.models.records import TurnResult
@@ -405,13 +405,14 @@ def test_max_runs_is_enforced(agent: AlphaAgent) -> None:
         "open('work/two.txt', 'w').write('2')",
         constraints={"max_runs": 1},
     )
-    # When the turn runs
-    result = agent.run_analysis(spec)
-    # Then it fails saying the run budget is spent, after exactly one run
-    assert result.status == "failed" and result.error is not None
-    assert "constraints.max_runs" in result.error.value
-    assert len(result.run_ids) == 1 and len(agent.history(USER, _scope(spec))) == 1
-    assert "work/two.txt" not in {f.path for f in agent.files(USER, _scope(spec))}
+    # When the turn is run
+    with pytest.raises(InvalidSpecError) as raised:
+        agent.run_analysis(spec)
+    # Then it is refused before any code, naming the budget (issue 14: checks that need no code
+    # come first); nothing ran and nothing was written
+    assert str(raised.value).startswith("constraints.max_runs: 1 is fewer than the 2 steps")
+    with pytest.raises(NotFoundError):
+        agent.history(USER, _scope(spec))
 
 
 # ----------------------------------------------------------------------------- run history (item 8)
@@ -551,9 +552,10 @@ def test_every_kind_accepts_its_file_types(
     ("code", "output", "message"),
     [
         pytest.param(
-            "open('reports/summary.md', 'w').write('x')",
-            {"kind": "chart", "name": "summary", "path": "reports/summary.md"},
-            "'reports/summary.md': a chart must be one of .png, .svg",
+            # No path declared (a declared path of the wrong type is refused before any code)
+            "open('charts/summary.md', 'w').write('x')",
+            {"kind": "chart", "name": "summary"},
+            "'charts/summary.md': a chart must be one of .png, .svg",
             id="wrong-type",
         ),
         pytest.param(
@@ -739,16 +741,17 @@ def test_a_dataset_input_is_copied_into_docs_by_version(agent: AlphaAgent) -> No
     # When a turn asks for v1 and for the latest
     spec = _spec(
         conversation,
-        "import pandas as pd\nprint(len(pd.read_csv('docs/sales.v1.csv')), len(pd.read_csv('docs/sales.v2.csv')))",
+        "import pandas as pd\nprint(len(pd.read_csv('docs/sales.csv')), len(pd.read_csv('docs/sales.v2.csv')))",
         inputs=[{"kind": "dataset", "name": "sales", "version": 1}, {"kind": "dataset", "name": "sales"}],
     )
     result = agent.run_analysis(spec)
-    # Then both versions are in docs/ with their registered bytes, and the steps read them
+    # Then both versions are in docs/ with their registered bytes, and the steps read them: the
+    # first under the stable name, the second version asked for under its versioned name
     assert result.status == "completed", result.error
     scope = _scope(spec)
-    for version in (1, 2):
+    for version, path in ((1, "docs/sales.csv"), (2, "docs/sales.v2.csv")):
         _v, data = agent.artifact(USER, scope, "sales", version)
-        assert agent.read_file(USER, scope, f"docs/sales.v{version}.csv") == data
+        assert agent.read_file(USER, scope, path) == data
     assert agent.run_record(USER, result.run_ids[0]).stdout == "1 2\n"
 
 

@@ -30,7 +30,7 @@ def test_node_b_takes_node_a_dataset_through_a_node_artifact_input(tmp_path: Pat
         clean = {"workflow_execution_id": workflow, "node_id": "clean"}
         summarise = {"workflow_execution_id": workflow, "node_id": "summarise"}
         clean_version, clean_bytes = client.artifact(clean, "penguins-clean")
-        copied = client.read(summarise, "docs/clean/penguins-clean.v1.csv")
+        copied = client.read(summarise, "docs/clean/penguins-clean.csv")
         report = client.read(summarise, "reports/summary.md").decode()
         summarise_files = {f.path for f in client.files(summarise)}
 
