@@ -369,12 +369,7 @@ def _deny_unix_sockets() -> None:
     )
 
 
-# Landlock (include/uapi/linux/landlock.h); its system calls share the generic numbering.
-_SYS_LANDLOCK_CREATE_RULESET = 444
-_SYS_LANDLOCK_RESTRICT_SELF = 446
-LANDLOCK_CREATE_RULESET_VERSION = 1
-LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET = 1
-LANDLOCK_SCOPE_ABI = 6
+LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6 (the SYS_LANDLOCK_* numbers are above)
 
 
 class _LandlockRulesetAttr(ctypes.Structure):
@@ -387,7 +382,10 @@ class _LandlockRulesetAttr(ctypes.Structure):
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 without Landlock."""
-    return max(0, int(_libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)))
+    version = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
+    )
+    return max(0, int(version))
 
 
 def _scope_abstract_sockets() -> None:
@@ -396,11 +394,11 @@ def _scope_abstract_sockets() -> None:
     X11, D-Bus, container shims listen there). Socket files are not covered (Landlock cannot yet);
     ``no_new_privs`` must be set. Raises ``SetupError`` if the kernel refuses."""
     attr = _LandlockRulesetAttr(0, 0, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET)
-    fd = int(_libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0))
+    fd = int(_libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0))
     if fd < 0:
         raise SetupError(f"landlock: {os.strerror(ctypes.get_errno())}")
     try:
-        _check(int(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0)), "landlock_restrict_self")
+        _check(int(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, fd, 0)), "landlock_restrict_self")
     finally:
         os.close(fd)
 
