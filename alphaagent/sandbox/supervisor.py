@@ -335,7 +335,9 @@ class Sandbox:
         # Where the AF_UNIX filter is off (network on, process level), Landlock 6+ keeps host abstract
         # sockets out of reach; the child refuses to start if the kernel then declines.
         scoped_abstract = (
-            not (namespaced and not network) and int(self._ready.get("kernel_landlock_abi", 0)) >= 6
+            self.config.landlock
+            and not (namespaced and not network)
+            and int(self._ready.get("kernel_landlock_abi", 0)) >= 6
         )
         request = {
             "cwd": str(workdir),
@@ -343,7 +345,9 @@ class Sandbox:
             "tmp_bytes": tmp_bytes,
             "shm_bytes": limits.shm_mb * 2**20,
             "network": network,
-            "scope_abstract_sockets": scoped_abstract,
+            "scope_abstract_sockets": int(self._ready.get("kernel_landlock_abi", 0))
+            if scoped_abstract
+            else 0,
             "hidden_paths": list(self.config.hidden_paths),
             "env": child_environment(self.config, tmp_dir=tmp_dir),
             "limits": _rlimits(limits),

@@ -372,35 +372,12 @@ def _deny_unix_sockets() -> None:
 LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6 (the SYS_LANDLOCK_* numbers are above)
 
 
-class _LandlockRulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 without Landlock."""
     version = _libc.syscall(
         SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
     )
     return max(0, int(version))
-
-
-def _scope_abstract_sockets() -> None:
-    """Landlock (ABI 6+): the run may connect only to abstract unix sockets that its own processes
-    bound, never to the host's (in the host's network namespace, which a run with network shares:
-    X11, D-Bus, container shims listen there). Socket files are not covered (Landlock cannot yet);
-    ``no_new_privs`` must be set. Raises ``SetupError`` if the kernel refuses."""
-    attr = _LandlockRulesetAttr(0, 0, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET)
-    fd = int(_libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0))
-    if fd < 0:
-        raise SetupError(f"landlock: {os.strerror(ctypes.get_errno())}")
-    try:
-        _check(int(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, fd, 0)), "landlock_restrict_self")
-    finally:
-        os.close(fd)
 
 
 def _become_namespace_init(sock: socket.socket) -> None:
@@ -502,7 +479,7 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _enter_landlock_domain(abi: int) -> None:
+def _enter_landlock_domain(abi: int, abstract_unix: bool = False) -> None:
     """Put this process (and all it will fork) in a Landlock domain of its own.
 
     Not for its file rules (it handles only the creation of device nodes, which no run needs): a
@@ -512,11 +489,15 @@ def _enter_landlock_domain(abi: int) -> None:
     the CLI, which may hold credentials); this is what keeps their environment out of reach. From
     ABI 6 (Linux 6.12) it cannot signal processes outside its domain either (the zygote, the
     supervisor, other runs). Every domain denies cross-directory ``rename``/``link`` unless it
-    handles ``REFER`` and grants it: it is granted beneath ``/``. Needs ``no_new_privs``.
+    handles ``REFER`` and grants it: it is granted beneath ``/``. With ``abstract_unix`` (ABI 6+) the
+    run may connect only to abstract unix sockets its own processes bound, never to the host's (in
+    the host's network namespace, which a run with network shares: X11, D-Bus, container shims
+    listen there); socket files are not covered (Landlock cannot yet). Needs ``no_new_privs``.
     """
     fields = [LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER]
     if abi >= 6:
-        fields += [0, LANDLOCK_SCOPE_SIGNAL]  # handled_access_net (none), scoped
+        scoped = LANDLOCK_SCOPE_SIGNAL | (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET if abstract_unix else 0)
+        fields += [0, scoped]  # handled_access_net (none), scoped
     attr = (ctypes.c_uint64 * len(fields))(*fields)
     ruleset = _libc.syscall(
         SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0
@@ -815,12 +796,14 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     if namespaced or os.geteuid() == 0:
         _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-    if req.get("landlock_abi"):
-        _enter_landlock_domain(int(req["landlock_abi"]))
+    # One Landlock domain: the process level's (``landlock_abi``), and/or, wherever the AF_UNIX
+    # filter is off, one that keeps host abstract sockets out of reach (``scope_abstract_sockets``:
+    # the kernel's ABI, 6+).
+    landlock, abstract = int(req.get("landlock_abi") or 0), int(req.get("scope_abstract_sockets") or 0)
+    if landlock or abstract:
+        _enter_landlock_domain(max(landlock, abstract), abstract_unix=abstract >= 6)
     if namespaced and not req.get("network", False):
         _deny_unix_sockets()
-    elif req.get("scope_abstract_sockets"):
-        _scope_abstract_sockets()
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
