@@ -9,11 +9,16 @@ Prints, as a Markdown table (or one JSON object with ``--json``):
 - flood throughput: a child writing 1 GiB to stdout under a 2 GiB spill cap, and the same flood under
   the default 64 MiB cap (killed at the output limit);
 - the benchmark process's resident memory before the floods and its peak during them;
+- the per-run cost of the bounds at the ``namespaces`` level (issue 10): ``print(1)`` through four
+  sandboxes side by side -- no new bounds (the host's ``/dev`` read-only, an unsized ``/tmp``, no
+  memory cgroup: the behaviour before them), then adding a sized ``/tmp`` and ``/dev/shm``, a
+  minimal ``/dev``, and a memory cgroup (the default) -- with runs interleaved between the four so
+  that the machine's load weighs on each alike;
 - the machine, and PASS/FAIL against the sandbox's performance targets (``TARGET_*`` below).
 
 Usage, from the repository root::
 
-    .venv/bin/python bench/sandbox.py [--quick] [--json]
+    .venv/bin/python bench/sandbox.py [--quick] [--json] [--bounds-only]
 
 ``--quick`` divides the iteration counts by 4 (a CI smoke run); the figures are then noisier.
 Progress goes to stderr.
@@ -73,6 +78,20 @@ TARGET_PRINT_P50_MS = 10.0
 TARGET_FRESH_SPEEDUP = 30.0
 TARGET_JUPYTER_RATIO = 5.0
 TARGET_RSS_GROWTH_MIB = 64.0
+TARGET_BOUNDS_RATIO = 1.10
+"""The bounds of issue 10 may cost at most 10 % of the print(1) p50 at the namespaces level."""
+
+BOUND_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("no new bounds (before)", {"private_dev": False, "sized_tmp": False, "memory_cgroup": False}),
+    ("+ sized /tmp and /dev/shm", {"private_dev": False, "memory_cgroup": False}),
+    ("+ minimal /dev", {"memory_cgroup": False}),
+    ("+ memory cgroup (default)", {}),
+)
+"""Label -> ``SandboxConfig`` overrides, each adding one bound to the row above it. Every row keeps
+the seccomp filter (no AF_UNIX socket without network) and the disk budget's poll: they have no
+switch, and cost a few microseconds per run."""
+BURST = 10
+"""Back-to-back runs in a row on one sandbox before the next takes its turn (drains its spares)."""
 
 MIB = 1 << 20
 
@@ -256,6 +275,60 @@ def bench_jupyter(workdir: Path, *, warmup: int, n: int) -> tuple[list[Latency],
     return rows, startup_s
 
 
+def bench_bounds(workdir: Path, *, warmup: int, n: int) -> tuple[list[Latency], list[dict[str, Any]]]:
+    """``print(1)`` through one sandbox per ``BOUND_CONFIGS`` row, started together and measured in
+    turn (single runs with the pause, bursts of ``BURST`` back to back); returns rows and infos."""
+    code, expected = WORKLOADS["print(1)"]
+    boxes: list[tuple[str, Sandbox]] = []
+    infos: list[dict[str, Any]] = []
+    rows: list[Latency] = []
+    try:
+        for label, overrides in BOUND_CONFIGS:
+            box = Sandbox(SandboxConfig(**overrides))
+            boxes.append((label, box))
+            box.start()
+            infos.append({"label": label, "isolation": box.isolation, **overrides})
+        if any(box.isolation != "namespaces" for _, box in boxes):
+            progress("bounds: namespaces unavailable here; the comparison is skipped")
+            return [], infos
+        results: dict[str, Any] = {}
+
+        def run_on(label: str, box: Sandbox) -> None:
+            result = box.run(code, cwd=workdir)
+            if result.status != "ok":
+                raise RunFailedError(f"{label}: status {result.status}: {result.error}")
+            check_output(label, result.stdout, expected)
+            results[label] = result.isolation
+
+        for pattern, pause_s, burst in (
+            (f"{int(PAUSE_S * 1000)} ms pause", PAUSE_S, 1),
+            ("back-to-back", 0.0, BURST),
+        ):
+            progress(f"bounds: print(1), {pattern}, {n} runs on each of {len(boxes)} sandboxes")
+            samples: dict[str, list[float]] = {label: [] for label, _ in boxes}
+            for label, box in boxes:
+                for _ in range(warmup):
+                    run_on(label, box)
+            turn = 0
+            while any(len(s) < n for s in samples.values()):
+                # The order rotates: the sandbox after another one's run shares the CPU with that
+                # zygote's refill of its spare, and no row should always be the one that does.
+                turn += 1
+                for label, box in boxes[turn % len(boxes) :] + boxes[: turn % len(boxes)]:
+                    taken, _ = measure(
+                        lambda label=label, box=box: run_on(label, box), warmup=0, n=burst, pause_s=pause_s
+                    )
+                    samples[label] += taken
+            rows += [Latency(label, pattern, "print(1)", samples[label][:n]) for label, _ in boxes]
+        for info in infos:
+            report = results.get(info["label"])
+            info["result_isolation"] = report.model_dump() if report is not None else None
+    finally:
+        for _, box in boxes:
+            box.close()
+    return rows, infos
+
+
 # ---------------------------------------------------------------------------------------- floods
 
 
@@ -385,6 +458,23 @@ def targets(rows: list[Latency], zygote_labels: list[str], memory: dict[str, Any
                 f"<= {TARGET_JUPYTER_RATIO:g}x",
                 ratio <= TARGET_JUPYTER_RATIO,
             )
+    before = BOUND_CONFIGS[0][0]
+    for pattern in (paused, "back-to-back"):
+        try:
+            old = find(rows, before, pattern, "print(1)").p50_ms
+        except StopIteration:
+            break  # bounds not measured (namespaces unavailable)
+        for label, _ in BOUND_CONFIGS[1:]:
+            ratio = find(rows, label, pattern, "print(1)").p50_ms / old
+            check(
+                f"bounds: {label} / {before}, print(1) p50, {pattern}",
+                ratio,
+                "x",
+                f"<= {TARGET_BOUNDS_RATIO:g}x",
+                ratio <= TARGET_BOUNDS_RATIO,
+            )
+    if not memory:
+        return checks
     check(
         "supervisor RSS growth during the floods",
         memory["rss_growth_mib"],
@@ -437,6 +527,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"- {row['runner']}, {row['pattern']}, {row['workload']}: {row['errors']} failed; "
                 f"first: `{row['first_error']}`"
             )
+    lines += markdown_bounds(report)
     lines += [
         "",
         f"## Stdout flood ({FLOOD_MIB} MiB written by the child)",
@@ -469,15 +560,54 @@ def markdown(report: dict[str, Any]) -> str:
             )
         )
         + " |",
-        "",
-        "## Targets",
-        "",
-        "| Target | Value | Limit | Result |",
-        "|---|---|---|---|",
     ]
+    return "\n".join(lines + markdown_targets(report))
+
+
+def markdown_bounds(report: dict[str, Any]) -> list[str]:
+    """The cost-of-the-bounds table (issue 10), with each row's p50 relative to the first row's."""
+    bounds = report.get("bounds") or {}
+    rows = bounds.get("latency") or []
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Cost of the bounds (namespaces level, print(1), runs interleaved between the sandboxes)",
+        "",
+        "| Sandbox | Pattern | N | p50 ms | p95 ms | p50 / before | isolation reported |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    infos = {info["label"]: info for info in bounds.get("sandboxes", [])}
+    first = {row["pattern"]: row["p50_ms"] for row in rows if row["runner"] == BOUND_CONFIGS[0][0]}
+    for row in rows:
+        iso = infos.get(row["runner"], {}).get("result_isolation") or {}
+        shown = ", ".join(f"{k}={v}" for k, v in iso.items() if k != "level")
+        ratio = row["p50_ms"] / first[row["pattern"]] if first.get(row["pattern"]) else math.nan
+        lines.append(
+            f"| {row['runner']} | {row['pattern']} | {row['n']} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} "
+            f"| {ratio:.2f}x | {shown} |"
+        )
+    return lines
+
+
+def markdown_targets(report: dict[str, Any]) -> list[str]:
+    """The PASS/FAIL table of the targets."""
+    lines = ["", "## Targets", "", "| Target | Value | Limit | Result |", "|---|---|---|---|"]
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['value']} | {t['limit']} | {'PASS' if t['pass'] else 'FAIL'} |")
-    return "\n".join(lines)
+    return lines
+
+
+def markdown_machine(report: dict[str, Any]) -> list[str]:
+    """The machine line alone (for ``--bounds-only``)."""
+    m = report["machine"]
+    return [
+        "## Machine",
+        "",
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, "
+        f"Python {m['python']}, root: {'yes' if m['root'] else 'no'}; "
+        f"1-minute load average {m['load_1m_start']} at the start, {m['load_1m_end']} at the end",
+    ]
 
 
 @contextmanager
@@ -485,7 +615,7 @@ def workspace() -> Iterator[Path]:
     """A temporary directory for the runs' working directories, removed at the end."""
     with tempfile.TemporaryDirectory(prefix="alphaagent-bench-") as root:
         path = Path(root)
-        for sub in ("runs", "fresh", "jupyter", "flood-big", "flood-capped"):
+        for sub in ("runs", "bounds", "fresh", "jupyter", "flood-big", "flood-capped"):
             (path / sub).mkdir()
         yield path
 
@@ -496,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="divide the iteration counts by 4 (CI smoke)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--bounds-only", action="store_true", help="measure only the cost of the bounds")
     args = parser.parse_args(argv)
     scale = 4 if args.quick else 1
     n_warm, n_fresh = 40 // scale, max(2, 10 // scale)
@@ -506,6 +637,18 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Latency] = []
     zygotes: list[dict[str, Any]] = []
     with workspace() as root:
+        bounds_rows, bounds_info = bench_bounds(root / "bounds", warmup=warmup, n=n_warm)
+        if args.bounds_only:
+            report = {
+                "machine": machine(load_at_start),
+                "quick": args.quick,
+                "bounds": {"sandboxes": bounds_info, "latency": [row.summary() for row in bounds_rows]},
+                "targets": targets(bounds_rows, [], {}),
+                "elapsed_s": round(time.perf_counter() - started, 1),
+            }
+            text = "\n".join(markdown_machine(report) + markdown_bounds(report) + markdown_targets(report))
+            print(json.dumps(report, indent=2) if args.json else text)
+            return 0
         for label, config in (
             ("zygote (default config)", SandboxConfig()),
             ('zygote (isolation="process")', SandboxConfig(isolation="process")),
@@ -526,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
         "latency": [row.summary() for row in rows],
         "floods": [big, capped],
         "memory": memory,
-        "targets": targets(rows, [z["label"] for z in zygotes], memory),
+        "bounds": {"sandboxes": bounds_info, "latency": [row.summary() for row in bounds_rows]},
+        "targets": targets(rows + bounds_rows, [z["label"] for z in zygotes], memory),
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     progress(f"done in {report['elapsed_s']} s")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from alphaagent.models.common import ConversationScope, NodeScope
 
@@ -18,14 +18,24 @@ IsolationLevel = Literal["namespaces", "process"]
 # timeout (the env function runs one run per invocation); the memory bound is Lambda's 10,240 MB.
 MAX_TIMEOUT_S = 900
 MAX_MEMORY_MB = 10_240
+DEFAULT_DISK_MB = 10_240
+"""A run's default write budget for its scope: 10 GiB, Lambda's largest ephemeral storage (where the
+env function's working copy lives), so a run that passes locally also fits there."""
+MAX_DISK_MB = 1_048_576
 
 
 class RunLimits(BaseModel):
     """Resource limits of one run. Units are in the field names; defaults are the product's defaults.
 
-    ``memory_mb`` caps the child's address space (``RLIMIT_AS``); the preloaded scientific stack
-    already maps about 400 MiB of it. ``processes`` is ``RLIMIT_NPROC`` (or a pids cgroup when the
-    supervisor runs as root, where ``RLIMIT_NPROC`` does not apply). ``cpu_s`` defaults to the timeout.
+    ``memory_mb`` caps each process's address space (``RLIMIT_AS``; the preloaded scientific stack
+    already maps about 400 MiB of it) and, where the supervisor can create a memory cgroup (root), all
+    the RAM the run holds: its processes together, its ``/tmp`` and ``/dev/shm`` pages, ``memfd``
+    files and page cache. ``tmp_mb`` / ``shm_mb`` size the run's private ``/tmp`` and ``/dev/shm``
+    tmpfs at the ``namespaces`` level (``tmp_mb`` defaults to half of ``memory_mb``); a write past
+    them fails with ``ENOSPC``. ``disk_mb`` is the budget of what the run may add to its scope
+    (allocated bytes, so a sparse file counts what it really takes); a run past it is killed
+    (``DiskLimitExceeded``). ``processes`` is ``RLIMIT_NPROC`` (or a pids cgroup when the supervisor
+    runs as root, where ``RLIMIT_NPROC`` does not apply). ``cpu_s`` defaults to the timeout.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -36,10 +46,17 @@ class RunLimits(BaseModel):
     file_size_mb: int = Field(1024, ge=1, le=10 * 1024)
     open_files: int = Field(1024, ge=16, le=65_536)
     processes: int = Field(256, ge=1, le=4096)
+    tmp_mb: int | None = Field(None, ge=1, le=MAX_MEMORY_MB)
+    shm_mb: int = Field(64, ge=1, le=MAX_MEMORY_MB)
+    disk_mb: int = Field(DEFAULT_DISK_MB, ge=1, le=MAX_DISK_MB)
 
     def effective_cpu_s(self) -> int:
         """CPU seconds allowed: ``cpu_s``, or the wall-clock timeout rounded up."""
         return self.cpu_s if self.cpu_s is not None else max(1, int(self.timeout_s + 0.999))
+
+    def effective_tmp_mb(self) -> int:
+        """Size of the private ``/tmp`` in MiB: ``tmp_mb``, or half of ``memory_mb``."""
+        return self.tmp_mb if self.tmp_mb is not None else self.memory_mb // 2
 
 
 class RunOrigin(BaseModel):
@@ -92,6 +109,34 @@ class LandlockState(BaseModel):
     detail: str
 
 
+class IsolationReport(BaseModel):
+    """Which isolation level and which bounds were in force for one run (DESIGN §4.4).
+
+    - ``memory_bound``: ``cgroup`` when a memory cgroup held the whole run to ``memory_mb`` (tmpfs and
+      ``memfd`` pages included), ``rlimit_as`` when only each process's address space was capped.
+    - ``dev``: ``private`` (a minimal ``/dev`` of the run's own) or ``host`` (the host's, read-only
+      at the ``namespaces`` level; all of it at the ``process`` level).
+    - ``tmp_mb`` / ``shm_mb``: sizes of the run's private ``/tmp`` and ``/dev/shm`` tmpfs, or None when
+      they are not sized per run (the ``process`` level).
+    - ``host_unix_sockets``: ``blocked`` when the run can create no socket that reaches a host unix
+      socket (network off at the ``namespaces`` level); ``files_only`` when host abstract sockets are
+      out of reach (Landlock 6+) but socket files are not; ``reachable`` otherwise.
+    """
+
+    level: IsolationLevel
+    memory_bound: Literal["cgroup", "rlimit_as"] = "rlimit_as"
+    dev: Literal["private", "host"] = "host"
+    tmp_mb: int | None = None
+    shm_mb: int | None = None
+    host_unix_sockets: Literal["blocked", "files_only", "reachable"] = "reachable"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_level(cls, value: object) -> object:
+        # Records written before the report existed hold the level alone.
+        return {"level": value} if isinstance(value, str) else value
+
+
 class RunResult(BaseModel):
     """The result of one run (DESIGN §4.4), plus diagnostics a user of a sandbox expects.
 
@@ -116,7 +161,7 @@ class RunResult(BaseModel):
     files_changed: list[str]
     files: FileChangeReport
     limits: dict[str, float | int | str]
-    isolation: IsolationLevel
+    isolation: IsolationReport
     network: Literal["on", "off"]
     non_utf8_output: bool = False
     stdout_path: str | None = None

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alphaagent.models.run import RunLimits
 from alphaagent.sandbox.capture import RETURNED_OUTPUT_CAP_BYTES, SPILL_CAP_BYTES, STORED_HISTORY_CAP_BYTES
@@ -63,6 +63,15 @@ class SandboxConfig(BaseModel):
       kernel has Landlock (5.13+), so it cannot read another process's ``/proc/<pid>/environ``.
       Without namespaces and without Landlock, the sandbox refuses to start while any process a run
       could read holds one of ``redact_env`` (``False`` forces that path; tests use it).
+    - ``memory_cgroup``: hold each run to ``memory_mb`` in all with a memory cgroup where one can be
+      created (root); the result's ``isolation.memory_bound`` says whether it was in force.
+    - ``private_dev`` / ``sized_tmp``: at the ``namespaces`` level, give each run a minimal ``/dev``
+      of its own and a sized tmpfs for ``/tmp``. Turning them off restores the earlier behaviour (the
+      host's ``/dev`` read-only, ``/tmp`` an unsized directory in host RAM) and exists to measure the
+      difference (``bench/sandbox.py``), not for production use.
+    - ``disk_poll_s``: how often the supervisor checks the scope's filesystem for growth while a run
+      runs (one ``statvfs``; the scope is walked only when the filesystem grew by more than what is
+      left of the run's ``disk_mb``, and at most every 20 walk-durations, see ``ScopeDiskBudget``).
     - ``hidden_paths``: directories a run must not see at the ``namespaces`` level (covered by an
       empty tmpfs): by default the supervisor's home (``~/.ssh``, ``~/.aws``...); the local backend
       adds its data directory, where the other conversations live.
@@ -87,6 +96,10 @@ class SandboxConfig(BaseModel):
     wipe_paths: tuple[str, ...] = ()
     wipe_keep: tuple[str, ...] = ()
     use_cgroup: bool = True
+    memory_cgroup: bool = True
+    private_dev: bool = True
+    sized_tmp: bool = True
+    disk_poll_s: float = Field(0.05, gt=0, le=10)
     max_tree_entries: int = Field(100_000, ge=100)
     zygote_start_timeout_s: float = Field(120.0, gt=0)
     spawn_timeout_s: float = Field(15.0, gt=0)
@@ -96,6 +109,14 @@ class SandboxConfig(BaseModel):
     threads: int = Field(1, ge=1, le=64)
     hidden_paths: tuple[str, ...] = Field(default_factory=lambda: (str(Path.home()),))
     deny_tcp_connect_ports: tuple[int, ...] = ()
+
+    @model_validator(mode="after")
+    def _tmp_needs_host_dev(self) -> SandboxConfig:
+        # The unsized /tmp is a directory in the scratch root, usually under the host's /dev/shm,
+        # which a private /dev hides.
+        if not self.sized_tmp and self.private_dev:
+            raise ValueError("sized_tmp: False (the unsized scratch /tmp) needs private_dev=False too")
+        return self
 
     @field_validator("extra_env")
     @classmethod

@@ -77,6 +77,7 @@ class Entry:
         ino: ``st_ino``.
         dev: ``st_dev``.
         mode: ``st_mode`` (type and permission bits).
+        blocks: ``st_blocks``, 512-byte units allocated on disk (what a sparse file really takes).
     """
 
     kind: EntryKind
@@ -85,6 +86,7 @@ class Entry:
     ino: int
     dev: int
     mode: int
+    blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -389,6 +391,7 @@ def _entry_from_stat(st: os.stat_result) -> Entry:
         ino=st.st_ino,
         dev=st.st_dev,
         mode=st.st_mode,
+        blocks=st.st_blocks,
     )
 
 

@@ -36,10 +36,18 @@ from typing import Any
 from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import printable_path
-from alphaagent.models.run import FileChangeReport, RunError, RunLimits, RunResult, SkippedPath
+from alphaagent.models.run import (
+    FileChangeReport,
+    IsolationReport,
+    RunError,
+    RunLimits,
+    RunResult,
+    SkippedPath,
+)
 from alphaagent.sandbox.capture import REDACTED, OutputSink, StreamCapture
-from alphaagent.sandbox.cgroup import PidsCgroup, pids_limit_reached
+from alphaagent.sandbox.cgroup import RunCgroups, oom_kills, pids_limit_reached
 from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.diskbudget import ScopeDiskBudget, scope_growth
 from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
 from alphaagent.sandbox.pathsafe import ThresholdSpill
 from alphaagent.sandbox.snapshot import HashCache, diff_snapshots, take_snapshot
@@ -92,7 +100,7 @@ class Sandbox:
         self._scratch_root: Path | None = None
         self._scratch_baseline: _ScratchBaseline | None = None
         self._hash_cache = HashCache()
-        self._cgroup: PidsCgroup | None = None
+        self._cgroup: RunCgroups | None = None
         self._exclusive_lock = threading.Lock()
         self._secrets = secrets_to_redact(self.config.redact_env)
 
@@ -140,7 +148,10 @@ class Sandbox:
                 prefix="alphaagent-sandbox-", dir=self.config.scratch_dir or _default_scratch_dir()
             )
         )
-        self._cgroup = PidsCgroup.detect() if self.config.use_cgroup else None
+        controllers = (("pids",) if self.config.use_cgroup else ()) + (
+            ("memory",) if self.config.memory_cgroup else ()
+        )
+        self._cgroup = RunCgroups.detect(controllers)
         mpl_dir = self._scratch_root / "mplconfig"
         mpl_dir.mkdir()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -151,7 +162,8 @@ class Sandbox:
             "warmup": self.config.warmup,
             "pool_size": self.config.pool_size,
             "isolation": self.config.isolation,
-            "cgroup_parent": str(self._cgroup.parent) if self._cgroup else None,
+            "cgroup_parents": {c: str(p) for c, p in self._cgroup.parents.items()} if self._cgroup else {},
+            "private_dev": self.config.private_dev,
             "scratch_root": str(self._scratch_root),
             "deny_tcp_connect_ports": list(self.config.deny_tcp_connect_ports),
             "landlock": self.config.landlock,
@@ -319,11 +331,23 @@ class Sandbox:
         code_fd = os.memfd_create(f"code-{run_id}", os.MFD_CLOEXEC)
         _write_all(code_fd, source.encode("utf-8"))
         tmp_dir = "/tmp" if namespaced else str(scratch / "tmp")
+        tmp_bytes = limits.effective_tmp_mb() * 2**20 if self.config.sized_tmp else 0
+        # Where the AF_UNIX filter is off (network on, process level), Landlock 6+ keeps host abstract
+        # sockets out of reach; the child refuses to start if the kernel then declines.
+        scoped_abstract = (
+            self.config.landlock
+            and not (namespaced and not network)
+            and int(self._ready.get("kernel_landlock_abi", 0)) >= 6
+        )
         request = {
             "cwd": str(workdir),
             "tmp_dir": str(scratch / "tmp"),
-            "shm_bytes": 64 * 2**20,
+            "tmp_bytes": tmp_bytes,
+            "shm_bytes": limits.shm_mb * 2**20,
             "network": network,
+            "scope_abstract_sockets": int(self._ready.get("kernel_landlock_abi", 0))
+            if scoped_abstract
+            else 0,
             "hidden_paths": list(self.config.hidden_paths),
             "env": child_environment(self.config, tmp_dir=tmp_dir),
             "limits": _rlimits(limits),
@@ -332,6 +356,7 @@ class Sandbox:
         self._channels[run_id] = channel
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         started = time.monotonic()
+        started_ns = time.time_ns()  # before the spawn: what the run changes has a later ctime
         try:
             try:
                 self._send(
@@ -340,6 +365,7 @@ class Sandbox:
                         "id": run_id,
                         "network": network,
                         "max_processes": limits.processes,
+                        "memory_bytes": limits.memory_mb * 2**20,
                         "request": request,
                     },
                     [*(w for _, w in pipes), code_fd],
@@ -348,10 +374,31 @@ class Sandbox:
                 for _, w in pipes:
                     os.close(w)
                 os.close(code_fd)
-            pid, cgroup = self._await_spawn(channel, run_id)
+            pid, cgroup, memory_cgroup = self._await_spawn(channel, run_id)
+            disk = ScopeDiskBudget(
+                workdir,
+                budget_bytes=limits.disk_mb * 2**20,
+                walk=lambda: scope_growth(
+                    workdir,
+                    before,
+                    started_ns,
+                    platform_dir=_SPILL_DIR,
+                    own=run_id,
+                    max_entries=self.config.max_tree_entries,
+                ),
+            )
             try:
                 outcome = self._supervise(
-                    run_id, pid, cgroup, [r for r, _ in pipes], workdir, limits, channel, started, on_output
+                    run_id,
+                    pid,
+                    cgroup,
+                    [r for r, _ in pipes],
+                    workdir,
+                    limits,
+                    channel,
+                    started,
+                    disk,
+                    on_output,
                 )
             except BaseException:
                 # Ctrl-C (KeyboardInterrupt) in the caller, or any other way out mid-run: the run
@@ -359,6 +406,10 @@ class Sandbox:
                 self._kill_run(pid, _Outcome(pid=pid, cgroup=cgroup))
                 _remove_path(scratch)
                 raise
+            if memory_cgroup:
+                # Read at once (the zygote removes the cgroup a while after the run): a process the
+                # kernel killed at the limit may not be the run's main one, which then reports.
+                outcome.oom_kills = oom_kills(memory_cgroup)
             duration_ms = int((time.monotonic() - started) * 1000)
             if self.config.exclusive:
                 if outcome.exit_event is None:
@@ -367,12 +418,23 @@ class Sandbox:
             # The child reported, so it has ended its descendants: the tree is final, and the snapshot
             # runs while the child's exit (an address space to tear down) is on its way.
             after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+            if outcome.kill_reason is None:
+                # A burst shorter than one poll (page cache takes GB/s) is caught here, after the run.
+                grown = disk.final()
+                if grown is not None:
+                    outcome.kill_reason = "disk_limit"
+                    outcome.disk_over_after_run = True
+                    outcome.hint = (
+                        f"the run added {_mib(grown)} to its scope, over its budget of"
+                        f" {_mib(disk.budget_bytes)} (disk_mb; found when the run ended)"
+                    )
             changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
             _remove_path(scratch)
             if outcome.exit_event is None:
                 # The wait status, always, even after a report: the status pipe is the code's to write
                 # (or to close and reopen); the zygote's waitpid is not (DESIGN §4.4).
                 outcome.exit_event = self._await_exit(channel)
+            outcome.oom_kills = max(outcome.oom_kills, int((outcome.exit_event or {}).get("oom_kills", 0)))
         finally:
             for r, _ in pipes:
                 with contextlib.suppress(OSError):
@@ -390,13 +452,22 @@ class Sandbox:
                 skipped=[SkippedPath(path=s.path, reason=s.reason) for s in changes.skipped],
                 truncated=changes.truncated,
             ),
-            isolation="namespaces" if namespaced else "process",
+            isolation=IsolationReport(
+                level="namespaces" if namespaced else "process",
+                memory_bound="cgroup" if memory_cgroup else "rlimit_as",
+                dev="private" if namespaced and self.config.private_dev else "host",
+                tmp_mb=tmp_bytes // 2**20 if namespaced and tmp_bytes else None,
+                shm_mb=limits.shm_mb if namespaced else None,
+                host_unix_sockets="blocked"
+                if namespaced and not network
+                else ("files_only" if scoped_abstract else "reachable"),
+            ),
             network="off" if namespaced and not network else "on",
             spill_rel=spill_rel,
             secrets=self._secrets,
         )
 
-    def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None]:
+    def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None, str | None]:
         try:
             message = channel.events.get(timeout=self.config.spawn_timeout_s)
         except queue.Empty as exc:
@@ -404,7 +475,7 @@ class Sandbox:
             self._abandon_zygote()
             raise SandboxError(f"run {run_id}: the zygote did not answer; it will be restarted") from exc
         if message["event"] == "spawned":
-            return int(message["pid"]), message.get("cgroup")
+            return int(message["pid"]), message.get("cgroup"), message.get("memory_cgroup")
         raise SandboxError(f"run {run_id}: {message.get('message', 'the zygote died')}")
 
     def _supervise(
@@ -417,9 +488,11 @@ class Sandbox:
         limits: RunLimits,
         channel: _RunChannel,
         started: float,
+        disk: ScopeDiskBudget,
         on_output: OutputSink | None = None,
     ) -> _Outcome:
-        """Read stdout, stderr and status concurrently until EOF; enforce the wall clock and output cap."""
+        """Read stdout, stderr and status concurrently until EOF; enforce the wall clock, the output
+        cap and the scope's write budget (polled every ``disk_poll_s``)."""
         out_fd, err_fd, status_fd = fds
         spills = {
             fd: ThresholdSpill(
@@ -440,6 +513,7 @@ class Sandbox:
         status_buf = bytearray()
         outcome = _Outcome(pid=pid, cgroup=cgroup)
         deadline = started + limits.timeout_s
+        next_disk_poll = started + self.config.disk_poll_s
         kill_at: float | None = None
         drain_until: float | None = None
         sel = selectors.DefaultSelector()
@@ -458,11 +532,23 @@ class Sandbox:
                     outcome.hint = _diagnose_hang(pid)
                     _signal(pid, signal.SIGINT)  # a traceback of where the code was stuck
                     kill_at = now + _GRACE_AFTER_INTERRUPT_S
+                if outcome.kill_reason is None and now >= next_disk_poll:
+                    next_disk_poll = now + self.config.disk_poll_s
+                    grown = disk.poll()
+                    if grown is not None:
+                        outcome.kill_reason = "disk_limit"
+                        outcome.hint = (
+                            f"the run added {_mib(grown)} to its scope, over its budget of"
+                            f" {_mib(disk.budget_bytes)} (disk_mb)"
+                        )
+                        self._kill_run(pid, outcome)
+                        drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
                 if kill_at is not None and now >= kill_at:
                     self._kill_run(pid, outcome)
                     kill_at = None
                     drain_until = now + _DRAIN_AFTER_KILL_S
-                wake = [t for t in (deadline, kill_at, drain_until) if t is not None and t > now]
+                polls = (next_disk_poll,) if outcome.kill_reason is None else ()
+                wake = [t for t in (deadline, kill_at, drain_until, *polls) if t is not None and t > now]
                 for key, _ in sel.select(timeout=min(wake) - now if wake else 0.05):
                     fd = int(key.fd)
                     try:
@@ -478,7 +564,7 @@ class Sandbox:
                         if len(status_buf) > 1 << 20:  # flooded by the code: keep the head and the tail
                             status_buf = status_buf[: 1 << 16] + b"\n" + status_buf[-(1 << 16) :]
                         continue
-                    if outcome.kill_reason == "output_limit":
+                    if outcome.kill_reason in ("output_limit", "disk_limit"):
                         continue  # what is still in flight after the kill is not counted
                     capture = captures[fd]
                     capture.feed(chunk)
@@ -616,6 +702,8 @@ class _Outcome:
     hint: str | None = None
     processes_at_kill: int | None = None
     process_limit_hit: bool = False
+    oom_kills: int = 0
+    disk_over_after_run: bool = False
     stdout_spilled: bool = False
     stderr_spilled: bool = False
 
@@ -997,7 +1085,7 @@ def _build_result(
     limits: RunLimits,
     duration_ms: int,
     changes: FileChangeReport,
-    isolation: str,
+    isolation: IsolationReport,
     network: str,
     spill_rel: str,
     secrets: tuple[str, ...],
@@ -1034,6 +1122,23 @@ def _build_result(
         exit_code = wait_code
         reason = tampered
         error = RunError(name="StatusReportTampered", value=reason, traceback="")
+    elif outcome.kill_reason == "disk_limit":
+        # Killed while it ran; or over the budget only by the time it ended (a burst between two
+        # polls): it then finished on its own, and its exit status is its own.
+        after_run = outcome.disk_over_after_run
+        status = "error" if after_run else "killed"
+        reason = f"disk limit: {outcome.hint}"
+        error = RunError(name="DiskLimitExceeded", value=reason, traceback="")
+        exit_code = wait_code if wait_code is not None or after_run else -signal.SIGKILL
+    elif outcome.oom_kills:
+        status = "killed"
+        exit_code = wait_code
+        reason = (
+            f"memory limit exceeded ({limits.memory_mb} MB for the whole run, its /tmp and /dev/shm"
+            f" included): the kernel killed {outcome.oom_kills} of its processes at the memory"
+            " cgroup's limit"
+        )
+        error = RunError(name="MemoryLimitExceeded", value=reason, traceback="")
     elif status_line.get("memory_error") and signum is None:
         status = "killed"
         reason = f"memory limit exceeded ({limits.memory_mb} MB)"
@@ -1080,7 +1185,11 @@ def _build_result(
         duration_ms=duration_ms,
         files_changed=sorted({*changes.created, *changes.modified, *changes.deleted}),
         files=changes,
-        limits={**limits.model_dump(exclude={"cpu_s"}), "cpu_s": limits.effective_cpu_s()},
+        limits={
+            **limits.model_dump(exclude={"cpu_s", "tmp_mb"}),
+            "cpu_s": limits.effective_cpu_s(),
+            "tmp_mb": limits.effective_tmp_mb(),
+        },
         isolation=isolation,
         network=network,
         non_utf8_output=stdout.replaced or stderr.replaced,
@@ -1103,7 +1212,8 @@ def iter_result_lines(result: RunResult) -> Iterator[str]:
         else:
             yield f"{result.error.name}: {result.error.value}"
     summary = (
-        f"[{result.status}] exit={result.exit_code} {result.duration_ms} ms, isolation={result.isolation}"
+        f"[{result.status}] exit={result.exit_code} {result.duration_ms} ms,"
+        f" isolation={result.isolation.level}"
     )
     if result.reason:
         summary += f" ({result.reason})"

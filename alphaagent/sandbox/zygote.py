@@ -10,16 +10,20 @@ supervisor (``alphaagent.sandbox.supervisor``) starts it as::
 and talks to it over an ``AF_UNIX``/``SOCK_SEQPACKET`` socket (one JSON object per datagram):
 
 supervisor -> zygote
-    ``{"op": "spawn", "id": RUN_ID, "network": bool, "cgroup_procs": PATH|null, "request": {...}}`` with
+    ``{"op": "spawn", "id": RUN_ID, "network": bool, "max_processes": N, "memory_bytes": N,
+    "request": {...}}`` with
     three descriptors attached (``SCM_RIGHTS``): the write ends of the run's stdout, stderr and status
     pipes. ``request`` is what the child applies before it runs the code (see ``_run_child``).
     ``{"op": "sweep_uid", "id": RUN_ID}`` kills every process of this uid that is not the zygote, one of
     its ancestors (the supervisor and whatever started it) or one of its spares (exclusive mode).
 
 zygote -> supervisor
-    ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "preloaded", "preload_errors"}``
-    ``{"event": "spawned", "id", "pid"}`` / ``{"event": "spawn_failed", "id", "message"}``
-    ``{"event": "exited", "id", "pid", "exit_code", "maxrss_kb", "cpu_s"}`` (negative: killed by signal)
+    ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "landlock_abi", "preloaded",
+    "preload_errors"}``
+    ``{"event": "spawned", "id", "pid", "cgroup", "memory_cgroup"}`` (the run's pids and memory cgroup
+    directories, or null) / ``{"event": "spawn_failed", "id", "message"}``
+    ``{"event": "exited", "id", "pid", "exit_code", "maxrss_kb", "cpu_s", "oom_kills"}`` (negative:
+    killed by signal; ``oom_kills``: processes the kernel killed at the memory cgroup's limit)
     ``{"event": "swept", "id", "killed"}``
 
 The child writes one JSON line to its status pipe (descriptor 3) before it exits:
@@ -117,6 +121,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _ZYGOTE_FILE = os.path.abspath(__file__)
 
 
+MEMORY_CGROUP_GRACE_S = 5.0
+"""How long a finished run's memory cgroup outlives it, so the supervisor can still read it."""
+
+
 class SetupError(Exception):
     """The child could not prepare the run (a platform failure, not a failure of user code)."""
 
@@ -166,7 +174,7 @@ def _enter_namespaces(network: bool) -> None:
     _prctl(PR_SET_DUMPABLE, 0)
 
 
-def _prepare_namespace_init(network: bool) -> None:
+def _prepare_namespace_init(network: bool, private_dev: bool = True) -> None:
     """In the first process of the new pid namespace: private mounts, its own read-only /proc, every
     other mount read-only (the run gets write access to its scope, /tmp and /dev/shm only, at
     request time), loopback up."""
@@ -181,8 +189,51 @@ def _prepare_namespace_init(network: bool) -> None:
             if not os.path.exists(point):
                 continue  # hidden under another mount: unreachable anyway
             raise SetupError(f"cannot make {point} read-only: {exc}") from None
+    if private_dev:
+        _minimal_dev()
     if not network:
         _loopback_up()
+
+
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+"""The host device nodes a run can open: the ones every program expects, none that reaches hardware,
+the kernel log, loop devices, consoles or other terminals (``/dev/tty`` is the caller's own)."""
+
+
+_host_dev_fd: int | None = None
+"""The host's /dev (``O_PATH``) in a spare with a private /dev, until the run's view is made: a scope
+or an interpreter under the host's /dev/shm is bound back through it, then it is closed."""
+
+
+def _minimal_dev() -> None:
+    """Cover the host's /dev with a /dev of the run's own: a read-only tmpfs (nosuid, noexec) holding
+    bind mounts of ``DEV_NODES``, a private devpts instance for pseudo-terminals, the usual ``fd`` and
+    ``std*`` links and an empty ``shm`` directory (its tmpfs is mounted per run). Every other host
+    node (``/dev/kmsg``, ``/dev/loop-control``, ``/dev/kvm``, ``/dev/console``, ``/dev/tty1``...) has
+    no name in the run's view, and a tmpfs made in a user namespace cannot hold a usable device node."""
+    global _host_dev_fd
+    opened = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    host_dev = fcntl.fcntl(opened, fcntl.F_DUPFD_CLOEXEC, 100)  # clear of 0-3, which the spare replaces
+    os.close(opened)
+    _host_dev_fd = host_dev
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
+    for name in DEV_NODES:
+        source = f"/proc/self/fd/{host_dev}/{name}"
+        if not os.path.exists(source):
+            continue
+        os.close(os.open(f"/dev/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        _mount(source, f"/dev/{name}", None, MS_BIND)
+    for directory in ("pts", "shm"):
+        os.mkdir(f"/dev/{directory}", 0o755)
+    try:
+        _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+        os.symlink("pts/ptmx", "/dev/ptmx")
+    except SetupError:
+        pass  # a kernel without devpts in user namespaces: runs get no pseudo-terminals, nothing more
+    os.symlink("/proc/self/fd", "/dev/fd")
+    for number, stream in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{number}", f"/dev/{stream}")
+    _mount("none", "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
 def _mount_table() -> list[tuple[str, int]]:
@@ -241,6 +292,94 @@ def _drop_capabilities() -> None:
     _check(_libc.capset(ctypes.byref(header), data), "capset")
 
 
+# seccomp (include/uapi/linux/seccomp.h, filter.h, audit.h): the native architecture and the numbers
+# of the system calls the filter below looks at (new system calls share one numbering since 5.1).
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+_SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53}),
+    "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199}),
+}
+_IO_URING_SETUP = 425
+_X32_SYSCALL_BIT = 0x40000000
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_AND_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
+_SOCK_TYPE_MASK = 0xF
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_ushort),
+        ("jt", ctypes.c_ubyte),
+        ("jf", ctypes.c_ubyte),
+        ("k", ctypes.c_uint),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _deny_unix_sockets() -> None:
+    """A seccomp filter for a run without network: no ``AF_UNIX`` socket of its own, so no host unix
+    socket anywhere is connectable, wherever its file lies (``/var/tmp``, a home, a service's state
+    directory) and whatever its name (abstract sockets too).
+
+    Denied with ``EACCES``: ``socket(AF_UNIX, ...)``, ``socketpair(AF_UNIX, SOCK_DGRAM)`` (a datagram
+    socket can ``sendto`` any bound address), ``io_uring_setup`` (its requests bypass seccomp) and
+    every system call of a foreign ABI (x32, 32-bit x86 and its ``socketcall``). Still allowed:
+    stream and seqpacket ``socketpair`` (``multiprocessing.Pipe``, asyncio's self-pipe) and every
+    other address family. Inherited by everything the run starts; ``no_new_privs`` must be set."""
+    arch = os.uname().machine
+    if arch not in _SECCOMP_ARCHES:
+        raise SetupError(f"no seccomp filter for {arch}: cannot take unix sockets away")
+    audit_arch, numbers = _SECCOMP_ARCHES[arch]
+    deny = SECCOMP_RET_ERRNO | 13  # EACCES
+    program = [
+        (_BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        (_BPF_JEQ_K, 1, 0, audit_arch),
+        (_BPF_RET_K, 0, 0, deny),
+        (_BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+        (_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT),
+        (_BPF_RET_K, 0, 0, deny),
+        (_BPF_JEQ_K, 0, 1, _IO_URING_SETUP),
+        (_BPF_RET_K, 0, 0, deny),
+        (_BPF_JEQ_K, 2, 0, numbers["socket"]),
+        (_BPF_JEQ_K, 4, 0, numbers["socketpair"]),
+        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        # socket(): the low word of args[0] (little-endian) is the family.
+        (_BPF_LD_W_ABS, 0, 0, 16),
+        (_BPF_JEQ_K, 6, 0, socket.AF_UNIX),  # -> the deny below the socketpair() checks
+        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        # socketpair(): AF_UNIX with a datagram type (flags masked off) is denied.
+        (_BPF_LD_W_ABS, 0, 0, 16),
+        (_BPF_JEQ_K, 0, 4, socket.AF_UNIX),
+        (_BPF_LD_W_ABS, 0, 0, 24),
+        (_BPF_AND_K, 0, 0, _SOCK_TYPE_MASK),
+        (_BPF_JEQ_K, 0, 1, socket.SOCK_DGRAM),
+        (_BPF_RET_K, 0, 0, deny),
+        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ]
+    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
+    fprog = _SockFprog(len(program), filters)
+    _check(
+        _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0),
+        "seccomp",
+    )
+
+
+LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6 (the SYS_LANDLOCK_* numbers are above)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 without Landlock."""
+    version = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
+    )
+    return max(0, int(version))
+
+
 def _become_namespace_init(sock: socket.socket) -> None:
     """Be pid 1 of the run's pid namespace; return only in the forked child that runs the code.
 
@@ -290,7 +429,7 @@ def _forward(pid: int, signum: int) -> None:
         pass
 
 
-def _probe_namespaces() -> str | None:
+def _probe_namespaces(private_dev: bool) -> str | None:
     """Try the full namespace setup in a throwaway child; None when it works, else the reason."""
     r, w = os.pipe()
     pid = os.fork()
@@ -302,9 +441,11 @@ def _probe_namespaces() -> str | None:
             inner = os.fork()
             if inner == 0:
                 try:
-                    _prepare_namespace_init(network=False)
+                    _prepare_namespace_init(network=False, private_dev=private_dev)
                     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m")
                     _drop_capabilities()
+                    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+                    _deny_unix_sockets()  # an architecture without the filter gets process isolation
                     os._exit(0)
                 except BaseException as exc:
                     os.write(w, str(exc).encode()[:500])
@@ -338,7 +479,7 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _enter_landlock_domain(abi: int) -> None:
+def _enter_landlock_domain(abi: int, abstract_unix: bool = False) -> None:
     """Put this process (and all it will fork) in a Landlock domain of its own.
 
     Not for its file rules (it handles only the creation of device nodes, which no run needs): a
@@ -348,11 +489,15 @@ def _enter_landlock_domain(abi: int) -> None:
     the CLI, which may hold credentials); this is what keeps their environment out of reach. From
     ABI 6 (Linux 6.12) it cannot signal processes outside its domain either (the zygote, the
     supervisor, other runs). Every domain denies cross-directory ``rename``/``link`` unless it
-    handles ``REFER`` and grants it: it is granted beneath ``/``. Needs ``no_new_privs``.
+    handles ``REFER`` and grants it: it is granted beneath ``/``. With ``abstract_unix`` (ABI 6+) the
+    run may connect only to abstract unix sockets its own processes bound, never to the host's (in
+    the host's network namespace, which a run with network shares: X11, D-Bus, container shims
+    listen there); socket files are not covered (Landlock cannot yet). Needs ``no_new_privs``.
     """
     fields = [LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER]
     if abi >= 6:
-        fields += [0, LANDLOCK_SCOPE_SIGNAL]  # handled_access_net (none), scoped
+        scoped = LANDLOCK_SCOPE_SIGNAL | (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET if abstract_unix else 0)
+        fields += [0, scoped]  # handled_access_net (none), scoped
     attr = (ctypes.c_uint64 * len(fields))(*fields)
     ruleset = _libc.syscall(
         SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0
@@ -567,7 +712,8 @@ def _interpreter_paths() -> tuple[str, ...]:
 def _private_view(req: dict[str, Any], network: bool) -> None:
     """The run's view of the filesystem (everything else is read-only since the spare was made):
 
-    - its own /tmp (the run's scratch directory) and /dev/shm (a capped tmpfs);
+    - its own /tmp and /dev/shm (tmpfs of ``tmp_bytes`` and ``shm_bytes``), and its own /dev (made
+      when the spare was, see ``_minimal_dev``);
     - ``hidden_paths`` (the supervisor's home, the backend's data directory) and, without network,
       /run and /var/run (unix sockets of host services) covered by empty tmpfs;
     - the working directory bound back read-write at its own path, and the interpreter's prefixes
@@ -575,10 +721,18 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     """
     cwd = os.path.realpath(req["cwd"])
     readable = [os.path.realpath(p) for p in _interpreter_paths()]
-    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in {cwd, *readable}}
-    _mount(req["tmp_dir"], "/tmp", None, MS_BIND | MS_REC)
-    _mount("none", "/tmp", None, MS_BIND | MS_REMOUNT | _mount_flags_of("/tmp"))  # its source is read-only
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']}")
+    try:
+        held = {path: os.open(_on_host(path), os.O_PATH | os.O_DIRECTORY) for path in {cwd, *readable}}
+    finally:
+        _close_host_dev()
+    # Sized tmpfs: their pages are RAM, charged to the run's memory cgroup where it has one, and
+    # capped here either way (a run writing to an unsized /tmp took host RAM past its memory limit).
+    if req.get("tmp_bytes"):
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['tmp_bytes']},mode=1777")
+    else:  # the unsized scratch directory, kept only to measure the difference (``sized_tmp=False``)
+        _mount(req["tmp_dir"], "/tmp", None, MS_BIND | MS_REC)
+        _mount("none", "/tmp", None, MS_BIND | MS_REMOUNT | _mount_flags_of("/tmp"))
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']},mode=1777")
     covered = ["/tmp", "/dev/shm"]
     for hidden in [*req.get("hidden_paths", []), *([] if network else ["/run", "/var/run"])]:
         real = os.path.realpath(hidden)
@@ -606,11 +760,27 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
         _mount("none", hidden_dir, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
+def _on_host(path: str) -> str:
+    """``path`` as the host sees it: a path under /dev goes through the host's /dev while the spare
+    still holds it (``_host_dev_fd``); anything else is the same path."""
+    if _host_dev_fd is not None and (path == "/dev" or path.startswith("/dev/")):
+        return f"/proc/self/fd/{_host_dev_fd}{path[len('/dev') :]}"
+    return path
+
+
+def _close_host_dev() -> None:
+    global _host_dev_fd
+    if _host_dev_fd is not None:
+        os.close(_host_dev_fd)
+        _host_dev_fd = None
+
+
 def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     os.setsid()
     cwd = req["cwd"]
     if namespaced:
         _private_view(req, network=req.get("network", False))
+    _close_host_dev()  # never reaches user code
     os.chdir(cwd)
     os.umask(0o022)
     limits = dict(req["limits"])
@@ -626,8 +796,14 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     if namespaced or os.geteuid() == 0:
         _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-    if req.get("landlock_abi"):
-        _enter_landlock_domain(int(req["landlock_abi"]))
+    # One Landlock domain: the process level's (``landlock_abi``), and/or, wherever the AF_UNIX
+    # filter is off, one that keeps host abstract sockets out of reach (``scope_abstract_sockets``:
+    # the kernel's ABI, 6+).
+    landlock, abstract = int(req.get("landlock_abi") or 0), int(req.get("scope_abstract_sockets") or 0)
+    if landlock or abstract:
+        _enter_landlock_domain(max(landlock, abstract), abstract_unix=abstract >= 6)
+    if namespaced and not req.get("network", False):
+        _deny_unix_sockets()
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
@@ -842,7 +1018,7 @@ class Spare:
         self.pid = pid  # None until a namespaced spare's helper reports the inner pid
         self.network = network
         self.helper_pid = helper_pid
-        self.cgroup: str | None = None
+        self.cgroups: dict[str, str] = {}  # controller -> the spare's cgroup directory
 
 
 class Zygote:
@@ -856,16 +1032,19 @@ class Zygote:
         self.reported: set[int] = set()  # namespaced runs whose exit was sent from the init's report
         self.helpers: set[int] = set()
         self.sel = selectors.DefaultSelector()
-        self.cgroup_parent: str | None = config.get("cgroup_parent")
+        # controller ("pids", "memory") -> parent directory; with cgroup v2 both share one.
+        self.cgroup_parents: dict[str, str] = dict(config.get("cgroup_parents") or {})
         self.scratch_root: str | None = config.get("scratch_root")
-        self.cgroups: dict[int, str] = {}  # run pid -> its cgroup directory
+        self.cgroups: dict[int, dict[str, str]] = {}  # run pid -> its cgroup directories
         self.spare_count = 0
         self.doomed_cgroups: set[str] = set()  # cgroups of finished runs, removed once empty
+        self.keep_until: dict[str, float] = {}  # doomed memory cgroup -> when it may be removed
         self.namespaced = False
         self.isolation_detail = ""
+        self.private_dev = bool(config.get("private_dev", True))
         mode = config.get("isolation", "auto")
         if mode in ("auto", "namespaces"):
-            reason = _probe_namespaces()
+            reason = _probe_namespaces(self.private_dev)
             self.namespaced = reason is None
             self.isolation_detail = "user, mount, pid and network namespaces" if reason is None else reason
             if mode == "namespaces" and reason is not None:
@@ -883,16 +1062,20 @@ class Zygote:
 
     def _fork_spare(self, network: bool) -> Spare:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cgroup = None
-        if self.cgroup_parent:
+        cgroups: dict[str, str] = {}
+        if self.cgroup_parents:
             # Made before the fork, so it exists whenever the spare is handed a run; the spare joins
             # it itself before it reads its request, so everything the run forks is counted.
             self.spare_count += 1
-            cgroup = os.path.join(self.cgroup_parent, f"spare-{self.spare_count}")
-            os.mkdir(cgroup)
+            cgroups = {
+                controller: os.path.join(parent, f"spare-{self.spare_count}")
+                for controller, parent in self.cgroup_parents.items()
+            }
+            for directory in set(cgroups.values()):
+                os.mkdir(directory)
         pid = os.fork()
         if pid == 0:
-            self._become_spare(child_sock, parent_sock, network, cgroup)
+            self._become_spare(child_sock, parent_sock, network, cgroups)
         child_sock.close()
         if self.namespaced:
             spare = Spare(parent_sock, None, network, helper_pid=pid)
@@ -901,11 +1084,11 @@ class Zygote:
             self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
         else:
             spare = Spare(parent_sock, pid, network, helper_pid=None)
-        spare.cgroup = cgroup
+        spare.cgroups = cgroups
         return spare
 
     def _become_spare(
-        self, sock: socket.socket, parent_sock: socket.socket, network: bool, cgroup: str | None
+        self, sock: socket.socket, parent_sock: socket.socket, network: bool, cgroups: dict[str, str]
     ) -> None:
         """In the forked child: become a spare and wait for a request; never returns."""
         try:
@@ -920,16 +1103,16 @@ class Zygote:
                 init_sock.close()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            if cgroup:
+            for directory in set(cgroups.values()):
                 # Joining a cgroup costs ~10 ms (an RCU grace period): spares do it ahead of time.
-                _write(os.path.join(cgroup, "cgroup.procs"), "0")
+                _write(os.path.join(directory, "cgroup.procs"), "0")
             if self.namespaced:
                 _enter_namespaces(network)
                 inner = os.fork()
                 if inner != 0:
                     sock.send(json.dumps({"pid": inner}).encode())
                     os._exit(0)
-                _prepare_namespace_init(network)
+                _prepare_namespace_init(network, self.private_dev)
                 _become_namespace_init(sock)  # returns in the forked run process only
             else:
                 # A spare must not outlive the zygote (pid namespaces give this for free).
@@ -947,7 +1130,9 @@ class Zygote:
                 os.dup2(fd, target, inheritable=target != STATUS_FD)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
-            os.closerange(STATUS_FD + 1, 1 << 16)
+            keep = _host_dev_fd if _host_dev_fd is not None else STATUS_FD
+            os.closerange(STATUS_FD + 1, keep)
+            os.closerange(max(keep, STATUS_FD) + 1, 1 << 16)
             _reopen_stdio()  # over the run's pipes now (the prewarm's were over the zygote's files)
         except BaseException as exc:
             try:
@@ -1008,10 +1193,14 @@ class Zygote:
         try:
             spare = self._take_spare(bool(message.get("network")) and self.namespaced)
             assert spare.pid is not None
-            cgroup = spare.cgroup
-            if cgroup:
-                _write(os.path.join(cgroup, "pids.max"), str(message["max_processes"]))
-                self.cgroups[spare.pid] = cgroup
+            cgroups = spare.cgroups
+            if "pids" in cgroups:
+                _write(os.path.join(cgroups["pids"], "pids.max"), str(message["max_processes"]))
+            memory_cgroup = "memory" in cgroups and _limit_memory(
+                cgroups["memory"], message.get("memory_bytes")
+            )
+            if cgroups:
+                self.cgroups[spare.pid] = cgroups
             spare.sock.sendmsg(
                 [json.dumps(message["request"]).encode()],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())],
@@ -1022,7 +1211,15 @@ class Zygote:
             else:
                 spare.sock.close()
             self.runs[spare.pid] = run_id
-            self._send({"event": "spawned", "id": run_id, "pid": spare.pid, "cgroup": cgroup})
+            self._send(
+                {
+                    "event": "spawned",
+                    "id": run_id,
+                    "pid": spare.pid,
+                    "cgroup": cgroups.get("pids"),
+                    "memory_cgroup": cgroups["memory"] if memory_cgroup else None,
+                }
+            )
         except Exception as exc:
             self._send({"event": "spawn_failed", "id": run_id, "message": f"{type(exc).__name__}: {exc}"})
         finally:
@@ -1082,8 +1279,14 @@ class Zygote:
                 break
             self.helpers.discard(pid)
             run_id = self.runs.pop(pid, None)
-            if pid in self.cgroups:
-                self.doomed_cgroups.add(self.cgroups.pop(pid))
+            run_cgroups = self.cgroups.pop(pid, {})
+            # Read before the cgroup is removed: the kernel's count of processes it killed at the limit.
+            oom_kills = _oom_kills(run_cgroups["memory"]) if "memory" in run_cgroups else 0
+            self.doomed_cgroups.update(run_cgroups.values())
+            if "memory" in run_cgroups:
+                # The supervisor reads the cgroup's oom_kill count once the run's pipes close, which
+                # may be after this reap: the directory stays a while (its members are killed now).
+                self.keep_until[run_cgroups["memory"]] = time.monotonic() + MEMORY_CGROUP_GRACE_S
             if run_id is not None:
                 reaped_run = True
                 if pid in self.init_socks:
@@ -1097,14 +1300,14 @@ class Zygote:
                             "exit_code": os.waitstatus_to_exitcode(status),
                             "maxrss_kb": usage.ru_maxrss,
                             "cpu_s": usage.ru_utime + usage.ru_stime,
+                            "oom_kills": oom_kills,
                         }
                     )
                 self.reported.discard(pid)
             else:
                 for spare in [s for s in self.spares if s.pid == pid]:
                     self.spares.remove(spare)
-                    if spare.cgroup:
-                        self.doomed_cgroups.add(spare.cgroup)
+                    self.doomed_cgroups.update(spare.cgroups.values())
         if reaped_run:
             self._kill_strays()
         self._remove_doomed_cgroups()
@@ -1119,16 +1322,23 @@ class Zygote:
         if report is None or run_id is None:
             return
         self.reported.add(pid)
-        self._send({"event": "exited", "id": run_id, "pid": pid, **report})
+        memory = self.cgroups.get(pid, {}).get("memory")
+        oom = {"oom_kills": _oom_kills(memory)} if memory else {}
+        self._send({"event": "exited", "id": run_id, "pid": pid, **report, **oom})
 
-    def _remove_doomed_cgroups(self) -> None:
-        """Kill what is left in finished runs' cgroups, and remove those that are empty."""
+    def _remove_doomed_cgroups(self, force: bool = False) -> None:
+        """Kill what is left in finished runs' cgroups, and remove those that are empty (a run's
+        memory cgroup only ``MEMORY_CGROUP_GRACE_S`` after the run, unless ``force``)."""
+        now = time.monotonic()
         for path in list(self.doomed_cgroups):
             try:
                 with open(os.path.join(path, "cgroup.procs")) as fh:
                     _kill_all([int(p) for p in fh.read().split()])
+                if not force and self.keep_until.get(path, 0) > now:
+                    continue
                 os.rmdir(path)
                 self.doomed_cgroups.discard(path)
+                self.keep_until.pop(path, None)
             except FileNotFoundError:
                 self.doomed_cgroups.discard(path)
             except OSError:
@@ -1146,6 +1356,17 @@ class Zygote:
             if child not in known:
                 _kill_all([child, *_descendants(child)])
 
+    def _doom_all_cgroups(self) -> None:
+        for parent in set(self.cgroup_parents.values()):
+            try:
+                names = os.listdir(parent)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(parent, name)
+                if os.path.isdir(path):
+                    self.doomed_cgroups.add(path)
+
     def _shutdown(self) -> None:
         """The supervisor is gone (or asked us to stop): kill every run and spare, remove their
         cgroups and the scratch root, exit. A supervisor that crashed leaves nothing behind."""
@@ -1157,22 +1378,17 @@ class Zygote:
                 os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
-            if not self.cgroup_parent:
+            if not self.cgroup_parents:
                 time.sleep(0.01)
                 continue
-            for name in os.listdir(self.cgroup_parent):
-                path = os.path.join(self.cgroup_parent, name)
-                if os.path.isdir(path):
-                    self.doomed_cgroups.add(path)
-            self._remove_doomed_cgroups()
+            self._doom_all_cgroups()
+            self._remove_doomed_cgroups(force=True)
             time.sleep(0.01)
-        if self.cgroup_parent:
+        for parent in set(self.cgroup_parents.values()):
             try:
-                for name in os.listdir(self.cgroup_parent):
-                    if os.path.isdir(os.path.join(self.cgroup_parent, name)):
-                        self.doomed_cgroups.add(os.path.join(self.cgroup_parent, name))
-                self._remove_doomed_cgroups()
-                os.rmdir(self.cgroup_parent)
+                self._doom_all_cgroups()
+                self._remove_doomed_cgroups(force=True)
+                os.rmdir(parent)
             except OSError:
                 pass
         if self.scratch_root:
@@ -1194,7 +1410,10 @@ class Zygote:
         self._send(ready | {"isolation": "namespaces" if self.namespaced else "process"})
         while True:
             idle_wake = (
-                0.05 if self.doomed_cgroups or len(self.spares) + len(self.pending) < self.pool_size else None
+                0.05
+                if any(p not in self.keep_until for p in self.doomed_cgroups)
+                or len(self.spares) + len(self.pending) < self.pool_size
+                else (0.5 if self.doomed_cgroups else None)  # only memory cgroups in their grace
             )
             for key, _ in self.sel.select(timeout=idle_wake):
                 if key.data == "wake":
@@ -1236,6 +1455,42 @@ def _read_init_report(init_sock: socket.socket) -> dict[str, Any] | None:
         return None
     finally:
         init_sock.close()
+
+
+def _limit_memory(cgroup: str, limit: int | None) -> bool:
+    """Set a run's memory cgroup to ``limit`` bytes, swap included, before it starts; True once the
+    limit is in force (v1: ``memory.limit_in_bytes`` and ``memory.memsw.limit_in_bytes``; v2:
+    ``memory.max``, ``memory.swap.max`` 0 and ``memory.oom.group``, so the whole run dies together)."""
+    if not limit:
+        return False
+    try:
+        if os.path.exists(os.path.join(cgroup, "memory.max")):
+            _write(os.path.join(cgroup, "memory.max"), str(limit))
+            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                if os.path.exists(os.path.join(cgroup, name)):
+                    _write(os.path.join(cgroup, name), value)
+        else:
+            _write(os.path.join(cgroup, "memory.limit_in_bytes"), str(limit))
+            if os.path.exists(os.path.join(cgroup, "memory.memsw.limit_in_bytes")):
+                _write(os.path.join(cgroup, "memory.memsw.limit_in_bytes"), str(limit))
+    except OSError:
+        return False
+    return True
+
+
+def _oom_kills(cgroup: str) -> int:
+    """Processes the kernel killed in ``cgroup`` at its memory limit (``oom_kill`` of memory.events
+    with v2, of memory.oom_control with v1)."""
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            with open(os.path.join(cgroup, name)) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
 
 
 def _parent_of(pid: int) -> int:
@@ -1311,6 +1566,7 @@ def main() -> None:
         "isolation_detail": zygote.isolation_detail,
         "landlock_abi": zygote.landlock_abi,
         "readable_credentials": zygote.readable_credentials,
+        "kernel_landlock_abi": landlock_abi(),
         "preloaded": loaded,
         "preload_errors": errors,
     }

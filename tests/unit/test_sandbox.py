@@ -68,7 +68,7 @@ def test_ok_run_returns_output_and_timing(any_sandbox: Sandbox, tmp_path: Path) 
     assert not result.stdout_truncated and not result.stderr_truncated
     assert result.error is None and result.reason is None
     assert result.duration_ms >= 0 and len(result.run_id) == 26
-    assert result.isolation in ("namespaces", "process")
+    assert result.isolation.level in ("namespaces", "process")
 
 
 def test_exception_is_data_with_user_frames_only(any_sandbox: Sandbox, tmp_path: Path) -> None:

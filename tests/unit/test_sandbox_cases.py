@@ -739,7 +739,7 @@ def test_res_03_memory_limit_holds_at_the_process_level(process_sandbox: Sandbox
     )
 
     # Then the same memory-limit result comes back
-    assert result.isolation == "process"
+    assert result.isolation.level == "process"
     assert (result.status, result.reason) == ("killed", "memory limit exceeded (1024 MB)")
     assert result.stdout == "start\n"
 
@@ -767,7 +767,7 @@ def test_proc_01_the_case_daemon_is_gone_and_the_next_run_sees_no_beacon(
     # Then the run returns promptly with 'spawned', and the next execution prints False
     assert (result.status, result.stdout) == ("ok", "spawned\n")
     assert result.duration_ms < 5000
-    assert result.isolation == "namespaces"
+    assert result.isolation.level == "namespaces"
     assert follow_up.stdout == "False\n"
 
 
@@ -861,7 +861,7 @@ def test_proc_01_daemons_are_killed_at_the_process_level_too(
     time.sleep(1.3)
 
     # Then no process of it survives, and the beacon is no longer refreshed
-    assert (result.status, result.stdout, result.isolation) == ("ok", "spawned True\n", "process")
+    assert (result.status, result.stdout, result.isolation.level) == ("ok", "spawned True\n", "process")
     assert result.duration_ms < 5000
     assert survivors == []
     assert beacon.read_text() == written
@@ -1022,7 +1022,7 @@ def test_env_01_user_b_sees_nothing_of_user_a_on_the_same_warm_sandbox(
     )
 
     # Then B finds no handoff file and none of A's environment, and nothing foreign anywhere there
-    assert first.status == "ok" and first.isolation == "namespaces"
+    assert first.status == "ok" and first.isolation.level == "namespaces"
     listing, rest = second.stdout.split("\n", 1)
     assert second.status == "ok" and "handoff" not in listing
     assert rest == "False None\n"
@@ -1143,7 +1143,7 @@ def test_env_01_no_kind_of_state_carries_over_to_the_next_run(
     second = run(box, probe.replace("{left}", left), scope_b)
 
     # Then B finds nothing of it
-    assert second.isolation == level
+    assert second.isolation.level == level
     assert (second.status, second.stdout) == ("ok", expected + "\n"), second.error
 
 
@@ -1278,7 +1278,7 @@ def test_env_01_and_proc_01_exclusive_mode_wipes_the_shared_tmp_and_kills_leftov
 
     # Then A ran with its daemon alive at the end, and B sees an empty shared /tmp, no env change,
     # no beacon and no process of A's
-    assert (first.status, first.stdout, first.isolation) == ("ok", "spawned True\n", "process")
+    assert (first.status, first.stdout, first.isolation.level) == ("ok", "spawned True\n", "process")
     assert (second.status, second.stdout) == ("ok", "[]\nFalse None\nFalse\n0\n"), second.error
     assert live_processes_with(tag) == []
 
@@ -1535,7 +1535,7 @@ def test_iso_03_credentials_in_the_supervisors_exec_environment_are_unreadable(
     # its environ cannot be read
     assert result.status == "ok"
     assert (report["names"], report["values_in_env"], report["leaks"]) == ([], [], [])
-    if result.isolation == "process":
+    if result.isolation.level == "process":
         assert out["supervisor_pid"] in report["listed"]
         assert out["supervisor_pid"] not in report["readable"]
     else:
@@ -1593,7 +1593,7 @@ def test_path_01_symlinked_directories_are_never_walked_and_special_files_never_
         os.symlink("loop_a", "work/loop_b")
         os.symlink("/nonexistent/target", "work/dangling")
         os.mkfifo("datasets/pipe.csv")
-        socket.socket(socket.AF_UNIX).bind("work/listener.sock")
+        os.mknod("work/listener.sock", 0o600 | 0o140000)  # S_IFSOCK: no AF_UNIX socket without network
         print("planted")
     """
     # When it runs

@@ -1,0 +1,593 @@
+"""Issue 10, items 1, 4, 5 and 6: what a run can reach and hold beyond its scope -- host device nodes,
+host unix sockets, RAM outside ``memory_mb``, disk beyond ``disk_mb`` -- at the ``namespaces`` level
+(and the ``process`` level where a bound applies there too), as root and as an unprivileged user.
+
+Every run goes through a supervisor in its own process (``SUPERVISOR``): as root it stays root; for
+the unprivileged case it imports everything as root, then drops to a user made for the test with
+``useradd`` (or, when the suite itself runs unprivileged, simply runs as that user). The supervisor
+also creates the host's listening unix sockets, as the uid that will run the code, and checks from
+the host side that they are connectable, so a test that finds them unreachable from the run cannot
+pass for the wrong reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alphaagent.models.run import RunResult
+from alphaagent.sandbox.diskbudget import PERIODIC_WALK_S, WALK_COST_FACTOR, ScopeDiskBudget, scope_growth
+from alphaagent.sandbox.zygote import landlock_abi
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MiB = 2**20
+
+SUPERVISOR = """
+import json, os, pwd, shutil, socket, sys, tempfile
+from pathlib import Path
+from alphaagent.models.run import RunLimits
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
+import alphaagent.sandbox.capture, alphaagent.sandbox.pathsafe, alphaagent.sandbox.diskbudget  # noqa
+
+spec = json.loads(sys.stdin.read())
+if spec["user"]:
+    user = pwd.getpwnam(spec["user"])
+    os.setgroups([])
+    os.setgid(user.pw_gid)
+    os.setuid(user.pw_uid)
+    os.environ["HOME"] = user.pw_dir
+parent = Path(tempfile.mkdtemp(prefix="alphaagent-bounds-", dir="/tmp"))
+os.chmod(parent, 0o755)
+scope = parent / "scope"
+scope.mkdir()
+listeners, sockets, reachable = [], {}, {}
+for index, label in enumerate(spec["listen"]):
+    where = {"$HOME": os.environ["HOME"], "$PARENT": str(parent)}.get(label, label)
+    path = os.path.join(where, f"alphaagent-bounds-{os.getpid()}-{index}.sock")
+    try:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+    except OSError:
+        continue  # not writable by this uid: no socket of its own there to reach
+    os.chmod(path, 0o777)
+    server.listen(8)
+    listeners.append((server, path))
+    sockets[label] = path
+if spec["listen"]:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    name = f"\\0alphaagent-bounds-{os.getpid()}"
+    server.bind(name)
+    server.listen(8)
+    listeners.append((server, None))
+    sockets["abstract"] = name
+for where, path in sockets.items():
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        reachable[where] = probe.connect_ex(path) == 0
+results = []
+try:
+    config = {"python": sys.executable, "preload": [], "warmup": "", "pool_size": 1, **spec["config"]}
+    with Sandbox(SandboxConfig(**config)) as box:
+        for run in spec["runs"]:
+            code = f"SOCKETS = {sockets!r}\\n" + run["code"]
+            result = box.run(code, cwd=scope, limits=RunLimits(**run["limits"]), network=run["network"])
+            results.append(result.model_dump(mode="json"))
+finally:
+    for server, path in listeners:
+        server.close()
+        if path:
+            os.unlink(path)
+    shutil.rmtree(parent, ignore_errors=True)
+print(json.dumps({"uid": os.getuid(), "sockets": sockets, "host_reachable": reachable, "results": results}))
+"""
+
+
+@pytest.fixture(scope="module")
+def unprivileged_user() -> Iterator[str | None]:
+    """A user made for these tests (root), or None when the suite already runs unprivileged."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    if shutil.which("useradd") is None:
+        pytest.skip("useradd is not installed: cannot make an unprivileged user")
+    name = f"aa-bounds-{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+
+
+@pytest.fixture(params=["root", "unprivileged"])
+def who(request: pytest.FixtureRequest) -> str | None:
+    """Who the supervisor runs as: root (skipped when the suite is not root), or an ordinary user."""
+    if request.param == "root":
+        if os.geteuid() != 0:
+            pytest.skip("the suite does not run as root")
+        return None
+    return request.getfixturevalue("unprivileged_user") or os.environ.get("USER") or "?"
+
+
+def supervise(
+    who: str | None,
+    runs: list[dict[str, Any]],
+    *,
+    config: dict[str, Any] | None = None,
+    listen: list[str] = (),  # type: ignore[assignment]
+    level: str = "namespaces",
+) -> dict[str, Any]:
+    """Run ``runs`` (``{"code", "limits", "network"}``) through a supervisor as ``who`` (a user name,
+    or None for the suite's own uid); returns the supervisor's report with ``RunResult`` objects.
+    Skips when the ``namespaces`` level is asked for and the kernel refuses it to that uid."""
+    user = who if who and os.geteuid() == 0 else None
+    python = sys.executable
+    if user is not None:
+        # The venv's interpreter may live where the user cannot read (/root/.pyenv): the zygote is
+        # stdlib-only, so the system interpreter serves for the runs.
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    spec = {
+        "user": user,
+        "config": {"isolation": level, "python": python, **(config or {})},
+        "listen": list(listen),
+        "runs": [
+            {
+                "network": False,
+                **run,
+                "code": textwrap.dedent(run["code"]),
+                "limits": {"timeout_s": 20, **run.get("limits", {})},
+            }
+            for run in runs
+        ],
+    }
+    completed = subprocess.run(
+        [sys.executable, "-c", SUPERVISOR],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO_ROOT,
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(REPO_ROOT),
+            "HOME": "/root" if os.geteuid() == 0 else os.environ.get("HOME", "/"),
+        },
+    )
+    if completed.returncode != 0 and "namespaces unavailable" in completed.stderr:
+        pytest.skip(f"the kernel refuses namespaces to this user: {completed.stderr.strip()[-300:]}")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout)
+    report["results"] = [RunResult.model_validate(r) for r in report["results"]]
+    return report
+
+
+# -- item 1: host device nodes -------------------------------------------------------------------
+
+HOST_NODES = (
+    "kmsg", "loop-control", "kvm", "console", "tty0", "tty1", "cpu_dma_latency", "fuse", "mem", "kmem",
+    "port", "hwrng", "btrfs-control", "net/tun", "loop0", "vda", "sda", "nvme0", "mapper/control",
+    "snapshot", "uinput", "vhost-net", "autofs",
+)  # fmt: skip
+"""Host nodes the red-team pass opened, and their kin: hardware, the kernel log, consoles, loop
+devices, block devices, FUSE, KVM. Only those that exist on this host are tried (see the test)."""
+
+DEVICE_PROBE = """
+import json, os, pty
+opened = []
+for name in NODES:
+    for flags in (os.O_RDWR, os.O_RDONLY, os.O_WRONLY):
+        try:
+            os.close(os.open("/dev/" + name, flags | os.O_NONBLOCK | os.O_NOCTTY))
+        except OSError:
+            continue
+        opened.append(name)
+        break
+made = []
+for where in ("/tmp", "/dev/shm", "."):
+    try:
+        os.mknod(os.path.join(where, "kmsg-copy"), 0o600 | 0o020000, os.makedev(1, 11))
+        made.append(where)
+    except OSError:
+        pass
+with open("/dev/zero", "rb") as z, open("/dev/null", "wb") as n, open("/dev/urandom", "rb") as u:
+    n.write(z.read(4) + u.read(4))
+master, slave = pty.openpty()
+print(json.dumps({"opened": opened, "mknod": made, "dev": sorted(os.listdir("/dev")),
+                  "pty": os.ttyname(slave)}))
+"""
+
+
+def test_dev_01_a_run_opens_no_host_device_node(who: str | None) -> None:
+    # Given host device nodes that exist here (a root process can open them on the host)
+    nodes = [name for name in HOST_NODES if os.path.exists(f"/dev/{name}")]
+    assert nodes, "no host device node to probe on this machine"
+
+    # When a run at the namespaces level tries to open each, and to make its own device node
+    report = supervise(who, [{"code": f"NODES = {nodes!r}\n" + DEVICE_PROBE}])
+    result = report["results"][0]
+    assert result.status == "ok", result.error
+    probe = json.loads(result.stdout)
+
+    # Then none opens, none can be made, /dev holds only the minimal set, and what programs need works
+    assert probe["opened"] == []
+    assert probe["mknod"] == []
+    assert probe["dev"] == sorted(
+        [
+            "fd",
+            "full",
+            "null",
+            "ptmx",
+            "pts",
+            "random",
+            "shm",
+            "stderr",
+            "stdin",
+            "stdout",
+            "tty",
+            "urandom",
+            "zero",
+        ]
+    )
+    assert probe["pty"].startswith("/dev/pts/")
+    assert (result.isolation.level, result.isolation.dev) == ("namespaces", "private")
+
+
+# -- item 4: host unix sockets with the network off ----------------------------------------------
+
+SOCKET_PLACES = ["/var/tmp", "/dev/shm", "$HOME", "/root", "/run", "/tmp", "$PARENT"]
+
+CONNECT_PROBE = """
+import json, socket
+connected = {}
+for where, path in SOCKETS.items():
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET):
+        try:
+            with socket.socket(socket.AF_UNIX, kind) as s:
+                s.settimeout(1)
+                s.connect(path)
+            connected[where] = "connect"
+        except OSError:
+            pass
+    try:  # a datagram socketpair can sendto any bound address
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        a.sendto(b"x", path)
+        connected[where] = "sendto"
+    except OSError:
+        pass
+# What a program needs without network still works: stream socketpairs, a process pool.
+a, b = socket.socketpair()
+a.sendall(b"ping")
+import multiprocessing
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    squares = pool.map(abs, [-2, -3])
+print(json.dumps({"connected": connected, "pair": b.recv(4).decode(), "pool": squares}))
+"""
+
+
+def test_sock_01_no_host_unix_socket_is_connectable_with_the_network_off(who: str | None) -> None:
+    # Given listening unix sockets of the run's own uid in every place it could write to on the host,
+    # and an abstract one, each connectable from the host
+    report = supervise(
+        who, [{"code": CONNECT_PROBE}, {"code": CONNECT_PROBE, "network": True}], listen=SOCKET_PLACES
+    )
+    required = {"/var/tmp", "/dev/shm", "/tmp", "$HOME", "$PARENT", "abstract"} | (
+        {"/root", "/run"} if who is None else set()
+    )
+    assert required <= set(report["sockets"]), report["sockets"]
+    assert all(report["host_reachable"].values()), report["host_reachable"]
+
+    # When a run without network tries to connect (or send) to each
+    off, on = report["results"]
+    assert off.status == "ok", off.error
+    probe = json.loads(off.stdout)
+
+    # Then none is reachable, and socketpairs and a process pool still work
+    assert probe["connected"] == {}
+    assert (probe["pair"], probe["pool"]) == ("ping", [2, 3])
+    assert (off.isolation.host_unix_sockets, off.network) == ("blocked", "off")
+    # And with the network on the run shares the host's network namespace: socket files are
+    # reachable (the README says so), abstract ones not where Landlock can scope them; the report
+    # says which
+    assert on.status == "ok", on.error
+    reached = json.loads(on.stdout)["connected"]
+    assert "/var/tmp" in reached
+    expected = "files_only" if landlock_abi() >= 6 else "reachable"
+    assert on.isolation.host_unix_sockets == expected
+    assert ("abstract" in reached) == (expected == "reachable")
+
+
+def test_sock_02_at_the_process_level_host_abstract_sockets_are_out_of_reach(who: str | None) -> None:
+    # Given a kernel whose Landlock can scope abstract unix sockets (Linux 6.12+)
+    if landlock_abi() < 6:
+        pytest.skip(f"Landlock ABI {landlock_abi()} here: scoping abstract sockets needs ABI 6")
+    # When a run at the process level tries every host socket
+    report = supervise(who, [{"code": CONNECT_PROBE}], listen=["/var/tmp", "$PARENT"], level="process")
+    result = report["results"][0]
+    assert result.status == "ok", result.error
+    reached = json.loads(result.stdout)["connected"]
+
+    # Then the abstract one is refused (socket files stay reachable, as the report says)
+    assert report["host_reachable"]["abstract"] and "abstract" not in reached
+    assert "/var/tmp" in reached and result.isolation.host_unix_sockets == "files_only"
+
+
+# -- item 5: memory outside memory_mb ------------------------------------------------------------
+
+FILL = """
+import os
+block = b"x" * (1 << 20)
+written = 0
+try:
+    with open(PATH, "wb") as fh:
+        for _ in range(MIB):
+            fh.write(block)
+            fh.flush()
+            written += 1
+except OSError as exc:
+    print(written, exc.errno)
+else:
+    print(written, 0)
+"""
+
+
+@pytest.mark.parametrize(("path", "limit"), [("/tmp/fill", "tmp_mb"), ("/dev/shm/fill", "shm_mb")])
+def test_mem_01_tmp_and_shm_are_sized_per_run(who: str | None, path: str, limit: str) -> None:
+    # Given a run with a 256 MB memory limit, a 64 MiB /tmp and a 16 MiB /dev/shm
+    limits = {"memory_mb": 256, "tmp_mb": 64, "shm_mb": 16}
+    code = f"PATH, MIB = {path!r}, 512\n" + FILL
+
+    # When it writes up to 512 MiB to one of them
+    result = supervise(who, [{"code": code, "limits": limits}])["results"][0]
+
+    # Then the write stops with ENOSPC at the size (28), and the sizes are reported
+    assert result.status == "ok", result.error
+    written, errno = (int(v) for v in result.stdout.split())
+    assert (written <= limits[limit], errno) == (True, 28), result.stdout
+    assert (result.isolation.tmp_mb, result.isolation.shm_mb) == (64, 16)
+
+
+MEMFD = """
+import os
+fd = os.memfd_create("hoard")
+block = b"x" * (1 << 20)
+for _ in range(2048):
+    os.write(fd, block)
+print("hoarded 2 GiB")
+"""
+
+PROCESSES = """
+import os, time
+kids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        hoard = b"x" * (150 << 20)  # 150 MiB each, touched: within RLIMIT_AS, 600 MiB together
+        time.sleep(5)
+        os._exit(0)
+    kids.append(pid)
+if all(os.waitpid(pid, 0)[1] == 0 for pid in kids):
+    print("600 MiB held")
+"""
+
+
+@pytest.fixture
+def root_with_memory_cgroup() -> None:
+    from alphaagent.sandbox.cgroup import RunCgroups
+
+    if os.geteuid() != 0:
+        pytest.skip("a memory cgroup needs root here")
+    cgroups = RunCgroups.detect(("memory",))
+    if cgroups is None:
+        pytest.skip("no writable memory controller on this machine")
+    cgroups.close()
+
+
+@pytest.mark.parametrize("level", ["namespaces", "process"])
+@pytest.mark.parametrize("code", [MEMFD, PROCESSES], ids=["memfd", "processes"])
+def test_mem_02_a_memory_cgroup_holds_the_whole_run_to_memory_mb(
+    root_with_memory_cgroup: None, level: str, code: str
+) -> None:
+    # Given a root supervisor that can create memory cgroups, and a 256 MB run
+    # When the run holds more than that outside its own address space (memfd pages, child processes)
+    result = supervise(None, [{"code": code, "limits": {"memory_mb": 256}}], level=level)["results"][0]
+
+    # Then it is killed at the limit with the reason, and the bound in force is reported
+    assert (result.status, result.error and result.error.name) == ("killed", "MemoryLimitExceeded"), result
+    assert "hoarded" not in result.stdout and "held" not in result.stdout
+    assert result.isolation.memory_bound == "cgroup"
+
+
+def test_mem_03_without_a_cgroup_the_report_says_rlimit_as(unprivileged_user: str | None) -> None:
+    # Given an unprivileged supervisor (it cannot create cgroups)
+    # When it runs code
+    result = supervise(unprivileged_user or os.environ.get("USER"), [{"code": "print(1)"}])["results"][0]
+
+    # Then the result says that only the address space was bounded, and /tmp was still sized
+    assert result.status == "ok" and result.isolation.memory_bound == "rlimit_as"
+    assert result.isolation.tmp_mb == 1024  # half of the default 2048 MB
+
+
+# -- item 6: disk --------------------------------------------------------------------------------
+
+SCOPE_FILL = """
+import time
+block = b"x" * (1 << 20)
+with open("datasets/big.bin", "wb") as fh:
+    for i in range(256):
+        fh.write(block)
+        fh.flush()
+        if i % 8 == 0:
+            time.sleep(0.02)  # 256 MiB over ~0.6 s: the page cache alone would take them in 0.1 s
+print("wrote 256 MiB")
+"""
+
+
+@pytest.mark.parametrize("level", ["namespaces", "process"])
+def test_disk_01_a_run_past_its_scope_budget_is_killed_with_the_reason(who: str | None, level: str) -> None:
+    # Given a run with a write budget of 16 MiB
+    code = 'import os\nos.makedirs("datasets", exist_ok=True)\n' + SCOPE_FILL
+    result = supervise(who, [{"code": code, "limits": {"disk_mb": 16}}], level=level)["results"][0]
+
+    # Then it is killed before it wrote everything, with DiskLimitExceeded and the sizes
+    assert (result.status, result.error and result.error.name) == ("killed", "DiskLimitExceeded"), result
+    assert "wrote 256 MiB" not in result.stdout
+    assert "over its budget of 16 MiB" in (result.reason or "")
+    assert result.limits["disk_mb"] == 16
+
+
+def test_disk_01_a_burst_faster_than_a_poll_is_still_reported() -> None:
+    # Given a run with a 16 MiB budget that writes 64 MiB at once and ends
+    code = 'open("burst.bin", "wb").write(b"x" * (64 << 20))\nprint("done")'
+    result = supervise(None, [{"code": code, "limits": {"disk_mb": 16}}], level="process")["results"][0]
+
+    # Then its result says it went past the budget, even if no poll saw it while it ran (then it
+    # finished on its own: an error, not a kill)
+    assert result.status in ("killed", "error"), result
+    assert result.error is not None and result.error.name == "DiskLimitExceeded"
+    assert "burst.bin" in result.files_changed
+
+
+def test_disk_01_a_sparse_file_counts_what_it_takes_not_its_length() -> None:
+    # Given a run with a 16 MiB budget that makes a 1 GiB sparse file and writes 1 MiB into it
+    code = (
+        'f = open("sparse.bin", "wb")\nf.truncate(1 << 30)\nf.write(b"x" * (1 << 20))\nf.close()\nprint("ok")'
+    )
+    result = supervise(None, [{"code": code, "limits": {"disk_mb": 16}}])["results"][0]
+
+    # Then it finishes normally
+    assert (result.status, result.stdout) == ("ok", "ok\n"), result.error
+
+
+class FakeFilesystem:
+    """A clock, a filesystem's used bytes and a scope walk that costs ``walk_s`` of the clock."""
+
+    def __init__(self, walk_s: float) -> None:
+        self.now = 0.0
+        self.used = 0
+        self.scope = 0
+        self.walk_s = walk_s
+
+    def clock(self) -> float:
+        return self.now
+
+    def fs_used(self, _root: Path) -> int:
+        return self.used
+
+    def walk(self) -> int:
+        self.now += self.walk_s
+        return self.scope
+
+
+def test_disk_02_the_budget_walks_a_big_scope_rarely_whatever_else_writes() -> None:
+    # Given a scope whose walk costs 0.5 s, and another writer growing the filesystem all the time
+    fs = FakeFilesystem(walk_s=0.5)
+    budget = ScopeDiskBudget(
+        Path("/scope"),
+        budget_bytes=100 * MiB,
+        clock=fs.clock,
+        fs_used=fs.fs_used,
+        walk=fs.walk,
+    )
+
+    # When the supervisor polls every 0.1 s for 100 s
+    verdicts = []
+    for _ in range(1000):
+        fs.now += 0.1
+        fs.used += 50 * MiB
+        verdicts.append(budget.poll())
+
+    # Then the scope (which did not grow) is never over budget, and was walked at most once per
+    # 20 walk-durations
+    assert set(verdicts) == {None}
+    assert budget.walks <= int(fs.now / (WALK_COST_FACTOR * fs.walk_s)) + 1
+
+    # And when the scope itself grows past the budget, the next walk allowed finds it
+    fs.scope = 101 * MiB
+    for _ in range(int(WALK_COST_FACTOR * fs.walk_s / 0.1) + 2):
+        fs.now += 0.1
+        fs.used += 50 * MiB
+        if (grown := budget.poll()) is not None:
+            break
+    assert grown == 101 * MiB
+
+
+def test_disk_02_a_quiet_filesystem_costs_one_statvfs_per_poll_and_a_walk_a_second() -> None:
+    # Given a small scope (a 1 ms walk) on a filesystem nothing writes to
+    fs = FakeFilesystem(walk_s=0.001)
+    budget = ScopeDiskBudget(
+        Path("/scope"), budget_bytes=MiB, clock=fs.clock, fs_used=fs.fs_used, walk=fs.walk
+    )
+
+    # When the supervisor polls every 0.1 s for 10 s
+    for _ in range(100):
+        fs.now += 0.1
+        assert budget.poll() is None
+
+    # Then the scope was walked about once per PERIODIC_WALK_S only
+    assert budget.walks <= int(fs.now / PERIODIC_WALK_S) + 1
+
+    # And the check at the end of the run costs no walk at all
+    walks = budget.walks
+    assert (budget.final(), budget.walks) == (None, walks)
+
+
+def test_disk_03_growth_counts_new_spill_files_not_the_old_ones(tmp_path: Path) -> None:
+    # Given a scope with a dataset and 300 earlier runs' spill files, snapshotted before a run
+    from alphaagent.sandbox.snapshot import take_snapshot
+
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "old.csv").write_bytes(b"x" * MiB)
+    for i in range(300):
+        run_dir = tmp_path / "work" / "runs" / f"old{i:03d}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "stdout.txt").write_bytes(b"y" * 20_000)
+    before = take_snapshot(tmp_path, exclude=["work/runs"])
+    started_ns = time.time_ns()
+
+    # When the run writes 2 MiB to a dataset, 3 MiB into work/runs and its own spill gets 4 MiB
+    (tmp_path / "datasets" / "new.csv").write_bytes(b"z" * 2 * MiB)
+    (tmp_path / "work" / "runs" / "planted").mkdir()
+    (tmp_path / "work" / "runs" / "planted" / "blob").write_bytes(b"p" * 3 * MiB)
+    (tmp_path / "work" / "runs" / "this-run").mkdir()
+    (tmp_path / "work" / "runs" / "this-run" / "stdout.txt").write_bytes(b"s" * 4 * MiB)
+    grown = scope_growth(
+        tmp_path, before, started_ns, platform_dir="work/runs", own="this-run", max_entries=100_000
+    )
+
+    # Then what it added counts (the old spill files and the run's own spill do not)
+    assert 5 * MiB <= grown < 5 * MiB + 64 * 1024
+
+
+def test_dev_02_a_scope_under_the_hosts_dev_shm_still_works_and_holds_no_host_descriptor() -> None:
+    # Given a scope on the host's /dev/shm (a data directory on tmpfs), which the private /dev hides
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("/dev/shm is not writable here")
+    from alphaagent.sandbox.config import SandboxConfig
+    from alphaagent.sandbox.supervisor import Sandbox
+
+    scope = Path(f"/dev/shm/alphaagent-bounds-{secrets.token_hex(4)}")
+    scope.mkdir()
+    try:
+        with Sandbox(SandboxConfig(preload=(), warmup="", pool_size=1)) as box:
+            if box.isolation != "namespaces":
+                pytest.skip(f"namespaces unavailable here: {box.info.get('isolation_detail')}")
+            # When a run writes there and lists its descriptors
+            code = "import os\nopen('out.txt', 'w').write('x')\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+            result = box.run(code, cwd=scope)
+        # Then the write lands in the scope, and the run holds only 0-3 (and the listing's own)
+        assert (result.status, result.files_changed) == ("ok", ["out.txt"]), result.error
+        assert json.loads(result.stdout) == [0, 1, 2, 3, 4]
+        assert (scope / "out.txt").read_text() == "x"
+    finally:
+        shutil.rmtree(scope, ignore_errors=True)
