@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -148,6 +149,19 @@ def describe_validation_error(exc: ValidationError) -> str:
             message += f" (expected one of: {', '.join(Spec.model_fields)})"
     elif location == "turn_id" and first["type"] == "string_pattern_mismatch":
         message = "a 26-character ULID; leave it out to get a fresh one"
+    elif first["type"] == "missing":
+        # A misspelled required field is reported by pydantic as missing plus an unknown sibling:
+        # name the sibling, so the reader sees the typo rather than only the absence.
+        parent = tuple(first["loc"][:-1])
+        strays = [
+            str(error["loc"][-1])
+            for error in exc.errors()
+            if error["type"] == "extra_forbidden" and tuple(error["loc"][:-1]) == parent
+        ]
+        if strays:
+            wanted = str(first["loc"][-1])
+            guess = difflib.get_close_matches(wanted, strays, n=1, cutoff=0.5)
+            message += f" (is the unknown field {(guess or strays)[0]!r} a misspelling of {wanted!r}?)"
     return f"{location}: {message}"
 
 

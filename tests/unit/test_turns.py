@@ -875,6 +875,11 @@ def _bad_specs() -> dict[str, tuple[str, str, str]]:
         "over-64-kib": (text(goal="g" * 70_000), "spec: ", "64 KiB"),
         "unknown-field": (text(colour="red"), "colour: ", "unknown field (expected one of: spec_version"),
         "missing-goal": (json.dumps(without_goal), "goal: ", "required"),
+        "misspelled-required-field": (
+            text(outputs=[{"kind": "dataset", "nmae": "d"}]),
+            "outputs[0].name: ",
+            "is the unknown field 'nmae' a misspelling of 'name'?",
+        ),
         "bad-conversation-id": (text(scope={"conversation_id": "../other"}), "scope.", "conversation_id"),
         "unknown-environment": (text(environment_id="gpu-xl"), "environment_id: ", "'gpu-xl'"),
         "input-path-leaves-scope": (
