@@ -64,6 +64,7 @@ from alphaagent.aws.workspace import (
     SkippedFile,
     SyncReport,
 )
+from alphaagent.domain.names import settle_run_names
 from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
@@ -456,6 +457,7 @@ def _run_locked(
                 update={"landlock": LandlockState.model_validate(sandbox.info["landlock"])}
             )
         check_in_time()
+        result = settle_run_names(root, result, key_prefix=f"{scope.key}/")
         result = sync_result(workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time)
         check_in_time()
         workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))

@@ -183,6 +183,8 @@ def run_turn(
     existing = backend.store.get_turn(user_id, turn_id)
     if existing is not None and existing.scope_key != scope.key:
         raise InvalidSpecError(f"turn_id: already used in another scope ({existing.scope_key}); leave it out")
+    if existing is not None:
+        check_same_spec(existing, spec)
     if existing is not None and existing.result is not None:
         say(f"turn {turn_id} was already delivered; showing its result (nothing ran)")
         return existing.result  # a duplicate delivery: acknowledged, never a second turn
@@ -197,6 +199,7 @@ def run_turn(
     try:
         existing = backend.store.get_turn(user_id, turn_id)
         if existing is not None:
+            check_same_spec(existing, spec)
             if existing.result is not None:
                 return existing.result
             # Still "running" while we hold the lease: its process died and its lease expired.
@@ -204,6 +207,18 @@ def run_turn(
         return _locked_turn(backend, spec, turn_id, coder, say, lease, on_output)
     finally:
         lease.release()
+
+
+def check_same_spec(turn: Turn, spec: Spec) -> None:
+    """Refuse ``spec`` for the existing ``turn`` unless it is the spec the turn runs: a turn id is an
+    idempotency key for one spec (a redelivery replays; a new spec under an old id would silently get
+    the old result). A turn recorded without a digest accepts any spec.
+
+    Raises:
+        InvalidSpecError: the turn's spec digest differs from ``spec.digest()``.
+    """
+    if turn.spec_sha256 is not None and turn.spec_sha256 != spec.digest():
+        raise InvalidSpecError("turn_id: already used for a different spec; leave it out to get a fresh one")
 
 
 def abandon_turn(backend: Backend, user_id: str, turn_id: str, reason: str) -> bool:
@@ -253,6 +268,7 @@ def start_turn(backend: Backend, spec: Spec, turn_id: str, session: Session, now
         status="running",
         goal=spec.goal,
         started_at=now,
+        spec_sha256=spec.digest(),
     )
     if not backend.store.create_turn(turn):
         return None

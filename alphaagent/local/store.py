@@ -153,6 +153,8 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX events_by_time ON events (time)",
         "CREATE INDEX events_by_turn ON events (turn_id, time)",
     ),
+    # Version 2: the digest of the spec a turn runs (a turn id is an idempotency key for one spec).
+    ("ALTER TABLE turns ADD COLUMN spec_sha256 TEXT",),
 )
 """Schema migrations: entry ``i`` takes a database from version ``i`` to ``i + 1``. Append only."""
 
@@ -359,7 +361,7 @@ class SqliteStore:
         with self._write() as db:
             inserted = db.execute(
                 "INSERT INTO turns (turn_id, user_id, scope_key, session_id, status, goal, started_at, "
-                "finished_at, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "finished_at, result, spec_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (turn_id) DO NOTHING",
                 (
                     turn.turn_id,
@@ -371,6 +373,7 @@ class SqliteStore:
                     iso_utc(turn.started_at),
                     None if turn.finished_at is None else iso_utc(turn.finished_at),
                     None if turn.result is None else turn.result.model_dump_json(),
+                    turn.spec_sha256,
                 ),
             ).rowcount
         return inserted == 1
@@ -817,6 +820,7 @@ def _turn(row: sqlite3.Row) -> Turn:
         started_at=from_iso(row["started_at"]),
         finished_at=None if row["finished_at"] is None else from_iso(row["finished_at"]),
         result=None if row["result"] is None else TurnResult.model_validate_json(row["result"]),
+        spec_sha256=row["spec_sha256"],
     )
 
 

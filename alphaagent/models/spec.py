@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -115,6 +116,15 @@ class Spec(_Strict):
         if duplicates:
             raise ValueError(f"output names must be unique: {', '.join(duplicates)}")
         return outputs
+
+    def digest(self) -> str:
+        """The SHA-256 (hex) of this spec without its ``turn_id``, as canonical JSON (sorted keys,
+        defaults filled in): the fingerprint a turn id is an idempotency key for. Two specs that parse
+        to the same model have the same digest, however their JSON was spelled."""
+        canonical = json.dumps(
+            self.model_dump(mode="json", exclude={"turn_id"}), sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

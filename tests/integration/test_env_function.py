@@ -25,6 +25,8 @@ from alphaagent.aws import env_function
 from alphaagent.aws.executor import (
     DESTINATION_HEADROOM_BYTES,
     MAX_ASYNC_PAYLOAD_BYTES,
+    THROTTLE_ATTEMPTS,
+    THROTTLE_BASE_S,
     EnvFunctionError,
     EnvInvokeError,
     EnvPayloadTooLargeError,
@@ -34,7 +36,7 @@ from alphaagent.aws.executor import (
 )
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.aws.workspace import S3Workspace
-from alphaagent.errors import InvalidRequestError
+from alphaagent.errors import EnvThrottledError, InvalidRequestError, RetryableError, SandboxError
 from alphaagent.models.aws import EnvPointer, EnvRequest
 from alphaagent.models.common import ConversationScope
 from alphaagent.models.records import RunRecord
@@ -692,13 +694,76 @@ def test_non_ascii_code_is_measured_as_escaped_json(workspace: S3Workspace, stor
 def test_a_failed_invoke_call_raises_env_invoke_error_naming_the_function(
     workspace: S3Workspace, store: DynamoStore
 ) -> None:
-    throttled = ClientError(
-        {"Error": {"Code": "TooManyRequestsException", "Message": "Rate exceeded"}}, "Invoke"
-    )
-    executor = executor_with(FakeLambda(error=throttled), workspace, store)
+    denied = ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, "Invoke")
+    client = FakeLambda(error=denied)
+    executor = executor_with(client, workspace, store)
     with pytest.raises(EnvInvokeError, match="alphaagent-env-builtin") as raised:
         executor.run(Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN)
     assert raised.value.recorded is False
+    assert len(client.calls) == 1  # not throttling: never retried
+
+
+class ThrottlingLambda(FakeLambda):
+    """A Lambda client that answers the first ``throttles`` calls with 429, then accepts."""
+
+    def __init__(self, throttles: int) -> None:
+        super().__init__()
+        self.throttles = throttles
+
+    def invoke(self, **arguments: Any) -> dict[str, Any]:
+        if len(self.calls) < self.throttles:
+            self.calls.append(arguments)
+            raise ClientError(
+                {
+                    "Error": {"Code": "TooManyRequestsException", "Message": "Rate exceeded"},
+                    "ResponseMetadata": {"HTTPStatusCode": 429},
+                },
+                "Invoke",
+            )
+        return super().invoke(**arguments)
+
+
+def _throttle_executor(client: FakeLambda, workspace: S3Workspace, store: DynamoStore, slept: list[float]) -> LambdaExecutor:
+    return LambdaExecutor(
+        lambda_client=client,
+        workspace=workspace,
+        store=store,
+        tenant_isolation=False,
+        startup_margin_s=0.0,
+        poll_start_s=0.01,
+        poll_max_s=0.05,
+        sleep=slept.append,
+        jitter=lambda low, high: high,
+    )
+
+
+def test_a_throttled_invoke_is_retried_with_backoff_then_runs_once(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given Lambda that throttles the first two invocations (429), and the run's result
+    workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+    client, slept = ThrottlingLambda(throttles=2), []
+    # When the coder runs code
+    result = _throttle_executor(client, workspace, store, slept).run(
+        Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
+    )
+    # Then the invocation was sent again after growing waits, and the result came back
+    assert result == a_result() and len(client.calls) == 3
+    assert slept[:2] == [THROTTLE_BASE_S, THROTTLE_BASE_S * 2]
+
+
+def test_throttling_that_lasts_is_a_typed_retryable_error(workspace: S3Workspace, store: DynamoStore) -> None:
+    # Given Lambda that throttles every invocation
+    client, slept = ThrottlingLambda(throttles=100), []
+    # When the coder runs code; Then it gets EnvThrottledError (retryable, a platform failure not yet
+    # recorded), after THROTTLE_ATTEMPTS calls, naming the function and the 429
+    with pytest.raises(EnvThrottledError, match=r"alphaagent-env-builtin: throttled by Lambda \(429\)") as raised:
+        _throttle_executor(client, workspace, store, slept).run(
+            Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
+        )
+    assert isinstance(raised.value, RetryableError) and isinstance(raised.value, SandboxError)
+    assert raised.value.recorded is False
+    assert len(client.calls) == THROTTLE_ATTEMPTS and len(slept) == THROTTLE_ATTEMPTS - 1
 
 
 def test_the_executor_needs_the_origin(workspace: S3Workspace, store: DynamoStore) -> None:
