@@ -21,6 +21,7 @@ from alphaagent.aws.executor import LambdaExecutor
 from alphaagent.aws.settings import LambdaSettings, get_lambda_settings
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
+from alphaagent.domain.audit import emf_audit
 from alphaagent.domain.backend import Backend, TurnSettings
 from alphaagent.domain.recorder import Recorder, history_view
 from alphaagent.errors import AlphaAgentError, ForgedRunResponseError, InvalidSpecError
@@ -78,6 +79,7 @@ def get_backend() -> Backend:
         executor=NoExecutor(),
         connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
+        audit=emf_audit(),
     )
 
 
@@ -106,6 +108,7 @@ def coder_backend() -> Backend:
         executor=executor,
         connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
+        audit=emf_audit(),
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import (
     abandon_turn,
@@ -150,6 +151,7 @@ def acquire_scope_lock(backend: Backend, request: AcquireLockInput) -> LockGrant
     # is the one a missing scope gets, whether or not a turn runs there (DESIGN §4.7).
     owner = backend.store.owner_of(request.spec.scope.owner_key)
     if owner is not None and owner != request.user_id:
+        audit_scope(backend.audit, request.user_id, request.spec.scope)
         raise NotFoundError(f"{scope_label(request.spec.scope)} not found")
     now = utcnow()
     lease_s = backend.turns.lock_lease_s
@@ -205,6 +207,7 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
         )
     owner = store.owner_of(scope.owner_key)
     if owner is not None and owner != user_id:
+        audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
     existing = store.get_turn(user_id, turn_id)
     if existing is None and store.turn_id_taken(turn_id):

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import PurePosixPath
 
 from alphaagent.domain.artifacts import KIND_FOLDERS
+from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
@@ -178,6 +179,7 @@ def run_turn(
     scope, user_id = spec.scope, spec.user_id
     owner = backend.store.owner_of(scope.owner_key)
     if owner is not None and owner != user_id:
+        audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
     turn_id = spec.turn_id or new_ulid()
     existing = backend.store.get_turn(user_id, turn_id)
@@ -241,6 +243,7 @@ def claim_scope_and_session(
     local turn driver and the AWS prepare step."""
     scope, user_id = spec.scope, spec.user_id
     if backend.store.claim_owner(scope.owner_key, user_id, now) != user_id:
+        audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
     backend.workspace.ensure_scope(scope)
     return session_for_turn(

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from alphaagent.errors import RetryableError
 from alphaagent.models.encoding import (
@@ -257,6 +257,11 @@ class SqliteStore:
         """The owner of a conversation or workflow execution, or None if nobody claimed it."""
         row = self._read_one("SELECT user_id FROM owners WHERE owner_key = ?", (owner_key,))
         return None if row is None else str(row["user_id"])
+
+    def record_exists(self, kind: Literal["run", "session"], record_id: str) -> bool:
+        """Whether a run or session of that id exists for any user (for the probe audit only)."""
+        table, column = {"run": ("runs", "run_id"), "session": ("sessions", "session_id")}[kind]
+        return self._read_one(f"SELECT 1 FROM {table} WHERE {column} = ?", (record_id,)) is not None
 
     # sessions
 

@@ -195,18 +195,46 @@ def test_links_and_rule_breaking_names_are_not_uploaded_and_are_reported(
     # When the env function runs it
     invoke(code)
 
-    # Then only the regular file with a valid name reaches the bucket (besides the claim check)
-    assert sorted(scope_objects(aws)) == ["reports/fine.txt", RESULT_KEY]
-    # And every other entry is reported with its reason, none silently dropped
+    # Then only the regular files with a valid name reach the bucket (besides the claim check), the
+    # decomposed name under its NFC spelling
+    assert sorted(scope_objects(aws)) == ["reports/caf\u00e9.txt", "reports/fine.txt", RESULT_KEY]
+    # And every other entry is reported with its reason, naming the rule, none silently dropped
     result = stored_result(workspace)
     skipped = {item.path: item.reason for item in result.files.skipped}
     assert skipped["reports/passwd"] == "symlink"
     assert skipped["docs/etc"] == "symlink to directory (not followed)"
     assert skipped["work/up"] == "symlink to directory (not followed)"
-    for name in ("reports/back\\slash.txt", "reports/bell\x07.txt", "reports/cafe\u0301.txt"):
-        assert skipped[name].startswith("not uploaded: the name breaks a workspace path rule"), name
-    assert result.files.created == ["reports/fine.txt"]
-    assert result.files_changed == ["reports/fine.txt"]
+    assert skipped["reports/back\\slash.txt"] == "not stored: path must use '/' as separator (no '\\')"
+    assert skipped["reports/bell\x07.txt"].startswith("not stored: path must not contain NUL, control")
+    assert result.files.created == ["reports/caf\u00e9.txt", "reports/fine.txt"]
+    assert result.files_changed == ["reports/caf\u00e9.txt", "reports/fine.txt"]
+
+
+def test_names_follow_the_local_rule_nfc_kept_duplicates_and_long_keys_skipped_with_values(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given code that writes one name in NFC and NFD, and a file whose full key is over 1,024 bytes
+    nfc, nfd = "reports/caf\u00e9.md", "reports/cafe\u0301.md"
+    deep = "/".join(["d" * 200] * 5)
+    code = (
+        "import os\n"
+        f"open({nfc!r}, 'w').write('composed')\n"
+        f"open({nfd!r}, 'w').write('decomposed')\n"
+        f"os.makedirs('reports/{deep}')\nopen('reports/{deep}/x.txt', 'w').write('x')\n"
+    )
+    # When the env function runs it
+    invoke(code)
+    # Then the NFC file alone is uploaded, with its own content
+    objects = scope_objects(aws)
+    assert objects[nfc] == b"composed" and sorted(objects) == [nfc, RESULT_KEY]
+    # And the skips are the local backend's, word for word: the NFC name, the key size and the limit
+    skipped = {item.path: item.reason for item in stored_result(workspace).files.skipped}
+    assert skipped[nfd].startswith(f"not stored: its NFC name {nfc!r} is another file's"), skipped
+    key_bytes = len(f"{SCOPE.key}/reports/{deep}/x.txt".encode())
+    assert skipped[f"reports/{deep}/x.txt"] == (
+        f"not stored: path is too long: the full key is {key_bytes:,} UTF-8 bytes, over S3's"
+        " 1,024-byte key limit"
+    )
 
 
 def test_run_code_cannot_rewrite_or_forge_what_the_platform_writes(aws: Any, workspace: S3Workspace) -> None:

@@ -39,6 +39,7 @@ from alphaagent.models.events import (
     RunFailed,
     SessionCreated,
     SessionExpired,
+    SpecRejected,
     SpecSubmitted,
     TurnCompleted,
     TurnFailed,
@@ -70,6 +71,7 @@ def sample_details() -> list[EventDetail]:
     common: dict[str, Any] = {"turn_id": TURN, "scope": SCOPE}
     return [
         SpecSubmitted(**common, spec={"spec_version": 1, "goal": "count rows"}),
+        SpecRejected(**common, user_id="u1", message_id="m-1", reason="turn_id: already used"),
         TurnStarted(**common, user_id="u1", session_id="s" * 32),
         TurnCompleted(**common, user_id="u1", result=TurnResult(turn_id=TURN, status="completed")),
         TurnFailed(**common, user_id="u1", error=ERROR),
