@@ -10,7 +10,7 @@ path is settled here:
 - if that NFC name is already another file's (two spellings of one name), the second one (in sorted
   order, after any file already spelled in NFC) is skipped, with the reason naming the NFC name;
 - a name that breaks a path rule is skipped with the rule and the measured value
-  (``check_workspace_path``: "the full key is 1,100 UTF-8 bytes, over the 1,024-byte limit").
+  (``check_workspace_path``: "the full key is 1100 UTF-8 bytes, over S3's 1024-byte key limit").
 
 Locally the working tree is the scope itself; on AWS it is the function's working copy, synced up
 afterwards. A skipped file is left where it is, untouched: nothing addresses it, and locally it is
@@ -102,6 +102,24 @@ def settle_run_names(root: Path, result: RunResult, *, key_prefix: str) -> RunRe
     files = settle_names(root, result.files, key_prefix=key_prefix)
     changed = sorted({*files.created, *files.modified, *files.deleted})
     return result.model_copy(update={"files": files, "files_changed": changed})
+
+
+def path_rule_broken(path: str, *, key_prefix: str) -> str:
+    """The rule ``path`` breaks as a stored name, with the measured value (``check_workspace_path``'s
+    message), or that it is not in NFC; ``""`` for a name that breaks none."""
+    try:
+        normal = check_workspace_path(path, prefix=key_prefix)
+    except PathRuleError as exc:
+        return str(exc)
+    except UnicodeError:
+        return "the name is not UTF-8"
+    return "" if normal == path else f"the name is not in NFC (its NFC form is {normal!r})"
+
+
+def unaddressable_reason(path: str, *, key_prefix: str) -> str:
+    """The reason a listing gives for a stored name no method can address: the rule it breaks,
+    with the measured value."""
+    return f"name cannot be addressed: {path_rule_broken(path, key_prefix=key_prefix) or 'a path rule'}"
 
 
 def _nfc_or_none(path: str, key_prefix: str) -> str | None:

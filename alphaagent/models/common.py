@@ -115,14 +115,14 @@ def check_workspace_path(path: str, *, prefix: str = "") -> str:
     longest = max(len(part.encode("utf-8")) for part in normal.split("/"))
     if longest > MAX_SEGMENT_BYTES:
         raise PathRuleError(
-            f"path has a segment of {longest:,} UTF-8 bytes, over the {MAX_SEGMENT_BYTES}-byte limit"
+            f"path has a segment of {longest} UTF-8 bytes, over the {MAX_SEGMENT_BYTES}-byte limit"
             " of a file name (NAME_MAX)"
         )
     key_bytes = len((prefix + normal).encode("utf-8"))
     if key_bytes > MAX_KEY_BYTES:
         raise PathRuleError(
-            f"path is too long: the full key is {key_bytes:,} UTF-8 bytes, over S3's"
-            f" {MAX_KEY_BYTES:,}-byte key limit"
+            f"path is too long: the full key is {key_bytes} UTF-8 bytes, over S3's"
+            f" {MAX_KEY_BYTES}-byte key limit"
         )
     return normal
 

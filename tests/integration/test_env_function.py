@@ -232,9 +232,22 @@ def test_names_follow_the_local_rule_nfc_kept_duplicates_and_long_keys_skipped_w
     assert skipped[nfd].startswith(f"not stored: its NFC name {nfc!r} is another file's"), skipped
     key_bytes = len(f"{SCOPE.key}/reports/{deep}/x.txt".encode())
     assert skipped[f"reports/{deep}/x.txt"] == (
-        f"not stored: path is too long: the full key is {key_bytes:,} UTF-8 bytes, over S3's"
-        " 1,024-byte key limit"
+        f"not stored: path is too long: the full key is {key_bytes} UTF-8 bytes, over S3's"
+        " 1024-byte key limit"
     )
+
+
+def test_keys_the_sync_down_skips_are_reported_with_the_rule_they_break(aws: Any, workspace: S3Workspace) -> None:
+    # Given keys put in the bucket by another writer: a decomposed name and one with a backslash
+    for path in ("docs/cafe\u0301.txt", "docs/back\\slash.txt"):
+        aws.put_object(Bucket=BUCKET, Key=f"{SCOPE.key}/{path}", Body=b"x")
+    # When a run syncs the scope down
+    invoke("print(1)")
+    # Then each skip says which rule the key breaks
+    skipped = {item.path: item.reason for item in stored_result(workspace).files.skipped}
+    prefix = "not synced down: the key breaks a workspace path rule (DESIGN §4.2): "
+    assert skipped["docs/cafe\u0301.txt"] == f"{prefix}the name is not in NFC (its NFC form is 'docs/caf\u00e9.txt')"
+    assert skipped["docs/back\\slash.txt"] == f"{prefix}path must use '/' as separator (no '\\')"
 
 
 def test_run_code_cannot_rewrite_or_forge_what_the_platform_writes(aws: Any, workspace: S3Workspace) -> None:

@@ -117,8 +117,8 @@ def test_an_over_long_key_is_skipped_with_its_byte_count_and_the_limit(tmp_path:
     (skip,) = files.skipped
     key_bytes = len(f"conversations/c-names/reports/{deep}/x.txt".encode())
     assert skip.reason == (
-        f"not stored: path is too long: the full key is {key_bytes:,} UTF-8 bytes, over S3's"
-        " 1,024-byte key limit"
+        f"not stored: path is too long: the full key is {key_bytes} UTF-8 bytes, over S3's"
+        " 1024-byte key limit"
     ), skip.reason
 
 
@@ -133,3 +133,33 @@ def test_settling_is_idempotent_and_leaves_nfc_names_alone(tmp_path: Path) -> No
     assert once == report.model_copy(update={"created": [NFC], "modified": ["reports/b.md"]})
     assert settle_names(tmp_path, once, key_prefix="conversations/c1/") == once
     assert json.loads(once.model_dump_json())["skipped"] == []
+
+
+def test_a_missing_output_names_the_closest_existing_file(agent: AlphaAgent) -> None:
+    # Given code that wrote its report somewhere else than the spec's output path
+    conversation = "c-" + new_ulid().lower()
+    code = "import os\nos.makedirs('work/out')\nopen('work/out/report.pdf', 'wb').write(b'%PDF-1.4')\n"
+    outputs = [{"kind": "report", "name": "report", "path": "reports/report.pdf"}]
+    # When the turn runs
+    result = agent.run_analysis(_spec(conversation, code, outputs=outputs))
+    # Then it fails naming the missing path and the file the code did write
+    assert result.status == "failed" and result.error is not None
+    assert "path 'reports/report.pdf': no regular file there" in result.error.value
+    assert "the closest existing file is 'work/out/report.pdf'" in result.error.value, result.error.value
+
+
+@pytest.mark.parametrize(
+    ("wanted", "existing", "closest"),
+    [
+        ("reports/report.pdf", ["datasets/a.csv", "work/out/report.pdf"], "work/out/report.pdf"),
+        ("charts/revenue.png", ["charts/revenu.png", "charts/other.png"], "charts/revenu.png"),
+        ("datasets/sales.csv", ["reports/notes.md"], None),
+        ("reports/summary.md", ["work/a/summary.md", "reports/x/summary.md"], "reports/x/summary.md"),
+    ],
+)
+def test_closest_file_prefers_the_same_name_then_the_most_similar_path(
+    wanted: str, existing: list[str], closest: str | None
+) -> None:
+    from alphaagent.domain.artifacts import closest_file
+
+    assert closest_file(wanted, existing) == closest
