@@ -154,7 +154,8 @@ _ENCODED_MIN_SHARE = 0.6
 def _encoded_kind(head: bytes, tail: bytes) -> str | None:
     """``"base64"`` or ``"hex"`` when the text's start and end are mostly long unbroken runs of that
     alphabet (at least 60 % of up to 8,192 characters each side, in runs of 64 or more), else None.
-    Base64 of binary data uses upper and lower case and digits; a run of one repeated letter is not."""
+    Encoded binary data uses most of its alphabet: base64 mixes upper and lower case and digits, hex
+    mixes digits and letters a-f; a run of one repeated letter, or of digits, is neither."""
     sample = (
         head[:_ENCODED_SAMPLE_CHARS].decode("utf-8", "ignore")
         + "\n"
@@ -165,8 +166,9 @@ def _encoded_kind(head: bytes, tail: bytes) -> str | None:
     if covered < 256 or covered < _ENCODED_MIN_SHARE * len(sample):
         return None
     alphabet = set("".join(runs))
-    if alphabet <= set("0123456789abcdefABCDEF") and len(alphabet) >= 10:
-        return "hex"
+    hex_letters = alphabet & set("abcdefABCDEF")
+    if alphabet <= set("0123456789abcdefABCDEF") and len(hex_letters) >= 4 and len(alphabet) >= 12:
+        return "hex"  # digits alone are numbers, not hex-encoded bytes
     cases = (str.isupper, str.islower, str.isdigit)
     if len(alphabet) >= 40 and all(any(test(c) for c in alphabet) for test in cases):
         return "base64"

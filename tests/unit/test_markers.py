@@ -133,3 +133,8 @@ def test_alphaagent_history_shows_both_sizes(
     # Then it says what the history keeps and what the code printed
     out = capsys.readouterr().out
     assert "# stdout truncated: history keeps" in out and "the code printed 3000000 bytes" in out, out
+
+
+def test_a_long_run_of_digits_is_not_called_hex() -> None:
+    text, cut = truncate_text("0123456789" * 100_000, 4096)
+    assert cut and "looks like" not in text
