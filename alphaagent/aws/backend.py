@@ -103,7 +103,9 @@ def coder_backend() -> Backend:
         store=store,
         workspace=workspace,
         bus=EventBridgeBus(
-            settings.required("EVENT_BUS_NAME"), claim_check=workspace.write_bytes, limits=_bus_limits(settings)
+            settings.required("EVENT_BUS_NAME"),
+            claim_check=workspace.write_bytes,
+            limits=_bus_limits(settings),
         ),
         executor=executor,
         connectors=settings.connectors(),

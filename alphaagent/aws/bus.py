@@ -168,7 +168,9 @@ class EventBridgeBus:
             if failed is None:
                 return
             code = failed.get("ErrorCode") or "unknown error"
-            said = f"{event.detail_type} {event.event_id}: {code}: {failed.get('ErrorMessage') or ''}".rstrip(": ")
+            said = f"{event.detail_type} {event.event_id}: {code}: {failed.get('ErrorMessage') or ''}".rstrip(
+                ": "
+            )
             if code not in _RETRYABLE_CODES:
                 raise EventRejectedError(f"EventBridge bus {self.bus_name!r} rejected {said}")
             if attempt + 1 < attempts:

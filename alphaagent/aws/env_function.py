@@ -668,7 +668,9 @@ def _canonical(scope: Scope, path: str) -> bool:
         return False
 
 
-def _skipped(item: SkippedFile, reasons: dict[str, str], budget: int, scope: Scope | None = None) -> SkippedPath:
+def _skipped(
+    item: SkippedFile, reasons: dict[str, str], budget: int, scope: Scope | None = None
+) -> SkippedPath:
     reason = reasons.get(item.reason, item.reason).format(budget=budget)
     if item.reason == SKIP_PATH_RULE and scope is not None:
         rule = path_rule_broken(item.path, key_prefix=f"{scope.key}/")

@@ -117,8 +117,9 @@ class LambdaExecutor:
         startup_margin_s: seconds allowed beyond ``limits.timeout_s`` (``DEFAULT_STARTUP_MARGIN_S``).
         poll_start_s, poll_max_s: the polling interval starts at the first and doubles up to the second.
         sleep, clock, wall, jitter: ``time.sleep``, ``time.monotonic``, ``time.time`` (seconds) and
-            ``random.uniform`` (the backoff's jitter); injected by tests. The request's ``not_after`` is ``wall()`` plus the time the executor waits, so the
-            function never changes the scope after the executor gave up on the run.
+            ``random.uniform`` (the backoff's jitter); injected by tests. The request's ``not_after``
+            is ``wall()`` plus the time the executor waits, so the function never changes the scope
+            after the executor gave up on the run.
     """
 
     publishes_run_events = True

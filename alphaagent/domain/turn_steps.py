@@ -127,9 +127,10 @@ def rejection_of(body: str, *, message_id: str, reason: str) -> SpecRejected:
         ("user_id", spec.get("user_id")),
         ("scope", spec.get("scope")),
     ):
-        field = SpecRejected.model_fields[name]
+        annotation = SpecRejected.model_fields[name].annotation
+        assert annotation is not None  # every field of the model is annotated
         try:
-            readable[name] = TypeAdapter(field.annotation).validate_python(value)
+            readable[name] = TypeAdapter(annotation).validate_python(value)
         except ValidationError:
             continue  # unreadable: left out rather than trusted
     return SpecRejected(message_id=message_id, reason=reason[:MAX_REJECTION_REASON_CHARS], **readable)

@@ -260,8 +260,11 @@ class SqliteStore:
 
     def record_exists(self, kind: Literal["run", "session"], record_id: str) -> bool:
         """Whether a run or session of that id exists for any user (for the probe audit only)."""
-        table, column = {"run": ("runs", "run_id"), "session": ("sessions", "session_id")}[kind]
-        return self._read_one(f"SELECT 1 FROM {table} WHERE {column} = ?", (record_id,)) is not None
+        query = {
+            "run": "SELECT 1 FROM runs WHERE run_id = ?",
+            "session": "SELECT 1 FROM sessions WHERE session_id = ?",
+        }[kind]
+        return self._read_one(query, (record_id,)) is not None
 
     # sessions
 

@@ -237,7 +237,9 @@ def test_names_follow_the_local_rule_nfc_kept_duplicates_and_long_keys_skipped_w
     )
 
 
-def test_keys_the_sync_down_skips_are_reported_with_the_rule_they_break(aws: Any, workspace: S3Workspace) -> None:
+def test_keys_the_sync_down_skips_are_reported_with_the_rule_they_break(
+    aws: Any, workspace: S3Workspace
+) -> None:
     # Given keys put in the bucket by another writer: a decomposed name and one with a backslash
     for path in ("docs/cafe\u0301.txt", "docs/back\\slash.txt"):
         aws.put_object(Bucket=BUCKET, Key=f"{SCOPE.key}/{path}", Body=b"x")
@@ -246,7 +248,10 @@ def test_keys_the_sync_down_skips_are_reported_with_the_rule_they_break(aws: Any
     # Then each skip says which rule the key breaks
     skipped = {item.path: item.reason for item in stored_result(workspace).files.skipped}
     prefix = "not synced down: the key breaks a workspace path rule (DESIGN §4.2): "
-    assert skipped["docs/cafe\u0301.txt"] == f"{prefix}the name is not in NFC (its NFC form is 'docs/caf\u00e9.txt')"
+    assert (
+        skipped["docs/cafe\u0301.txt"]
+        == f"{prefix}the name is not in NFC (its NFC form is 'docs/caf\u00e9.txt')"
+    )
     assert skipped["docs/back\\slash.txt"] == f"{prefix}path must use '/' as separator (no '\\')"
 
 
@@ -764,7 +769,9 @@ class ThrottlingLambda(FakeLambda):
         return super().invoke(**arguments)
 
 
-def _throttle_executor(client: FakeLambda, workspace: S3Workspace, store: DynamoStore, slept: list[float]) -> LambdaExecutor:
+def _throttle_executor(
+    client: FakeLambda, workspace: S3Workspace, store: DynamoStore, slept: list[float]
+) -> LambdaExecutor:
     return LambdaExecutor(
         lambda_client=client,
         workspace=workspace,
@@ -798,7 +805,9 @@ def test_throttling_that_lasts_is_a_typed_retryable_error(workspace: S3Workspace
     client, slept = ThrottlingLambda(throttles=100), []
     # When the coder runs code; Then it gets EnvThrottledError (retryable, a platform failure not yet
     # recorded), after THROTTLE_ATTEMPTS calls, naming the function and the 429
-    with pytest.raises(EnvThrottledError, match=r"alphaagent-env-builtin: throttled by Lambda \(429\)") as raised:
+    with pytest.raises(
+        EnvThrottledError, match=r"alphaagent-env-builtin: throttled by Lambda \(429\)"
+    ) as raised:
         _throttle_executor(client, workspace, store, slept).run(
             Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
         )

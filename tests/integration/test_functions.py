@@ -312,7 +312,11 @@ def test_a_turn_id_reused_for_a_different_spec_is_rejected_with_an_event(
     [
         ("not json at all", "", None),
         (json.dumps({"spec_version": 1, "turn_id": TURN_ID, "goal": ""}), "user_id", TURN_ID),
-        (json.dumps({"detail-type": "SpecSubmitted", "detail": {"turn_id": TURN_ID}}), "detail.spec", TURN_ID),
+        (
+            json.dumps({"detail-type": "SpecSubmitted", "detail": {"turn_id": TURN_ID}}),
+            "detail.spec",
+            TURN_ID,
+        ),
         (json.dumps({"spec_version": 1, "turn_id": "../etc", "user_id": "a b"}), "", None),
     ],
 )

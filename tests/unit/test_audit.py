@@ -22,7 +22,10 @@ ALICE, MALLORY = "alice", "mallory"
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlphaAgent]:
     with AlphaAgent(tmp_path_factory.mktemp("home")) as shared:
         spec = {
-            "spec_version": 1, "user_id": ALICE, "scope": {"conversation_id": "c-secret"}, "goal": "x",
+            "spec_version": 1,
+            "user_id": ALICE,
+            "scope": {"conversation_id": "c-secret"},
+            "goal": "x",
             "steps": [{"title": "write", "code": "open('datasets/t.csv', 'w').write('a\\n1\\n')"}],
             "outputs": [{"kind": "dataset", "name": "t", "path": "datasets/t.csv"}],
         }
@@ -49,9 +52,21 @@ def test_probes_of_another_users_things_are_recorded_and_answered_as_missing(age
     # When mallory asks for each of them, and for things that do not exist
     probes = [
         (lambda: agent.history(MALLORY, scope), lambda: agent.history(MALLORY, missing), "conversation"),
-        (lambda: agent.run_record(MALLORY, run.run_id), lambda: agent.run_record(MALLORY, "01" + "0" * 24), "run"),
-        (lambda: agent.session(MALLORY, session.session_id), lambda: agent.session(MALLORY, "s" * 32), "session"),
-        (lambda: agent.artifact(MALLORY, scope, "t"), lambda: agent.artifact(MALLORY, missing, "t"), "artifact"),
+        (
+            lambda: agent.run_record(MALLORY, run.run_id),
+            lambda: agent.run_record(MALLORY, "01" + "0" * 24),
+            "run",
+        ),
+        (
+            lambda: agent.session(MALLORY, session.session_id),
+            lambda: agent.session(MALLORY, "s" * 32),
+            "session",
+        ),
+        (
+            lambda: agent.artifact(MALLORY, scope, "t"),
+            lambda: agent.artifact(MALLORY, missing, "t"),
+            "artifact",
+        ),
     ]
     for foreign, nonexistent, _kind in probes:
         # Then the answer is the one a missing thing of that kind gets (same type; the message names

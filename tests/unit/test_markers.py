@@ -51,8 +51,13 @@ def test_the_stored_history_marker_names_what_the_agent_saw_and_what_the_code_pr
     # When it is cut again for the stored history (the event's view and the record)
     view = history_view(result)
     detail = RunCompleted(
-        turn_id=new_ulid(), scope=SCOPE, run_id=result.run_id, session_id="s" * 32, user_id="u",
-        status="ok", result=view.model_dump(mode="json"),
+        turn_id=new_ulid(),
+        scope=SCOPE,
+        run_id=result.run_id,
+        session_id="s" * 32,
+        user_id="u",
+        status="ok",
+        result=view.model_dump(mode="json"),
     )
     record = run_record_from(detail, "print('r' * 5_000_001)")
     # Then the marker gives both numbers, within the 16 KiB cap
@@ -122,7 +127,10 @@ def test_alphaagent_history_shows_both_sizes(
     # Given a turn whose step printed 3,000,000 bytes
     home = tmp_path / "home"
     spec = {
-        "spec_version": 1, "user_id": "u", "scope": {"conversation_id": "c-hist"}, "goal": "print",
+        "spec_version": 1,
+        "user_id": "u",
+        "scope": {"conversation_id": "c-hist"},
+        "goal": "print",
         "steps": [{"title": "print", "code": "print('z' * 2_999_999)"}],
     }
     with AlphaAgent(home) as agent:

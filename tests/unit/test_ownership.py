@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from alphaagent.api import AUDIT_FILE, AlphaAgent
-from alphaagent.domain.audit import ForeignRequest, JsonLinesAudit
 from alphaagent.cli import main
+from alphaagent.domain.audit import ForeignRequest, JsonLinesAudit
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext, run_in_env
 from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError

@@ -177,7 +177,9 @@ def test_a_database_from_a_newer_alphaagent_is_refused_and_left_untouched(db_pat
     before = db_path.read_bytes()
 
     # When it is opened
-    with pytest.raises(StoreSchemaError, match=rf"schema version {SCHEMA_VERSION + 1}.*newer alphaagent") as caught:
+    with pytest.raises(
+        StoreSchemaError, match=rf"schema version {SCHEMA_VERSION + 1}.*newer alphaagent"
+    ) as caught:
         SqliteStore(db_path)
 
     # Then the error is one of ours, names the file, and the file is byte for byte as it was

@@ -1108,7 +1108,11 @@ def test_a_turn_id_reused_for_a_different_spec_is_refused(agent: AlphaAgent, tmp
     env = {**os.environ, "ALPHAAGENT_HOME": str(agent.home), "ALPHAAGENT_USER": USER}
     cli = subprocess.run(
         [sys.executable, "-m", "alphaagent.cli", "run", str(spec_file)],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
     assert cli.returncode == 2, (cli.returncode, cli.stdout, cli.stderr)
     assert "turn_id: already used for a different spec" in cli.stderr
