@@ -137,8 +137,9 @@ class AlphaAgent(ScopeReads):
         self.close()
 
     def close(self) -> None:
-        """Stop the sandbox and close the database."""
+        """Stop the sandbox, write the audit trail's queued lines and close the database."""
         self.executor.close()
+        self.audit.close()
         self.store.close()
 
     # ------------------------------------------------------------------ turns

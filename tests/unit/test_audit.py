@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from alphaagent.api import AUDIT_FILE, AlphaAgent
+from alphaagent.api import AlphaAgent
 from alphaagent.domain.audit import METRIC_NAME, ForeignRequest, JsonLinesAudit, emf_audit
 from alphaagent.errors import NotFoundError
 from alphaagent.models.common import ConversationScope
@@ -46,7 +46,7 @@ def test_probes_of_another_users_things_are_recorded_and_answered_as_missing(age
     scope = ConversationScope(conversation_id="c-secret")
     (run,) = agent.history(ALICE, scope)
     (session,) = agent.sessions(ALICE, scope)
-    trail = JsonLinesAudit(agent.home / AUDIT_FILE)
+    trail = agent.audit
     before = len(trail.read())
     missing = ConversationScope(conversation_id="c-nobody")
     # When mallory asks for each of them, and for things that do not exist
