@@ -338,6 +338,7 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
             turn_id,
             timeout_s=timeout_s,
             progress=lambda status: print(f"turn {turn_id}: {status}", file=sys.stderr, flush=True),
+            spec_sha256=spec.digest(),
         )
     except TurnWaitTimeoutError as exc:
         return _fail(f"{exc}; it may still finish", EXIT_FAILED)
