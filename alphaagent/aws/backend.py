@@ -28,6 +28,7 @@ from alphaagent.errors import AlphaAgentError, ForgedRunResponseError, InvalidSp
 from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, TurnInput, run_result_key
 from alphaagent.models.events import Event, RunCompleted, RunFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
+from alphaagent.models.spec import TURN_ID_REUSED
 from alphaagent.ports import OutputSink
 
 
@@ -142,9 +143,7 @@ def start_turn_execution(state_machine_arn: str, turn_id: str, execution_input: 
     except client.exceptions.ExecutionAlreadyExists:
         described = client.describe_execution(executionArn=execution_arn_of(state_machine_arn, turn_id))
         if _spec_digest(described.get("input", "")) != _spec_digest(execution_input):
-            raise InvalidSpecError(
-                "turn_id: already used for a different spec; leave it out to get a fresh one"
-            ) from None
+            raise InvalidSpecError(TURN_ID_REUSED) from None
         return False
     return True
 

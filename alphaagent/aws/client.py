@@ -32,7 +32,7 @@ from alphaagent.aws import sdk
 from alphaagent.errors import AlphaAgentError, InvalidSpecError
 from alphaagent.ids import new_ulid
 from alphaagent.models.records import TurnResult
-from alphaagent.models.spec import MAX_SPEC_BYTES, Spec
+from alphaagent.models.spec import MAX_SPEC_BYTES, TURN_ID_REUSED, Spec
 from alphaagent.ports import Store
 
 SQS_MAX_MESSAGE_BYTES = 256 * 1024
@@ -182,7 +182,7 @@ def wait_for_turn(
     while True:
         turn = store.get_turn(user_id, turn_id)
         if turn is not None and spec_sha256 is not None and turn.spec_sha256 not in (None, spec_sha256):
-            raise InvalidSpecError("turn_id: already used for a different spec; leave it out to get a fresh one")
+            raise InvalidSpecError(TURN_ID_REUSED)
         status = QUEUED if turn is None else turn.status
         if status != last:
             last = status

@@ -35,6 +35,7 @@ from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStart
 from alphaagent.models.records import ArtifactVersion, PreparedInput, Session, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import (
+    TURN_ID_REUSED,
     ConnectorInput,
     DatasetInput,
     DocumentInput,
@@ -220,7 +221,7 @@ def check_same_spec(turn: Turn, spec: Spec) -> None:
         InvalidSpecError: the turn's spec digest differs from ``spec.digest()``.
     """
     if turn.spec_sha256 is not None and turn.spec_sha256 != spec.digest():
-        raise InvalidSpecError("turn_id: already used for a different spec; leave it out to get a fresh one")
+        raise InvalidSpecError(TURN_ID_REUSED)
 
 
 def abandon_turn(backend: Backend, user_id: str, turn_id: str, reason: str) -> bool:

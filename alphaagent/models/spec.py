@@ -24,6 +24,10 @@ from alphaagent.models.common import (
     WorkspacePath,
 )
 
+TURN_ID_REUSED = "turn_id: already used for a different spec; leave it out to get a fresh one"
+"""The refusal of a spec whose ``turn_id`` is another spec's: a turn id is an idempotency key for one
+spec (``Spec.digest``). The same words on both backends and in the starter's ``SpecRejected``."""
+
 MAX_SPEC_BYTES = 64 * 1024
 """A spec serialises to at most 64 KiB (DESIGN §4.5): it travels inside SQS messages (256 KiB) and
 Step Functions state (256 KiB) with room for the envelope."""
