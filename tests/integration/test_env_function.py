@@ -523,8 +523,18 @@ def store(aws: Any) -> DynamoStore:
 
 
 def executor_with(
-    client: FakeLambda, workspace: S3Workspace, store: DynamoStore, *, tenant_isolation: bool = False
+    client: FakeLambda,
+    workspace: S3Workspace,
+    store: DynamoStore,
+    *,
+    tenant_isolation: bool = False,
+    slept: list[float] | None = None,
 ) -> LambdaExecutor:
+    """An executor polling fast; with ``slept``, its backoff waits are recorded there (not slept),
+    each at the top of its jitter range."""
+    backoff: dict[str, Any] = (
+        {} if slept is None else {"sleep": slept.append, "jitter": lambda _low, high: high}
+    )
     return LambdaExecutor(
         lambda_client=client,
         workspace=workspace,
@@ -533,6 +543,7 @@ def executor_with(
         startup_margin_s=0.0,
         poll_start_s=0.01,
         poll_max_s=0.05,
+        **backoff,
     )
 
 
@@ -769,22 +780,6 @@ class ThrottlingLambda(FakeLambda):
         return super().invoke(**arguments)
 
 
-def _throttle_executor(
-    client: FakeLambda, workspace: S3Workspace, store: DynamoStore, slept: list[float]
-) -> LambdaExecutor:
-    return LambdaExecutor(
-        lambda_client=client,
-        workspace=workspace,
-        store=store,
-        tenant_isolation=False,
-        startup_margin_s=0.0,
-        poll_start_s=0.01,
-        poll_max_s=0.05,
-        sleep=slept.append,
-        jitter=lambda low, high: high,
-    )
-
-
 def test_a_throttled_invoke_is_retried_with_backoff_then_runs_once(
     workspace: S3Workspace, store: DynamoStore
 ) -> None:
@@ -792,7 +787,7 @@ def test_a_throttled_invoke_is_retried_with_backoff_then_runs_once(
     workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
     client, slept = ThrottlingLambda(throttles=2), []
     # When the coder runs code
-    result = _throttle_executor(client, workspace, store, slept).run(
+    result = executor_with(client, workspace, store, slept=slept).run(
         Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
     )
     # Then the invocation was sent again after growing waits, and the result came back
@@ -808,7 +803,7 @@ def test_throttling_that_lasts_is_a_typed_retryable_error(workspace: S3Workspace
     with pytest.raises(
         EnvThrottledError, match=r"alphaagent-env-builtin: throttled by Lambda \(429\)"
     ) as raised:
-        _throttle_executor(client, workspace, store, slept).run(
+        executor_with(client, workspace, store, slept=slept).run(
             Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
         )
     assert isinstance(raised.value, RetryableError) and isinstance(raised.value, SandboxError)

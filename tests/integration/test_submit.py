@@ -86,7 +86,9 @@ def _messages(aws: dict[str, Any]) -> list[str]:
     return [message["Body"] for message in response.get("Messages", [])]
 
 
-def _running_turn(store: DynamoStore, user_id: str = USER, turn_id: str = TURN_ID) -> Turn:
+def _running_turn(
+    store: DynamoStore, user_id: str = USER, turn_id: str = TURN_ID, spec_sha256: str | None = None
+) -> Turn:
     turn = Turn(
         turn_id=turn_id,
         user_id=user_id,
@@ -95,6 +97,7 @@ def _running_turn(store: DynamoStore, user_id: str = USER, turn_id: str = TURN_I
         status="running",
         goal=SPEC["goal"],
         started_at=utcnow(),
+        spec_sha256=spec_sha256,
     )
     assert store.create_turn(turn)
     return turn
@@ -521,17 +524,7 @@ def test_submit_wait_with_a_reused_turn_id_and_another_spec_exits_2_not_the_old_
     # Given a turn that completed for the spec SPEC under TURN_ID (its digest stored with it)
     store: DynamoStore = aws["store"]
     first = parse_spec(json.dumps(SPEC | {"turn_id": TURN_ID}))
-    turn = Turn(
-        turn_id=TURN_ID,
-        user_id=USER,
-        scope_key=SCOPE.key,
-        session_id="s-1",
-        status="running",
-        goal=SPEC["goal"],
-        started_at=utcnow(),
-        spec_sha256=first.digest(),
-    )
-    assert store.create_turn(turn)
+    turn = _running_turn(store, spec_sha256=first.digest())
     _finish(store, turn, COMPLETED)
     # When another spec is submitted with --wait under the same turn id (the starter rejects it)
     code = main(
