@@ -146,3 +146,32 @@ def test_alphaagent_history_shows_both_sizes(
 def test_a_long_run_of_digits_is_not_called_hex() -> None:
     text, cut = truncate_text("0123456789" * 100_000, 4096)
     assert cut and "looks like" not in text
+
+
+def test_an_environment_that_cannot_start_is_labelled_not_blamed_on_the_code(tmp_path: Path) -> None:
+    # Given an environment whose interpreter does not exist
+    from alphaagent.errors import EnvStartError, SandboxError
+    from alphaagent.sandbox.config import SandboxConfig
+    from alphaagent.sandbox.supervisor import Sandbox
+
+    sandbox = Sandbox(SandboxConfig(python=str(tmp_path / "no-python")))
+    # When code is run there; Then the failure says the environment did not start (a platform error)
+    try:
+        with pytest.raises(EnvStartError, match="the environment did not start: cannot start the zygote"):
+            sandbox.run("print(1)", cwd=tmp_path)
+    finally:
+        sandbox.close()
+    assert issubclass(EnvStartError, SandboxError)
+
+
+def test_the_second_run_of_an_environment_is_labelled_warm(tmp_path: Path) -> None:
+    executor = SandboxExecutor()
+    try:
+        first, second = (
+            executor.run(tmp_path, "print(1)", limits=RunLimits(timeout_s=30), run_id=new_ulid())
+            for _ in range(2)
+        )
+    finally:
+        executor.close()
+    assert (first.environment_start, second.environment_start) == ("cold", "warm")
+    assert second.environment_start_ms == 0
