@@ -117,7 +117,8 @@ class AlphaAgent(ScopeReads):
         hidden = (str(Path.home()), str(self.home.resolve()))
         self.executor = SandboxExecutor(sandbox or SandboxConfig(hidden_paths=hidden))
         self.coder = coder
-        self.audit = JsonLinesAudit(self.home / AUDIT_FILE)
+        self.audit_trail = JsonLinesAudit(self.home / AUDIT_FILE)
+        self.audit = self.audit_trail
         connectors = connectors or connector_settings_from_env()
         connectors = replace(connectors, forbidden_roots=(*connectors.forbidden_roots, self.home))
         self.backend = Backend(
@@ -139,7 +140,7 @@ class AlphaAgent(ScopeReads):
     def close(self) -> None:
         """Stop the sandbox, write the audit trail's queued lines and close the database."""
         self.executor.close()
-        self.audit.close()
+        self.audit_trail.close()
         self.store.close()
 
     # ------------------------------------------------------------------ turns

@@ -97,7 +97,7 @@ def main() -> int:
             figures = {label: _figures(values) for label, values in samples.items()}
             ratio = figures["foreign"]["median_us"] / figures["missing"]["median_us"]
             results[kind] = {**figures, "median_ratio": round(ratio, 2)}
-        recorded = len(agent.audit.read())
+        recorded = len(agent.audit_trail.read())
     report = {"rounds": args.rounds, "results": results, "audit_lines": recorded, "machine": machine(load)}
     if args.json:
         print(json.dumps(report, indent=2))

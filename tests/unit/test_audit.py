@@ -6,12 +6,11 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from alphaagent.api import AlphaAgent
-from alphaagent.domain.audit import METRIC_NAME, ForeignRequest, JsonLinesAudit, emf_audit
+from alphaagent.domain.audit import METRIC_NAME, ForeignRequest, emf_audit
 from alphaagent.errors import NotFoundError
 from alphaagent.models.common import ConversationScope
 
@@ -46,7 +45,7 @@ def test_probes_of_another_users_things_are_recorded_and_answered_as_missing(age
     scope = ConversationScope(conversation_id="c-secret")
     (run,) = agent.history(ALICE, scope)
     (session,) = agent.sessions(ALICE, scope)
-    trail = agent.audit
+    trail = agent.audit_trail
     before = len(trail.read())
     missing = ConversationScope(conversation_id="c-nobody")
     # When mallory asks for each of them, and for things that do not exist
@@ -93,16 +92,16 @@ def test_the_aws_sink_is_one_embedded_metric_line() -> None:
     assert document[METRIC_NAME] == 1 and document["requesting_user_id"] == MALLORY
 
 
-def test_a_failing_trail_never_changes_the_answer(agent: AlphaAgent, tmp_path: Path) -> None:
-    # Given a trail that cannot be written (its path is a folder)
-    broken = tmp_path / "audit"
-    broken.mkdir()
-    audit_before = agent.backend.audit
-    object.__setattr__(agent.backend, "audit", JsonLinesAudit(broken))
+def test_a_failing_trail_never_changes_the_answer(agent: AlphaAgent) -> None:
+    # Given a trail whose sink fails (a full disk)
+    def broken(_request: ForeignRequest) -> None:
+        raise OSError("no space left on device")
+
+    working = agent.audit
+    agent.audit = broken
     try:
         # When mallory probes alice's conversation; Then the answer is still NotFoundError
-        assert _answer(lambda: agent.history(MALLORY, ConversationScope(conversation_id="c-secret")))[0] == (
-            "NotFoundError"
-        )
+        scope = ConversationScope(conversation_id="c-secret")
+        assert _answer(lambda: agent.history(MALLORY, scope))[0] == "NotFoundError"
     finally:
-        object.__setattr__(agent.backend, "audit", audit_before)
+        agent.audit = working
