@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from alphaagent.domain.audit import JsonLinesAudit
 from alphaagent.domain.backend import Backend, ConnectorSettings, TurnSettings
 from alphaagent.domain.reads import ScopeReads
 from alphaagent.domain.recorder import Recorder
@@ -37,6 +38,9 @@ from alphaagent.sandbox.config import SandboxConfig
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 DATABASE_NAME = "alphaagent.db"
+
+AUDIT_FILE = "audit.jsonl"
+"""The audit trail of requests for another user's things, in the home (``JsonLinesAudit``)."""
 
 
 def alphaagent_home(explicit: str | Path | None = None) -> Path:
@@ -113,6 +117,8 @@ class AlphaAgent(ScopeReads):
         hidden = (str(Path.home()), str(self.home.resolve()))
         self.executor = SandboxExecutor(sandbox or SandboxConfig(hidden_paths=hidden))
         self.coder = coder
+        self.audit_trail = JsonLinesAudit(self.home / AUDIT_FILE)
+        self.audit = self.audit_trail
         connectors = connectors or connector_settings_from_env()
         connectors = replace(connectors, forbidden_roots=(*connectors.forbidden_roots, self.home))
         self.backend = Backend(
@@ -122,6 +128,7 @@ class AlphaAgent(ScopeReads):
             executor=self.executor,
             connectors=connectors,
             turns=turns or turn_settings_from_env(),
+            audit=self.audit,
         )
 
     def __enter__(self) -> AlphaAgent:
@@ -131,8 +138,9 @@ class AlphaAgent(ScopeReads):
         self.close()
 
     def close(self) -> None:
-        """Stop the sandbox and close the database."""
+        """Stop the sandbox, write the audit trail's queued lines and close the database."""
         self.executor.close()
+        self.audit_trail.close()
         self.store.close()
 
     # ------------------------------------------------------------------ turns

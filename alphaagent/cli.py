@@ -338,6 +338,7 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
             turn_id,
             timeout_s=timeout_s,
             progress=lambda status: print(f"turn {turn_id}: {status}", file=sys.stderr, flush=True),
+            spec_sha256=spec.digest(),
         )
     except TurnWaitTimeoutError as exc:
         return _fail(f"{exc}; it may still finish", EXIT_FAILED)
@@ -461,6 +462,16 @@ def cmd_history(args: argparse.Namespace) -> int:
         if len(out_lines) > 5:
             lines.append(f"  > ... ({len(out_lines) - 5} earlier lines; --json for all)")
         lines.extend(f"  > {line}" for line in out_lines[-5:])
+        for stream, text, printed, cut, spill in (
+            ("stdout", run.stdout, run.stdout_bytes, run.stdout_truncated, run.stdout_path),
+            ("stderr", run.stderr, run.stderr_bytes, run.stderr_truncated, run.stderr_path),
+        ):
+            if cut:  # the marker may sit above the lines shown: both sizes are said here too
+                where = f"; full output in {spill}" if spill else ""
+                lines.append(
+                    f"  # {stream} truncated: history keeps {len(text.encode('utf-8'))} bytes;"
+                    f" the code printed {printed} bytes{where}"
+                )
         if run.error:
             lines.append(f"  ! {run.error.name}: {run.error.value}")
     _emit(args, _dump(runs), lines or ["no runs"])

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.reads import ScopeReads
 from alphaagent.domain.turns import check_spec_against, scope_label
 from alphaagent.errors import InvalidRequestError, InvalidSpecError, NotFoundError
@@ -151,6 +152,8 @@ class Client(ABC):
             parsed = parse_spec(spec, defaults={"user_id": self.user_id})
         owner = self._reads.store.owner_of(parsed.scope.owner_key)
         if parsed.user_id != self.user_id or (owner is not None and owner != self.user_id):
+            if owner is not None and owner != self.user_id:
+                audit_scope(self._reads.audit, self.user_id, parsed.scope)
             raise NotFoundError(f"{scope_label(parsed.scope)} not found")
         return parsed
 

@@ -54,3 +54,21 @@ class ForgedRunResponseError(AlphaAgentError):
     claim check: not the handler's answer (user code in the execution environment can post to the
     Runtime API). Nothing is recorded from it; the recorder fails, and the event ends in its
     dead-letter queue for inspection."""
+
+
+class EventRejectedError(AlphaAgentError):
+    """EventBridge refused an event's entry for a reason another attempt cannot fix (a validation
+    error such as ``MalformedDetail`` or ``InvalidArgument``); the message names the event and the code.
+    Throttling and internal errors are retried by the bus and end as ``EventPublishError`` instead."""
+
+
+class EnvThrottledError(SandboxError, RetryableError):
+    """Lambda throttled the invocation of an environment function (HTTP 429,
+    ``TooManyRequestsException``: the function's or the account's concurrency, or the request rate)
+    on every attempt: the run never started, so asking again later is safe. The message names the
+    function and the number of attempts."""
+
+
+class EnvStartError(SandboxError):
+    """The execution environment could not start (its interpreter or zygote failed during start-up):
+    a platform failure, recorded as the run's ``RunFailed`` with this name."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 from alphaagent.models.common import Scope
 from alphaagent.models.events import Event
@@ -84,6 +84,10 @@ class Store(Protocol):
 
     def owner_of(self, owner_key: str) -> str | None:
         """The owner of a conversation or workflow execution, or None."""
+
+    def record_exists(self, kind: Literal["run", "session"], record_id: str) -> bool:
+        """Whether a run or session of that id exists for any user. Only for the audit of requests
+        for another user's records (``alphaagent.domain.audit``); never part of an answer."""
 
     # sessions
     def active_session(self, user_id: str, scope_key: str, now: datetime) -> Session | None:

@@ -16,17 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from alphaagent.aws import sdk
-from alphaagent.aws.bus import EventBridgeBus, event_from_eventbridge
+from alphaagent.aws.bus import BusLimits, EventBridgeBus, event_from_eventbridge
 from alphaagent.aws.executor import LambdaExecutor
-from alphaagent.aws.settings import get_lambda_settings
+from alphaagent.aws.settings import LambdaSettings, get_lambda_settings
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
+from alphaagent.domain.audit import emf_audit
 from alphaagent.domain.backend import Backend, TurnSettings
 from alphaagent.domain.recorder import Recorder, history_view
-from alphaagent.errors import AlphaAgentError, ForgedRunResponseError
-from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, run_result_key
+from alphaagent.errors import AlphaAgentError, ForgedRunResponseError, InvalidSpecError
+from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, TurnInput, run_result_key
 from alphaagent.models.events import Event, RunCompleted, RunFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
+from alphaagent.models.spec import TURN_ID_REUSED
 from alphaagent.ports import OutputSink
 
 
@@ -72,10 +74,13 @@ def get_backend() -> Backend:
     return Backend(
         store=DynamoStore(settings.required("STATE_TABLE_NAME")),
         workspace=workspace,
-        bus=EventBridgeBus(settings.EVENT_BUS_NAME, claim_check=workspace.write_bytes),
+        bus=EventBridgeBus(
+            settings.EVENT_BUS_NAME, claim_check=workspace.write_bytes, limits=_bus_limits(settings)
+        ),
         executor=NoExecutor(),
         connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
+        audit=emf_audit(),
     )
 
 
@@ -98,10 +103,15 @@ def coder_backend() -> Backend:
     return Backend(
         store=store,
         workspace=workspace,
-        bus=EventBridgeBus(settings.required("EVENT_BUS_NAME"), claim_check=workspace.write_bytes),
+        bus=EventBridgeBus(
+            settings.required("EVENT_BUS_NAME"),
+            claim_check=workspace.write_bytes,
+            limits=_bus_limits(settings),
+        ),
         executor=executor,
         connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
+        audit=emf_audit(),
     )
 
 
@@ -112,20 +122,62 @@ def get_stepfunctions_client() -> Any:
 
 
 def start_turn_execution(state_machine_arn: str, turn_id: str, execution_input: str) -> bool:
-    """Start the turn state machine as execution ``turn_id``; True if started, False if an execution
-    of that name exists already (a duplicate delivery: acknowledged, never a second turn).
+    """Start the turn state machine as execution ``turn_id`` with ``execution_input`` (a
+    ``TurnInput``'s JSON); True if started, False if that execution exists already for the same spec
+    (a duplicate delivery: acknowledged, never a second turn).
 
     Step Functions keeps execution names unique per state machine for 90 days after they close, so the
-    name is the idempotency key of the turn (DESIGN §3 step 2). A STANDARD machine answers a repeat
-    with the same input while the execution runs with success and the existing ARN; with another input,
-    or after it closed, with ``ExecutionAlreadyExists``. Both are duplicates here.
+    name is the idempotency key of the turn (DESIGN §3 step 2) -- for one spec. A STANDARD machine
+    answers a repeat with the same input while the execution runs with success and the existing ARN;
+    with another input, or after it closed, with ``ExecutionAlreadyExists``. The existing execution's
+    input is then read back (``DescribeExecution``) and the digests of the two specs compared, so a
+    redelivery (same spec, however spelled) is a duplicate and a different spec is refused.
+
+    Raises:
+        InvalidSpecError: the execution of that name ran a different spec (``turn_id: already used
+            for a different spec``).
     """
     client = get_stepfunctions_client()
     try:
         client.start_execution(stateMachineArn=state_machine_arn, name=turn_id, input=execution_input)
     except client.exceptions.ExecutionAlreadyExists:
+        described = client.describe_execution(executionArn=execution_arn_of(state_machine_arn, turn_id))
+        if _spec_digest(described.get("input", "")) != _spec_digest(execution_input):
+            raise InvalidSpecError(TURN_ID_REUSED) from None
         return False
     return True
+
+
+def _spec_digest(execution_input: str) -> str | None:
+    """The digest of the spec in a turn execution's input; None if it is not a turn input."""
+    try:
+        return TurnInput.model_validate_json(execution_input).spec.digest()
+    except ValueError:
+        return None
+
+
+def execution_arn_of(state_machine_arn: str, name: str) -> str:
+    """The ARN of execution ``name`` of a state machine:
+    ``arn:{partition}:states:{region}:{account}:execution:{machine}:{name}`` (the machine's ARN with
+    ``stateMachine`` replaced by ``execution``, then the name)."""
+    prefix, machine = state_machine_arn.rsplit(":stateMachine:", 1)
+    return f"{prefix}:execution:{machine}:{name}"
+
+
+@functools.cache
+def get_event_bus() -> EventBridgeBus:
+    """The bus of a function that only publishes small events (the starter's ``SpecRejected``): no
+    claim check, since such a detail stays far below the entry limit.
+
+    Raises:
+        MissingSettingError: ``EVENT_BUS_NAME`` is not set.
+    """
+    settings = get_lambda_settings()
+    return EventBridgeBus(settings.required("EVENT_BUS_NAME"), limits=_bus_limits(settings))
+
+
+def _bus_limits(settings: LambdaSettings) -> BusLimits:
+    return BusLimits(max_entry_bytes=settings.EVENT_BUS_MAX_ENTRY_BYTES)
 
 
 def run_event_of(backend: Backend, record: DestinationRecord, event_id: str) -> Event:

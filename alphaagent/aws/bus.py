@@ -25,19 +25,51 @@ Example::
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from alphaagent.aws import sdk
-from alphaagent.errors import AlphaAgentError, RetryableError
+from alphaagent.errors import AlphaAgentError, EventRejectedError, RetryableError
 from alphaagent.models.common import Scope, check_workspace_path
 from alphaagent.models.events import EVENT_MODELS, Event
 
 KiB: Final = 1024
+MiB: Final = 1024 * KiB
 
 MAX_ENTRY_BYTES: Final = 256 * KiB
-"""EventBridge's limit on one PutEvents entry (256 KiB), counted as AWS documents it: 14 bytes for the
-time, plus the UTF-8 bytes of source, detail-type, detail and each resource."""
+"""EventBridge's documented limit on one PutEvents entry (256 KiB; AWS, "Calculating Amazon
+EventBridge PutEvents event entry size"), counted as AWS documents it: 14 bytes for the time, plus the
+UTF-8 bytes of source, detail-type, detail and each resource. The default of ``BusLimits``."""
+
+MAX_CONFIGURABLE_ENTRY_BYTES: Final = 1 * MiB
+"""The most ``BusLimits.max_entry_bytes`` may be set to: 1 MiB, EventBridge's larger event payload
+limit where the account and Region have it (AWS, EventBridge quotas). Above it an entry is always
+refused, so a larger setting could only turn a claim check into a failure."""
+
+
+class BusLimits(BaseModel):
+    """The bus's size limit and its retry of failed entries (``EVENT_BUS_*`` settings).
+
+    ``max_entry_bytes``: a detail whose entry is larger goes by claim check (default 256 KiB, at most
+    1 MiB: see ``MAX_ENTRY_BYTES`` and ``MAX_CONFIGURABLE_ENTRY_BYTES``). ``max_attempts``: PutEvents
+    calls per event for throttling and internal errors (botocore retries a failed *call* itself, but
+    not an entry that a successful call reports as failed). ``base_delay_s``/``max_delay_s``: the
+    exponential backoff with full jitter between attempts: a random delay in
+    ``[0, min(max_delay_s, base_delay_s * 2 ** attempt)]`` (AWS Architecture Blog, "Exponential
+    Backoff And Jitter").
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_entry_bytes: int = Field(MAX_ENTRY_BYTES, ge=1 * KiB, le=MAX_CONFIGURABLE_ENTRY_BYTES)
+    max_attempts: int = Field(5, ge=1, le=20)
+    base_delay_s: float = Field(0.1, ge=0, le=10)
+    max_delay_s: float = Field(2.0, ge=0, le=60)
+
 
 CLAIM_CHECK_FOLDER: Final = "work/events"
 """Workspace folder of oversized details: ``work/events/{event_id}.json``."""
@@ -62,7 +94,9 @@ class EventTooLargeError(AlphaAgentError):
 _RETRYABLE_CODES: Final = frozenset(
     {"ThrottlingException", "InternalException", "InternalFailure", "ServiceUnavailable"}
 )
-"""PutEvents error codes (after botocore's own retries) that are worth another attempt."""
+"""PutEvents error codes that are worth another attempt: throttling and EventBridge's internal
+failures. Every other code (``ValidationException``, ``InvalidArgument``, ``MalformedDetail``,
+``AccessDeniedException``, ``NotAuthorizedForSourceException``, ...) fails the same way again."""
 
 
 def entry_size(entry: dict[str, Any]) -> int:
@@ -87,10 +121,22 @@ class EventBridgeBus:
             without one, such a detail raises ``EventTooLargeError``.
     """
 
-    def __init__(self, bus_name: str, *, client: Any = None, claim_check: ClaimCheck | None = None) -> None:
+    def __init__(
+        self,
+        bus_name: str,
+        *,
+        client: Any = None,
+        claim_check: ClaimCheck | None = None,
+        limits: BusLimits | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[float, float], float] = random.uniform,
+    ) -> None:
         self.bus_name = bus_name
+        self.limits = limits or BusLimits()
         self._client = client
         self._claim_check = claim_check
+        self._sleep = sleep
+        self._jitter = jitter
 
     @property
     def client(self) -> Any:
@@ -100,33 +146,54 @@ class EventBridgeBus:
         return self._client
 
     def publish(self, event: Event) -> None:
-        """Put ``event`` on the bus as one entry, by claim check if its detail is over 256 KiB.
+        """Put ``event`` on the bus as one entry, by claim check if its entry is over
+        ``limits.max_entry_bytes``. An entry refused for throttling or an internal error is sent again
+        with backoff and jitter, up to ``limits.max_attempts`` calls; any other refusal fails at once.
 
         Raises:
-            EventPublishError: EventBridge reported the entry as failed (``FailedEntryCount`` > 0), or
-                PutEvents itself failed with a throttling or internal error after botocore's retries.
-                Other client errors (access denied, no such bus) propagate unchanged.
+            EventPublishError: EventBridge refused the entry with a retryable code on every attempt
+                (the message names the event, the code and the number of attempts).
+            EventRejectedError: EventBridge refused the entry for a reason another attempt cannot fix
+                (a validation error: the entry's ``ErrorCode``/``ErrorMessage``).
             EventTooLargeError: the detail is too large and there is no claim check.
             PathRuleError: ``event_id`` cannot name a claim-check file.
+            Other client errors of the call itself (access denied, no such bus) propagate unchanged.
         """
         entry = self._entry(event, event.detail.model_dump_json())
-        if entry_size(entry) > MAX_ENTRY_BYTES:
+        if entry_size(entry) > self.limits.max_entry_bytes:
             entry = self._claim_checked(event, entry)
+        attempts = self.limits.max_attempts
+        for attempt in range(attempts):
+            failed = self._put(entry)
+            if failed is None:
+                return
+            code = failed.get("ErrorCode") or "unknown error"
+            said = f"{event.detail_type} {event.event_id}: {code}: {failed.get('ErrorMessage') or ''}".rstrip(
+                ": "
+            )
+            if code not in _RETRYABLE_CODES:
+                raise EventRejectedError(f"EventBridge bus {self.bus_name!r} rejected {said}")
+            if attempt + 1 < attempts:
+                ceiling = min(self.limits.max_delay_s, self.limits.base_delay_s * 2**attempt)
+                self._sleep(self._jitter(0.0, ceiling))
+        raise EventPublishError(
+            f"EventBridge bus {self.bus_name!r} refused {said} ({attempts} attempt{'s' * (attempts > 1)})"
+        )
+
+    def _put(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """One PutEvents call of ``entry``: None if accepted, else the failure as ``{"ErrorCode",
+        "ErrorMessage"}`` (a failed entry, or a retryable error of the call itself)."""
         try:
             response = self.client.put_events(Entries=[entry])
         except sdk.client_error() as error:
             details: dict[str, Any] = getattr(error, "response", {}).get("Error", {})
             if details.get("Code") not in _RETRYABLE_CODES:
                 raise
-            failed = {"ErrorCode": details.get("Code"), "ErrorMessage": details.get("Message", "")}
-        else:
-            if int(response.get("FailedEntryCount", 0)) == 0:
-                return
-            failed = response.get("Entries", [{}])[0]
-        raise EventPublishError(
-            f"EventBridge bus {self.bus_name!r} refused {event.detail_type} {event.event_id}: "
-            f"{failed.get('ErrorCode') or 'unknown error'}: {failed.get('ErrorMessage') or ''}".rstrip(": ")
-        )
+            return {"ErrorCode": details.get("Code"), "ErrorMessage": details.get("Message", "")}
+        if int(response.get("FailedEntryCount", 0)) == 0:
+            return None
+        failed: dict[str, Any] = response.get("Entries", [{}])[0]
+        return failed
 
     def subscribe(self, handler: Callable[[Event], None]) -> None:
         """Not available on AWS: subscribers are EventBridge rules declared in ``template.yaml``.
@@ -152,8 +219,8 @@ class EventBridgeBus:
     def _claim_checked(self, event: Event, entry: dict[str, Any]) -> dict[str, Any]:
         if self._claim_check is None:
             raise EventTooLargeError(
-                f"{event.detail_type} {event.event_id} is {entry_size(entry)} bytes, over EventBridge's "
-                f"{MAX_ENTRY_BYTES}-byte entry limit, and the bus has no claim check"
+                f"{event.detail_type} {event.event_id} is {entry_size(entry)} bytes, over the bus's "
+                f"{self.limits.max_entry_bytes}-byte entry limit, and the bus has no claim check"
             )
         scope = event.detail.scope
         path = check_workspace_path(f"{CLAIM_CHECK_FOLDER}/{event.event_id}.json", prefix=f"{scope.key}/")

@@ -12,7 +12,9 @@ Example::
 
     settings = client_settings()
     turn_id = submit_spec(spec, queue_url=settings.spec_queue_url)
-    result = wait_for_turn(DynamoStore(settings.state_table), spec.user_id, turn_id, timeout_s=3600)
+    result = wait_for_turn(
+        DynamoStore(settings.state_table), spec.user_id, turn_id, timeout_s=3600, spec_sha256=spec.digest()
+    )
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from alphaagent.aws import sdk
 from alphaagent.errors import AlphaAgentError, InvalidSpecError
 from alphaagent.ids import new_ulid
 from alphaagent.models.records import TurnResult
-from alphaagent.models.spec import MAX_SPEC_BYTES, Spec
+from alphaagent.models.spec import MAX_SPEC_BYTES, TURN_ID_REUSED, Spec
 from alphaagent.ports import Store
 
 SQS_MAX_MESSAGE_BYTES = 256 * 1024
@@ -146,8 +148,13 @@ def wait_for_turn(
     progress: Callable[[str], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    spec_sha256: str | None = None,
 ) -> TurnResult:
     """Poll ``store`` for the turn ``turn_id`` of ``user_id`` until it has a result; return it.
+
+    ``spec_sha256`` (``Spec.digest()`` of the spec submitted) guards a reused turn id: when the turn
+    of that id runs a different spec, the starter refused the submission (``SpecRejected``), so the
+    turn found is not its answer and ``InvalidSpecError`` is raised instead of returning it.
 
     ``progress`` is called with each new status: ``"queued"`` while no turn record is visible, then
     the record's ``"running"``, then ``"completed"`` or ``"failed"``. Polls every ``poll_s`` seconds
@@ -162,6 +169,8 @@ def wait_for_turn(
     no record to read: it shows only as ``TurnFailed`` on the event bus, and this wait times out.
 
     Raises:
+        InvalidSpecError: the turn of that id runs a different spec than ``spec_sha256``
+            (``turn_id: already used for a different spec``).
         TurnWaitTimeoutError: no result after ``timeout_s`` seconds (names the turn, the seconds
             waited and the last status seen).
         botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError: the table could not be
@@ -172,6 +181,8 @@ def wait_for_turn(
     last: str | None = None
     while True:
         turn = store.get_turn(user_id, turn_id)
+        if turn is not None and spec_sha256 is not None and turn.spec_sha256 not in (None, spec_sha256):
+            raise InvalidSpecError(TURN_ID_REUSED)
         status = QUEUED if turn is None else turn.status
         if status != last:
             last = status

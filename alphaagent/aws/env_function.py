@@ -64,6 +64,7 @@ from alphaagent.aws.workspace import (
     SkippedFile,
     SyncReport,
 )
+from alphaagent.domain.names import path_rule_broken, settle_run_names
 from alphaagent.errors import InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
@@ -155,7 +156,7 @@ _RUN_ID: Final = re.compile(r"[0-9A-Za-z_-]{1,64}")
 _DOWN_REASONS: Final = {
     SKIP_OVER_BUDGET: "not synced down: over the input budget of {budget} bytes (ENV_SYNC_MAX_BYTES)",
     SKIP_LOCAL_UNSAFE: "not synced down: the local path is blocked",
-    SKIP_PATH_RULE: "not synced down: the key breaks a workspace path rule or is not NFC (DESIGN §4.2)",
+    SKIP_PATH_RULE: "not synced down: the key breaks a workspace path rule (DESIGN §4.2)",
 }
 
 
@@ -456,6 +457,7 @@ def _run_locked(
                 update={"landlock": LandlockState.model_validate(sandbox.info["landlock"])}
             )
         check_in_time()
+        result = settle_run_names(root, result, key_prefix=f"{scope.key}/")
         result = sync_result(workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time)
         check_in_time()
         workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))
@@ -531,7 +533,7 @@ def sync_result(
     """
     files = result.files
     skipped = list(files.skipped)
-    skipped += [_skipped(item, _DOWN_REASONS, max_sync_bytes) for item in down.skipped]
+    skipped += [_skipped(item, _DOWN_REASONS, max_sync_bytes, scope) for item in down.skipped]
     canonical: list[str] = []
     for path in [*files.created, *files.modified]:
         if platform_owned(path):
@@ -541,7 +543,7 @@ def sync_result(
         else:
             skipped.append(SkippedPath(path=path, reason=_UP_REASONS[SKIP_PATH_RULE]))
     up = workspace.sync_up(scope, _checked(canonical, check_in_time))
-    skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in up.skipped]
+    skipped += [_skipped(item, _UP_REASONS, max_sync_bytes, scope) for item in up.skipped]
     uploaded = set(up.transferred)
     deleted = [path for path in files.deleted if _canonical(scope, path) and not platform_owned(path)]
     skipped += [
@@ -666,6 +668,11 @@ def _canonical(scope: Scope, path: str) -> bool:
         return False
 
 
-def _skipped(item: SkippedFile, reasons: dict[str, str], budget: int) -> SkippedPath:
+def _skipped(
+    item: SkippedFile, reasons: dict[str, str], budget: int, scope: Scope | None = None
+) -> SkippedPath:
     reason = reasons.get(item.reason, item.reason).format(budget=budget)
+    if item.reason == SKIP_PATH_RULE and scope is not None:
+        rule = path_rule_broken(item.path, key_prefix=f"{scope.key}/")
+        reason = f"{reason}: {rule}" if rule else reason
     return SkippedPath(path=item.path, reason=reason)

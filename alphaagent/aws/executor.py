@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from alphaagent.aws import sdk
-from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError
+from alphaagent.errors import AlphaAgentError, EnvThrottledError, InvalidRequestError, SandboxError
 from alphaagent.models.aws import EnvRequest, run_result_key
 from alphaagent.models.records import RunRecord
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
@@ -56,6 +57,18 @@ sync down and the upload. The function itself stops at Lambda's 900 s maximum ti
 
 POLL_START_S: Final = 0.1
 POLL_MAX_S: Final = 1.0
+
+THROTTLE_ATTEMPTS: Final = 5
+"""Invoke calls per run while Lambda answers 429: a throttled invocation was not accepted, so
+calling again cannot run the code twice."""
+
+THROTTLE_BASE_S: Final = 0.5
+THROTTLE_MAX_S: Final = 8.0
+"""Backoff between throttled attempts: a random delay in ``[0, min(THROTTLE_MAX_S, THROTTLE_BASE_S *
+2 ** attempt)]`` seconds (full jitter), about 7.5 s at most over five attempts."""
+
+_THROTTLE_CODES: Final = frozenset({"TooManyRequestsException", "ThrottlingException"})
+"""Error codes of a throttled Invoke (HTTP 429): concurrency or request-rate limits."""
 
 
 class MissingOriginError(AlphaAgentError):
@@ -103,9 +116,10 @@ class LambdaExecutor:
         function_prefix: functions are ``{function_prefix}{environment_id}``.
         startup_margin_s: seconds allowed beyond ``limits.timeout_s`` (``DEFAULT_STARTUP_MARGIN_S``).
         poll_start_s, poll_max_s: the polling interval starts at the first and doubles up to the second.
-        sleep, clock, wall: ``time.sleep``, ``time.monotonic`` and ``time.time`` (seconds); injected
-            by tests. The request's ``not_after`` is ``wall()`` plus the time the executor waits, so the
-            function never changes the scope after the executor gave up on the run.
+        sleep, clock, wall, jitter: ``time.sleep``, ``time.monotonic``, ``time.time`` (seconds) and
+            ``random.uniform`` (the backoff's jitter); injected by tests. The request's ``not_after``
+            is ``wall()`` plus the time the executor waits, so the function never changes the scope
+            after the executor gave up on the run.
     """
 
     publishes_run_events = True
@@ -124,6 +138,7 @@ class LambdaExecutor:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        jitter: Callable[[float, float], float] = random.uniform,
     ) -> None:
         self._lambda = lambda_client
         self.workspace = workspace
@@ -136,6 +151,7 @@ class LambdaExecutor:
         self._sleep = sleep
         self._clock = clock
         self._wall = wall
+        self._jitter = jitter
 
     @property
     def lambda_client(self) -> Any:
@@ -168,7 +184,9 @@ class LambdaExecutor:
             MissingOriginError: ``origin`` is None.
             EnvPayloadTooLargeError: the payload, with ``DESTINATION_HEADROOM_BYTES`` for its
                 destination record, exceeds ``MAX_ASYNC_PAYLOAD_BYTES`` (256 KiB).
-            EnvInvokeError: the Invoke call failed (``recorded`` False).
+            EnvThrottledError: Lambda throttled the Invoke (429) on each of ``THROTTLE_ATTEMPTS``
+                calls, spaced by jittered backoff (retryable; ``recorded`` False).
+            EnvInvokeError: the Invoke call failed otherwise (``recorded`` False).
             EnvFunctionError: the function failed and the run is recorded failed (``recorded`` True).
             EnvResultTimeoutError: no result and no failure record in time (``recorded`` False).
         """
@@ -201,10 +219,20 @@ class LambdaExecutor:
         arguments: dict[str, Any] = {"FunctionName": function, "InvocationType": "Event", "Payload": payload}
         if self.tenant_isolation:
             arguments["TenantId"] = origin.scope.key
-        try:
-            response = self.lambda_client.invoke(**arguments)
-        except sdk.sdk_errors() as error:
-            raise EnvInvokeError(f"invoking {function} failed: {error}") from error
+        for attempt in range(THROTTLE_ATTEMPTS):
+            try:
+                response = self.lambda_client.invoke(**arguments)
+            except sdk.sdk_errors() as error:
+                if not _throttled(error):
+                    raise EnvInvokeError(f"invoking {function} failed: {error}") from error
+                if attempt + 1 == THROTTLE_ATTEMPTS:
+                    raise EnvThrottledError(
+                        f"invoking {function}: throttled by Lambda (429) on {THROTTLE_ATTEMPTS} attempts;"
+                        " the run did not start, try again later"
+                    ) from error
+                self._sleep(self._jitter(0.0, min(THROTTLE_MAX_S, THROTTLE_BASE_S * 2**attempt)))
+                continue
+            break
         status = response.get("StatusCode")
         if status != 202:  # what Lambda answers an accepted asynchronous invocation
             raise EnvInvokeError(f"invoking {function} failed: status {status}, expected 202")
@@ -229,6 +257,15 @@ class LambdaExecutor:
                 )
             self._sleep(min(delay, left))
             delay = min(delay * 2, self.poll_max_s)
+
+
+def _throttled(error: BaseException) -> bool:
+    """Whether an Invoke error is Lambda throttling: code ``TooManyRequestsException`` (or
+    ``ThrottlingException``), or HTTP status 429."""
+    response: dict[str, Any] = getattr(error, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in _THROTTLE_CODES or status == 429
 
 
 def _another_delivery(record: RunRecord) -> bool:

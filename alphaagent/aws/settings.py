@@ -74,6 +74,9 @@ class LambdaSettings(BaseModel):
         "", validation_alias=AliasChoices("TURN_STATE_MACHINE_ARN", "STATE_MACHINE_ARN")
     )
     LOCK_LEASE_S: float = Field(DEFAULT_LOCK_LEASE_S, gt=0)
+    EVENT_BUS_MAX_ENTRY_BYTES: int = Field(256 * 1024, ge=1024, le=1024 * 1024)
+    """``BusLimits.max_entry_bytes``: EventBridge's 256 KiB entry limit by default; up to 1 MiB where
+    the account and Region accept larger events (see ``alphaagent.aws.bus``)."""
     CONNECTOR_HTTP_HOSTS: tuple[str, ...] = ()
     CONNECTOR_S3_PREFIXES: tuple[str, ...] = ()
 

@@ -101,7 +101,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from alphaagent.aws import sdk
 from alphaagent.errors import RetryableError
@@ -211,6 +211,12 @@ class DynamoStore:
         """The owner of a conversation or workflow execution, or None if nobody claimed it."""
         item = self._get(f"OWNER#{owner_key}", "OWNER")
         return None if item is None else _str(item, "user_id")
+
+    def record_exists(self, kind: Literal["run", "session"], record_id: str) -> bool:
+        """Whether a run or session of that id exists for any user: its marker item (for the probe
+        audit only)."""
+        marker = {"run": "RUN", "session": "SESSION"}[kind]
+        return self._get(f"{marker}#{record_id}", marker) is not None
 
     # sessions
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from alphaagent.aws import sdk
+from alphaagent.domain.names import unaddressable_reason
 from alphaagent.errors import RetryableError
 from alphaagent.local import safefs
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
@@ -314,7 +315,7 @@ class S3Workspace:
                     FileInfo(path=path, size_bytes=int(item["Size"]), modified_at=_utc(item["LastModified"]))
                 )
             elif skipped is not None and not _folder_marker(path):
-                skipped.append((path, "name cannot be addressed (not NFC or a path rule)"))
+                skipped.append((path, unaddressable_reason(path, key_prefix=scope_prefix)))
         files.sort(key=lambda info: info.path)
         return files
 

@@ -3,11 +3,12 @@ immutable, content-addressed version."""
 
 from __future__ import annotations
 
+import difflib
 import io
 import json
 import zipfile
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote
 
 from alphaagent.errors import ArtifactError
@@ -48,6 +49,31 @@ def artifact_name_for(path: str) -> str:
     return (cleaned or "artifact")[:64]
 
 
+CLOSE_MATCH_CUTOFF: Final = 0.6
+"""``difflib`` similarity (0-1) a path or file name needs to be offered as the closest match."""
+
+MAX_MATCH_CANDIDATES: Final = 10_000
+"""Files compared when suggesting a closest match (the first ones, in path order): bounded work."""
+
+
+def closest_file(path: str, existing: list[str]) -> str | None:
+    """The existing file ``path`` most likely meant, for a "missing file" error: one with the same
+    file name (the nearest path among them), else the most similar path or file name by ``difflib``
+    (similarity >= ``CLOSE_MATCH_CUTOFF``); None when nothing is close. ``work/out/report.pdf`` is
+    the answer for ``reports/report.pdf``."""
+    candidates = existing[:MAX_MATCH_CANDIDATES]
+    name = PurePosixPath(path).name
+    same_name = [p for p in candidates if PurePosixPath(p).name == name]
+    if same_name:
+        return (difflib.get_close_matches(path, same_name, n=1, cutoff=0.0) or same_name)[0]
+    by_path = difflib.get_close_matches(path, candidates, n=1, cutoff=CLOSE_MATCH_CUTOFF)
+    if by_path:
+        return by_path[0]
+    names = {PurePosixPath(p).name: p for p in reversed(candidates)}
+    by_name = difflib.get_close_matches(name, list(names), n=1, cutoff=CLOSE_MATCH_CUTOFF)
+    return names[by_name[0]] if by_name else None
+
+
 def check_artifact_path(workspace: Workspace, scope: Scope, kind: ArtifactKind, path: str) -> str:
     """Validate a path handed to ``register_artifact``; return it normalised.
 
@@ -64,7 +90,11 @@ def check_artifact_path(workspace: Workspace, scope: Scope, kind: ArtifactKind, 
     if normal.split("/", 1)[0] not in ARTIFACT_FOLDERS or "/" not in normal:
         raise ArtifactError(f"path {normal!r}: {inside}")
     if workspace.stat(scope, normal) is None:
-        raise ArtifactError(f"path {normal!r}: no regular file there (missing, a directory or a symlink)")
+        near = closest_file(normal, [f.path for f in workspace.list_files(scope)])
+        hint = f"; the closest existing file is {near!r}" if near else "; the scope has no file like it"
+        raise ArtifactError(
+            f"path {normal!r}: no regular file there (missing, a directory or a symlink){hint}"
+        )
     suffix = PurePosixPath(normal).suffix.lower()
     if suffix not in KIND_SUFFIXES[kind]:
         allowed = ", ".join(KIND_SUFFIXES[kind])

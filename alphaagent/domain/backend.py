@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from alphaagent.domain.audit import ProbeAudit, discard_audit
 from alphaagent.ports import EventBus, Executor, Store, Workspace
 
 
@@ -51,3 +52,5 @@ class Backend:
     environments: tuple[str, ...] = ("builtin",)
     connectors: ConnectorSettings = field(default_factory=ConnectorSettings)
     turns: TurnSettings = field(default_factory=TurnSettings)
+    audit: ProbeAudit = discard_audit
+    """Where requests for another user's things are recorded (``alphaagent.domain.audit``)."""

@@ -12,6 +12,7 @@ and no side effect (no timer refreshed, no record created) (DESIGN §4.7, case I
 
 from __future__ import annotations
 
+from alphaagent.domain.audit import ForeignKind, ProbeAudit, audit_foreign, audit_scope, discard_audit
 from alphaagent.domain.turns import scope_label
 from alphaagent.errors import InvalidRequestError, NotFoundError
 from alphaagent.models.common import PathRuleError, Scope, check_workspace_path
@@ -20,13 +21,19 @@ from alphaagent.ports import FileInfo, Store, Workspace
 
 
 class ScopeReads:
-    """The reads of a backend; a subclass sets ``store`` and ``workspace``."""
+    """The reads of a backend; a subclass sets ``store`` and ``workspace``, and ``audit`` where the
+    requests for another user's things are to be recorded (``alphaagent.domain.audit``; the answer
+    stays that of a missing thing)."""
 
     store: Store
     workspace: Workspace
+    audit: ProbeAudit = staticmethod(discard_audit)
 
-    def _owned(self, user_id: str, scope: Scope) -> Scope:
-        if self.store.owner_of(scope.owner_key) != user_id or not self.workspace.scope_exists(scope):
+    def _owned(self, user_id: str, scope: Scope, *, kind: ForeignKind | None = None) -> Scope:
+        owner = self.store.owner_of(scope.owner_key)
+        if owner != user_id or not self.workspace.scope_exists(scope):
+            if owner is not None and owner != user_id:
+                audit_scope(self.audit, user_id, scope, kind)
             raise NotFoundError(f"{scope_label(scope)} not found")
         return scope
 
@@ -64,6 +71,8 @@ class ScopeReads:
         """One turn (its ``result`` is None while it runs)."""
         found = self.store.get_turn(user_id, turn_id)
         if found is None:
+            if self.store.turn_id_taken(turn_id):  # one lookup for a missing turn too
+                audit_foreign(self.audit, user_id, "turn", turn_id)
             raise NotFoundError(f"turn {turn_id} not found")
         return found
 
@@ -71,6 +80,8 @@ class ScopeReads:
         """One run."""
         record = self.store.get_run(user_id, run_id)
         if record is None:
+            if self.store.record_exists("run", run_id):  # one lookup for a missing run too
+                audit_foreign(self.audit, user_id, "run", run_id)
             raise NotFoundError(f"run {run_id} not found")
         return record
 
@@ -83,7 +94,7 @@ class ScopeReads:
         self, user_id: str, scope: Scope, name: str, version: int | None = None
     ) -> tuple[ArtifactVersion, bytes]:
         """One artifact version (``None``: the latest) and its immutable bytes."""
-        self._owned(user_id, scope)
+        self._owned(user_id, scope, kind="artifact")
         found = self.store.get_artifact(user_id, scope.key, name, version)
         if found is None:
             wanted = f"{name} v{version}" if version else name
@@ -99,6 +110,8 @@ class ScopeReads:
         """One session (reading it never refreshes its idle timer)."""
         found = self.store.get_session(user_id, session_id)
         if found is None:
+            if self.store.record_exists("session", session_id):  # one lookup for a missing one too
+                audit_foreign(self.audit, user_id, "session", session_id)
             raise NotFoundError(f"session {session_id} not found")
         return found
 

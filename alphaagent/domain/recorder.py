@@ -43,8 +43,12 @@ def run_record_from(detail: RunCompleted | RunFailed, code: str) -> RunRecord:
             created_at=utcnow(),
         )
     result = RunResult.model_validate(detail.result)
-    stdout, out_cut = truncate_text(result.stdout, STORED_HISTORY_CAP_BYTES)
-    stderr, err_cut = truncate_text(result.stderr, STORED_HISTORY_CAP_BYTES)
+    stdout, out_cut = truncate_text(
+        result.stdout, STORED_HISTORY_CAP_BYTES, printed_bytes=result.stdout_bytes
+    )
+    stderr, err_cut = truncate_text(
+        result.stderr, STORED_HISTORY_CAP_BYTES, printed_bytes=result.stderr_bytes
+    )
     return RunRecord(
         run_id=result.run_id,
         turn_id=detail.turn_id,
@@ -78,8 +82,12 @@ def history_view(result: RunResult) -> RunResult:
     """The result as events and records carry it: outputs cut to the stored-history cap (16 KiB per
     stream), ``files_changed`` to 1,000 paths (``files.truncated`` says so), so an event stays far
     below EventBridge's 256 KiB and a record below DynamoDB's 400 KB (case PER-01)."""
-    stdout, out_cut = truncate_text(result.stdout, STORED_HISTORY_CAP_BYTES)
-    stderr, err_cut = truncate_text(result.stderr, STORED_HISTORY_CAP_BYTES)
+    stdout, out_cut = truncate_text(
+        result.stdout, STORED_HISTORY_CAP_BYTES, printed_bytes=result.stdout_bytes
+    )
+    stderr, err_cut = truncate_text(
+        result.stderr, STORED_HISTORY_CAP_BYTES, printed_bytes=result.stderr_bytes
+    )
     files = result.files
     many = len(result.files_changed) > MAX_EVENT_FILES
     if (

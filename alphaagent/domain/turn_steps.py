@@ -16,9 +16,13 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import (
     abandon_turn,
+    check_same_spec,
     check_spec_against,
     claim_scope_and_session,
     record_turn_end,
@@ -38,7 +42,7 @@ from alphaagent.models.aws import (
     TurnInput,
 )
 from alphaagent.models.common import scope_from_key, utcnow
-from alphaagent.models.events import Event, TurnFailed
+from alphaagent.models.events import MAX_REJECTION_REASON_CHARS, Event, SpecRejected, TurnFailed
 from alphaagent.models.records import PreparedInput, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import Spec, parse_spec
@@ -100,6 +104,38 @@ def spec_from_message(body: str, *, message_id: str, sent_ms: int) -> Spec:
     return spec
 
 
+def rejection_of(body: str, *, message_id: str, reason: str) -> SpecRejected:
+    """The ``SpecRejected`` detail of a SpecQueue message the starter refuses for ``reason``: what
+    the submitter needs to learn why (the reason, the SQS message id) and, where the body lets them
+    be read, the turn id, user and scope. Nothing of the body is trusted: a field that does not
+    pass its own rule is left out."""
+    document: Any
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    spec: Any = document
+    fallback_turn_id: Any = None
+    if isinstance(document, dict) and isinstance(document.get("detail"), dict):
+        fallback_turn_id = document["detail"].get("turn_id")
+        spec = document["detail"].get("spec")
+    if not isinstance(spec, dict):
+        spec = {}
+    readable: dict[str, Any] = {}
+    for name, value in (
+        ("turn_id", spec.get("turn_id") or fallback_turn_id),
+        ("user_id", spec.get("user_id")),
+        ("scope", spec.get("scope")),
+    ):
+        annotation = SpecRejected.model_fields[name].annotation
+        assert annotation is not None  # every field of the model is annotated
+        try:
+            readable[name] = TypeAdapter(annotation).validate_python(value)
+        except ValidationError:
+            continue  # unreadable: left out rather than trusted
+    return SpecRejected(message_id=message_id, reason=reason[:MAX_REJECTION_REASON_CHARS], **readable)
+
+
 # ----------------------------------------------------------------------------- lock
 
 
@@ -116,6 +152,7 @@ def acquire_scope_lock(backend: Backend, request: AcquireLockInput) -> LockGrant
     # is the one a missing scope gets, whether or not a turn runs there (DESIGN §4.7).
     owner = backend.store.owner_of(request.spec.scope.owner_key)
     if owner is not None and owner != request.user_id:
+        audit_scope(backend.audit, request.user_id, request.spec.scope)
         raise NotFoundError(f"{scope_label(request.spec.scope)} not found")
     now = utcnow()
     lease_s = backend.turns.lock_lease_s
@@ -171,12 +208,15 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
         )
     owner = store.owner_of(scope.owner_key)
     if owner is not None and owner != user_id:
+        audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
     existing = store.get_turn(user_id, turn_id)
     if existing is None and store.turn_id_taken(turn_id):
         raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")
     if existing is not None and existing.scope_key != scope.key:
         raise InvalidSpecError(f"turn_id: already used in another scope ({existing.scope_key})")
+    if existing is not None:
+        check_same_spec(existing, spec)
     if existing is not None and existing.result is not None:
         return _prepared(existing, spec, [], finished=True)
     inputs = resolve_inputs(backend, spec)
@@ -265,6 +305,7 @@ def _fail_unstarted_turn(backend: Backend, request: FinalizeInput, result: TurnR
         status="running",
         goal=request.spec.goal,
         started_at=now,
+        spec_sha256=request.spec.digest(),
     )
     if not backend.store.create_turn(turn):
         existing = backend.store.get_turn(request.user_id, request.turn_id)

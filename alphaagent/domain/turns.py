@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import PurePosixPath
 
 from alphaagent.domain.artifacts import KIND_FOLDERS
+from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
@@ -34,6 +35,7 @@ from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStart
 from alphaagent.models.records import ArtifactVersion, PreparedInput, Session, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import (
+    TURN_ID_REUSED,
     ConnectorInput,
     DatasetInput,
     DocumentInput,
@@ -178,11 +180,14 @@ def run_turn(
     scope, user_id = spec.scope, spec.user_id
     owner = backend.store.owner_of(scope.owner_key)
     if owner is not None and owner != user_id:
+        audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
     turn_id = spec.turn_id or new_ulid()
     existing = backend.store.get_turn(user_id, turn_id)
     if existing is not None and existing.scope_key != scope.key:
         raise InvalidSpecError(f"turn_id: already used in another scope ({existing.scope_key}); leave it out")
+    if existing is not None:
+        check_same_spec(existing, spec)
     if existing is not None and existing.result is not None:
         say(f"turn {turn_id} was already delivered; showing its result (nothing ran)")
         return existing.result  # a duplicate delivery: acknowledged, never a second turn
@@ -197,6 +202,7 @@ def run_turn(
     try:
         existing = backend.store.get_turn(user_id, turn_id)
         if existing is not None:
+            check_same_spec(existing, spec)
             if existing.result is not None:
                 return existing.result
             # Still "running" while we hold the lease: its process died and its lease expired.
@@ -204,6 +210,18 @@ def run_turn(
         return _locked_turn(backend, spec, turn_id, coder, say, lease, on_output)
     finally:
         lease.release()
+
+
+def check_same_spec(turn: Turn, spec: Spec) -> None:
+    """Refuse ``spec`` for the existing ``turn`` unless it is the spec the turn runs: a turn id is an
+    idempotency key for one spec (a redelivery replays; a new spec under an old id would silently get
+    the old result). A turn recorded without a digest accepts any spec.
+
+    Raises:
+        InvalidSpecError: the turn's spec digest differs from ``spec.digest()``.
+    """
+    if turn.spec_sha256 is not None and turn.spec_sha256 != spec.digest():
+        raise InvalidSpecError(TURN_ID_REUSED)
 
 
 def abandon_turn(backend: Backend, user_id: str, turn_id: str, reason: str) -> bool:
@@ -226,6 +244,7 @@ def claim_scope_and_session(
     local turn driver and the AWS prepare step."""
     scope, user_id = spec.scope, spec.user_id
     if backend.store.claim_owner(scope.owner_key, user_id, now) != user_id:
+        audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
     backend.workspace.ensure_scope(scope)
     return session_for_turn(
@@ -253,6 +272,7 @@ def start_turn(backend: Backend, spec: Spec, turn_id: str, session: Session, now
         status="running",
         goal=spec.goal,
         started_at=now,
+        spec_sha256=spec.digest(),
     )
     if not backend.store.create_turn(turn):
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from alphaagent.domain.names import settle_run_names
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
 from alphaagent.sandbox.capture import OutputSink
 from alphaagent.sandbox.config import SandboxConfig
@@ -32,15 +33,19 @@ class SandboxExecutor:
         origin: RunOrigin | None = None,
         on_output: OutputSink | None = None,
     ) -> RunResult:
-        """Run ``code`` with ``workdir`` as its working directory (see ``Sandbox.run``, which streams
-        to ``on_output``); ``origin`` is not needed here."""
+        """Run ``code`` with ``workdir`` (the scope root) as its working directory (see
+        ``Sandbox.run``, which streams to ``on_output``), then settle the names of the files it wrote
+        as the AWS env function does (``settle_run_names``: stored under their NFC name;
+        ``origin.scope`` gives the key's prefix)."""
         with self._lock:
             if self._sandbox is None:
                 self._sandbox = Sandbox(self._config)
             sandbox = self._sandbox
-        return sandbox.run(
+        result = sandbox.run(
             code, cwd=workdir, limits=limits, network=network, run_id=run_id, on_output=on_output
         )
+        prefix = "" if origin is None else f"{origin.scope.key}/"
+        return settle_run_names(workdir, result, key_prefix=prefix)
 
     def close(self) -> None:
         """Stop the zygote."""

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from alphaagent.errors import RetryableError
 from alphaagent.models.encoding import (
@@ -153,6 +153,8 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX events_by_time ON events (time)",
         "CREATE INDEX events_by_turn ON events (turn_id, time)",
     ),
+    # Version 2: the digest of the spec a turn runs (a turn id is an idempotency key for one spec).
+    ("ALTER TABLE turns ADD COLUMN spec_sha256 TEXT",),
 )
 """Schema migrations: entry ``i`` takes a database from version ``i`` to ``i + 1``. Append only."""
 
@@ -255,6 +257,14 @@ class SqliteStore:
         """The owner of a conversation or workflow execution, or None if nobody claimed it."""
         row = self._read_one("SELECT user_id FROM owners WHERE owner_key = ?", (owner_key,))
         return None if row is None else str(row["user_id"])
+
+    def record_exists(self, kind: Literal["run", "session"], record_id: str) -> bool:
+        """Whether a run or session of that id exists for any user (for the probe audit only)."""
+        query = {
+            "run": "SELECT 1 FROM runs WHERE run_id = ?",
+            "session": "SELECT 1 FROM sessions WHERE session_id = ?",
+        }[kind]
+        return self._read_one(query, (record_id,)) is not None
 
     # sessions
 
@@ -359,7 +369,7 @@ class SqliteStore:
         with self._write() as db:
             inserted = db.execute(
                 "INSERT INTO turns (turn_id, user_id, scope_key, session_id, status, goal, started_at, "
-                "finished_at, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "finished_at, result, spec_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (turn_id) DO NOTHING",
                 (
                     turn.turn_id,
@@ -371,6 +381,7 @@ class SqliteStore:
                     iso_utc(turn.started_at),
                     None if turn.finished_at is None else iso_utc(turn.finished_at),
                     None if turn.result is None else turn.result.model_dump_json(),
+                    turn.spec_sha256,
                 ),
             ).rowcount
         return inserted == 1
@@ -817,6 +828,7 @@ def _turn(row: sqlite3.Row) -> Turn:
         started_at=from_iso(row["started_at"]),
         finished_at=None if row["finished_at"] is None else from_iso(row["finished_at"]),
         result=None if row["result"] is None else TurnResult.model_validate_json(row["result"]),
+        spec_sha256=row["spec_sha256"],
     )
 
 

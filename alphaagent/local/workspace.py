@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Final
 
+from alphaagent.domain.names import unaddressable_reason
 from alphaagent.local import safefs
 from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
 from alphaagent.ports import FileInfo
@@ -211,9 +212,7 @@ class LocalWorkspace:
                 if _addressable(path, key_prefix):
                     files.append(_file_info(path, info))
                 elif skipped is not None and not rel.rsplit("/", 1)[-1].startswith(safefs.TEMP_PREFIX):
-                    skipped.append(
-                        (_display(path), "name cannot be addressed (not UTF-8, not NFC or a path rule)")
-                    )
+                    skipped.append((_display(path), unaddressable_reason(path, key_prefix=key_prefix)))
             if skipped is not None:
                 skipped.extend(
                     (_display(f"{folder}/{rel}" if folder else rel), kind) for rel, kind in special

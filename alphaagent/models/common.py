@@ -112,12 +112,18 @@ def check_workspace_path(path: str, *, prefix: str = "") -> str:
         raise PathRuleError("path must not contain empty segments (trailing or doubled '/')")
     if any(part in ("..", ".") for part in normal.split("/")):
         raise PathRuleError("path must stay inside the scope ('.' and '..' segments are not allowed)")
-    if any(len(part.encode("utf-8")) > MAX_SEGMENT_BYTES for part in normal.split("/")):
+    longest = max(len(part.encode("utf-8")) for part in normal.split("/"))
+    if longest > MAX_SEGMENT_BYTES:
         raise PathRuleError(
-            f"path has a segment over {MAX_SEGMENT_BYTES} UTF-8 bytes (a file system's limit)"
+            f"path has a segment of {longest} UTF-8 bytes, over the {MAX_SEGMENT_BYTES}-byte limit"
+            " of a file name (NAME_MAX)"
         )
-    if len((prefix + normal).encode("utf-8")) > MAX_KEY_BYTES:
-        raise PathRuleError(f"path is too long: the full key exceeds {MAX_KEY_BYTES} UTF-8 bytes")
+    key_bytes = len((prefix + normal).encode("utf-8"))
+    if key_bytes > MAX_KEY_BYTES:
+        raise PathRuleError(
+            f"path is too long: the full key is {key_bytes} UTF-8 bytes, over S3's"
+            f" {MAX_KEY_BYTES}-byte key limit"
+        )
     return normal
 
 

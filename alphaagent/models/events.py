@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from alphaagent.models.common import ConversationScope, NodeScope, utcnow
+from alphaagent.models.common import ConversationScope, NodeScope, Ulid, UserId, utcnow
 from alphaagent.models.records import ArtifactRef, CitationRef, TurnResult
 from alphaagent.models.run import RunError
 
@@ -31,6 +31,23 @@ class EventDetail(BaseModel):
 
 class SpecSubmitted(EventDetail):
     spec: dict[str, Any]
+
+
+MAX_REJECTION_REASON_CHARS: Final = 2000
+"""A ``SpecRejected`` reason is cut to 2,000 characters: the detail stays far below EventBridge's
+256 KiB entry limit, so it never needs a claim check (whose key needs a scope it may not have)."""
+
+
+class SpecRejected(EventDetail):
+    """The starter refused a SpecQueue message: it is not a valid spec, or its ``turn_id`` is taken by
+    a different spec. ``turn_id``, ``scope`` and ``user_id`` are what could be read from the message
+    (None when unreadable); ``message_id`` is the SQS message's, so the submitter can match it."""
+
+    turn_id: Ulid | None = None  # type: ignore[assignment]  # unreadable in a malformed message
+    scope: ConversationScope | NodeScope | None = None  # type: ignore[assignment]
+    user_id: UserId | None = None
+    message_id: str
+    reason: str = Field(max_length=MAX_REJECTION_REASON_CHARS)
 
 
 class TurnStarted(EventDetail):
@@ -96,6 +113,7 @@ EVENT_MODELS: dict[str, type[EventDetail]] = {
     model.__name__: model
     for model in (
         SpecSubmitted,
+        SpecRejected,
         TurnStarted,
         TurnCompleted,
         TurnFailed,
@@ -111,6 +129,7 @@ EVENT_MODELS: dict[str, type[EventDetail]] = {
 
 EVENT_SOURCES: dict[str, str] = {
     "SpecSubmitted": "alphaagent.client",
+    "SpecRejected": "alphaagent.starter",
     "TurnStarted": "alphaagent.turn",
     "TurnCompleted": "alphaagent.turn",
     "TurnFailed": "alphaagent.turn",

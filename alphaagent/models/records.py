@@ -114,6 +114,9 @@ class Turn(BaseModel):
     started_at: datetime
     finished_at: datetime | None = None
     result: TurnResult | None = None
+    spec_sha256: str | None = None
+    """``Spec.digest()`` of the spec the turn runs: its ``turn_id`` is an idempotency key for that
+    spec only. None for turns recorded before the digest was kept (any spec replays them)."""
 
 
 class RunRecord(BaseModel):

@@ -170,3 +170,9 @@ class RunResult(BaseModel):
     peak_rss_mb: float | None = None
     landlock: LandlockState | None = None
     """Set by the env Lambda (its sandbox asks for the restriction); None where none was asked for."""
+    environment_start: Literal["cold", "warm"] | None = None
+    """``cold``: the environment (its zygote, with the preloads) started for this run; ``warm``: it
+    was running already. None where the executor does not know. An environment that fails to start
+    is no result at all: ``EnvStartError`` (on AWS, the run's ``RunFailed`` carries that name)."""
+    environment_start_ms: int | None = None
+    """Milliseconds the cold start took (0 when warm): part of the wait, never of ``duration_ms``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -23,6 +24,10 @@ from alphaagent.models.common import (
     UserId,
     WorkspacePath,
 )
+
+TURN_ID_REUSED = "turn_id: already used for a different spec; leave it out to get a fresh one"
+"""The refusal of a spec whose ``turn_id`` is another spec's: a turn id is an idempotency key for one
+spec (``Spec.digest``). The same words on both backends and in the starter's ``SpecRejected``."""
 
 MAX_SPEC_BYTES = 64 * 1024
 """A spec serialises to at most 64 KiB (DESIGN §4.5): it travels inside SQS messages (256 KiB) and
@@ -116,6 +121,15 @@ class Spec(_Strict):
         if duplicates:
             raise ValueError(f"output names must be unique: {', '.join(duplicates)}")
         return outputs
+
+    def digest(self) -> str:
+        """The SHA-256 (hex) of this spec without its ``turn_id``, as canonical JSON (sorted keys,
+        defaults filled in): the fingerprint a turn id is an idempotency key for. Two specs that parse
+        to the same model have the same digest, however their JSON was spelled."""
+        canonical = json.dumps(
+            self.model_dump(mode="json", exclude={"turn_id"}), sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

@@ -22,7 +22,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 OutputSink = Callable[[str, bytes], None]
 """A live view of a run's output: called as ``sink(stream, data)`` with ``stream`` ``"stdout"`` or
@@ -106,7 +106,7 @@ class CapturedStream:
     spill_error: str | None
 
 
-def truncate_text(text: str, cap_bytes: int) -> tuple[str, bool]:
+def truncate_text(text: str, cap_bytes: int, *, printed_bytes: int | None = None) -> tuple[str, bool]:
     """Fit an already-decoded text into ``cap_bytes`` UTF-8 bytes with the head + marker + tail rule.
 
     The same rule as :meth:`StreamCapture.finish`, for a second truncation such as the 16 KiB stored
@@ -119,6 +119,9 @@ def truncate_text(text: str, cap_bytes: int) -> tuple[str, bool]:
         text: any str without lone surrogates (``CapturedStream.text`` never has any).
         cap_bytes: the budget in UTF-8 bytes, >= 0. When it cannot hold the marker (54 bytes plus three
             numbers' digits) only the start of the marker is returned.
+        printed_bytes: the bytes the code printed in all (``RunResult.stdout_bytes``), when ``text`` is
+            already a cut of them: the marker then names both sizes, ``... of {len(text)} bytes the
+            agent saw; the code printed {printed_bytes} bytes``, so a history never hides the original.
 
     Returns:
         ``(text, False)`` unchanged when it fits, else ``(head + marker + tail, True)``.
@@ -132,31 +135,83 @@ def truncate_text(text: str, cap_bytes: int) -> tuple[str, bool]:
     data = text.encode("utf-8")
     if len(data) <= cap_bytes:
         return text, False
-    return _join_head_tail(data, data, len(data), cap_bytes), True
+    printed = printed_bytes if printed_bytes is not None and printed_bytes != len(data) else None
+    return _join_head_tail(data, data, len(data), cap_bytes, printed_bytes=printed), True
 
 
-def _marker(omitted: int, kept: int, total: int) -> str:
-    return f"\n[... truncated: {omitted} bytes omitted, kept {kept} of {total} bytes ...]\n"
+ENCODED_HINT: Final = (
+    "; it looks like {kind} data printed as text: write it to a file instead (an image to charts/) and"
+    " call register_artifact"
+)
+"""Added to the marker when the kept text is mostly base64 or hex (an image printed instead of saved)."""
+
+_ENCODED_RUN = re.compile(r"[A-Za-z0-9+/=_-]{64,}")
+_ENCODED_SAMPLE_CHARS = 8192
+_ENCODED_MIN_SHARE = 0.6
+"""Share of the sampled text that long runs of base64/hex characters must cover to count as encoded."""
 
 
-def _join_head_tail(head: bytes, tail: bytes, total_bytes: int, cap_bytes: int) -> str:
+def _encoded_kind(head: bytes, tail: bytes) -> str | None:
+    """``"base64"`` or ``"hex"`` when the text's start and end are mostly long unbroken runs of that
+    alphabet (at least 60 % of up to 8,192 characters each side, in runs of 64 or more), else None.
+    Encoded binary data uses most of its alphabet: base64 mixes upper and lower case and digits, hex
+    mixes digits and letters a-f; a run of one repeated letter, or of digits, is neither."""
+    sample = (
+        head[:_ENCODED_SAMPLE_CHARS].decode("utf-8", "ignore")
+        + "\n"
+        + tail[-_ENCODED_SAMPLE_CHARS:].decode("utf-8", "ignore")
+    )
+    runs = _ENCODED_RUN.findall(sample)
+    covered = sum(len(run) for run in runs)
+    if covered < 256 or covered < _ENCODED_MIN_SHARE * len(sample):
+        return None
+    alphabet = set("".join(runs))
+    hex_letters = alphabet & set("abcdefABCDEF")
+    if alphabet <= set("0123456789abcdefABCDEF") and len(hex_letters) >= 4 and len(alphabet) >= 12:
+        return "hex"  # digits alone are numbers, not hex-encoded bytes
+    cases = (str.isupper, str.islower, str.isdigit)
+    if len(alphabet) >= 40 and all(any(test(c) for c in alphabet) for test in cases):
+        return "base64"
+    return None
+
+
+def _marker(omitted: int, kept: int, total: int, printed: int | None = None, hint: str = "") -> str:
+    if printed is None:
+        return f"\n[... truncated: {omitted} bytes omitted, kept {kept} of {total} bytes{hint} ...]\n"
+    return (
+        f"\n[... truncated: {omitted} bytes omitted, kept {kept} of {total} bytes the agent saw;"
+        f" the code printed {printed} bytes{hint} ...]\n"
+    )
+
+
+def _join_head_tail(
+    head: bytes, tail: bytes, total_bytes: int, cap_bytes: int, *, printed_bytes: int | None = None
+) -> str:
     """Build head + marker + tail within ``cap_bytes`` from a prefix and a suffix of a longer text.
 
     ``head`` is a prefix and ``tail`` a suffix of one valid UTF-8 text of ``total_bytes`` bytes (>
     ``cap_bytes``); each is at least as long as the part of the budget it may get. The marker's length is
-    reserved at its widest (every number as wide as ``total_bytes``), the head gets half of what is left
-    and the tail the rest, so the real, shorter marker always fits. Decoding a cut with ``errors="ignore"``
-    drops only the partial character at the cut, since the text is otherwise valid.
+    reserved at its widest (every number as wide as the widest count), the head gets half of what is
+    left and the tail the rest, so the real, shorter marker always fits. Decoding a cut with
+    ``errors="ignore"`` drops only the partial character at the cut, since the text is otherwise valid.
+    ``printed_bytes``: see ``truncate_text``. When the text looks encoded (``_encoded_kind``) and the
+    budget allows, the marker says so and where such data belongs.
     """
-    budget = cap_bytes - len(_marker(total_bytes, total_bytes, total_bytes))
+    kind = _encoded_kind(head, tail)
+    hint = ENCODED_HINT.format(kind=kind) if kind else ""
+    widest = max(total_bytes, printed_bytes or 0)
+    budget = cap_bytes - len(_marker(widest, widest, widest, printed_bytes and widest, hint))
+    if hint and budget < cap_bytes // 2:
+        hint = ""  # a small budget keeps text rather than advice
+        budget = cap_bytes - len(_marker(widest, widest, widest, printed_bytes and widest))
     if budget < 0:
-        return _marker(total_bytes, 0, total_bytes)[:cap_bytes]
+        return _marker(total_bytes, 0, total_bytes, printed_bytes)[:cap_bytes]
     head_text = head[: budget // 2].decode("utf-8", "ignore")
     head_bytes = len(head_text.encode("utf-8"))
     tail_room = budget - head_bytes
     tail_text = tail[max(0, len(tail) - tail_room) :].decode("utf-8", "ignore") if tail_room > 0 else ""
     kept = head_bytes + len(tail_text.encode("utf-8"))
-    return head_text + _marker(total_bytes - kept, kept, total_bytes) + tail_text
+    return head_text + _marker(total_bytes - kept, kept, total_bytes, printed_bytes, hint) + tail_text
 
 
 class _Redactor:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alphaagent.errors import InvalidRequestError, SandboxError
+from alphaagent.errors import EnvStartError, InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import printable_path
 from alphaagent.models.run import (
@@ -125,21 +125,23 @@ class Sandbox:
         self.start()
         return dict(self._ready)
 
-    def start(self) -> None:
-        """Start the zygote if it is not running; blocks until it has preloaded its modules.
+    def start(self) -> bool:
+        """Start the zygote if it is not running; blocks until it has preloaded its modules. Returns
+        True if it started one now (a cold start), False if the zygote was warm.
 
         Raises ``SandboxError`` when the interpreter cannot be started or the zygote dies during
         start-up (its log is quoted); nothing is left behind then.
         """
         with self._lock:
             if self._zygote is not None and self._zygote.poll() is None:
-                return
+                return False
             self._teardown()  # a zygote that died: remove what it left before starting anew
             try:
                 self._start_zygote()
             except BaseException:
                 self._teardown()
                 raise
+            return True
 
     def _start_zygote(self) -> None:
         _set_not_dumpable()
@@ -305,12 +307,21 @@ class Sandbox:
         source = _validate_code(code)
         workdir = _validate_workdir(cwd)
         limits = limits or self.config.default_limits
-        self.start()
+        started_at = time.monotonic()
+        try:
+            cold = self.start()
+        except SandboxError as exc:
+            # Labelled, so the run's failure says the environment never came up (not the code).
+            raise EnvStartError(f"the environment did not start: {exc}") from exc
+        start = {
+            "environment_start": "cold" if cold else "warm",
+            "environment_start_ms": round((time.monotonic() - started_at) * 1000) if cold else 0,
+        }
         run_id = run_id or new_ulid()
         if self.config.exclusive:
             with self._exclusive_lock:
-                return self._run(source, workdir, limits, network, run_id, on_output)
-        return self._run(source, workdir, limits, network, run_id, on_output)
+                return self._run(source, workdir, limits, network, run_id, on_output).model_copy(update=start)
+        return self._run(source, workdir, limits, network, run_id, on_output).model_copy(update=start)
 
     def _run(
         self,

@@ -25,6 +25,8 @@ from alphaagent.aws import env_function
 from alphaagent.aws.executor import (
     DESTINATION_HEADROOM_BYTES,
     MAX_ASYNC_PAYLOAD_BYTES,
+    THROTTLE_ATTEMPTS,
+    THROTTLE_BASE_S,
     EnvFunctionError,
     EnvInvokeError,
     EnvPayloadTooLargeError,
@@ -34,7 +36,7 @@ from alphaagent.aws.executor import (
 )
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.aws.workspace import S3Workspace
-from alphaagent.errors import InvalidRequestError
+from alphaagent.errors import EnvThrottledError, InvalidRequestError, RetryableError, SandboxError
 from alphaagent.models.aws import EnvPointer, EnvRequest
 from alphaagent.models.common import ConversationScope
 from alphaagent.models.records import RunRecord
@@ -193,18 +195,64 @@ def test_links_and_rule_breaking_names_are_not_uploaded_and_are_reported(
     # When the env function runs it
     invoke(code)
 
-    # Then only the regular file with a valid name reaches the bucket (besides the claim check)
-    assert sorted(scope_objects(aws)) == ["reports/fine.txt", RESULT_KEY]
-    # And every other entry is reported with its reason, none silently dropped
+    # Then only the regular files with a valid name reach the bucket (besides the claim check), the
+    # decomposed name under its NFC spelling
+    assert sorted(scope_objects(aws)) == ["reports/caf\u00e9.txt", "reports/fine.txt", RESULT_KEY]
+    # And every other entry is reported with its reason, naming the rule, none silently dropped
     result = stored_result(workspace)
     skipped = {item.path: item.reason for item in result.files.skipped}
     assert skipped["reports/passwd"] == "symlink"
     assert skipped["docs/etc"] == "symlink to directory (not followed)"
     assert skipped["work/up"] == "symlink to directory (not followed)"
-    for name in ("reports/back\\slash.txt", "reports/bell\x07.txt", "reports/cafe\u0301.txt"):
-        assert skipped[name].startswith("not uploaded: the name breaks a workspace path rule"), name
-    assert result.files.created == ["reports/fine.txt"]
-    assert result.files_changed == ["reports/fine.txt"]
+    assert skipped["reports/back\\slash.txt"] == "not stored: path must use '/' as separator (no '\\')"
+    assert skipped["reports/bell\x07.txt"].startswith("not stored: path must not contain NUL, control")
+    assert result.files.created == ["reports/caf\u00e9.txt", "reports/fine.txt"]
+    assert result.files_changed == ["reports/caf\u00e9.txt", "reports/fine.txt"]
+
+
+def test_names_follow_the_local_rule_nfc_kept_duplicates_and_long_keys_skipped_with_values(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given code that writes one name in NFC and NFD, and a file whose full key is over 1,024 bytes
+    nfc, nfd = "reports/caf\u00e9.md", "reports/cafe\u0301.md"
+    deep = "/".join(["d" * 200] * 5)
+    code = (
+        "import os\n"
+        f"open({nfc!r}, 'w').write('composed')\n"
+        f"open({nfd!r}, 'w').write('decomposed')\n"
+        f"os.makedirs('reports/{deep}')\nopen('reports/{deep}/x.txt', 'w').write('x')\n"
+    )
+    # When the env function runs it
+    invoke(code)
+    # Then the NFC file alone is uploaded, with its own content
+    objects = scope_objects(aws)
+    assert objects[nfc] == b"composed" and sorted(objects) == [nfc, RESULT_KEY]
+    # And the skips are the local backend's, word for word: the NFC name, the key size and the limit
+    skipped = {item.path: item.reason for item in stored_result(workspace).files.skipped}
+    assert skipped[nfd].startswith(f"not stored: its NFC name {nfc!r} is another file's"), skipped
+    key_bytes = len(f"{SCOPE.key}/reports/{deep}/x.txt".encode())
+    assert skipped[f"reports/{deep}/x.txt"] == (
+        f"not stored: path is too long: the full key is {key_bytes} UTF-8 bytes, over S3's"
+        " 1024-byte key limit"
+    )
+
+
+def test_keys_the_sync_down_skips_are_reported_with_the_rule_they_break(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given keys put in the bucket by another writer: a decomposed name and one with a backslash
+    for path in ("docs/cafe\u0301.txt", "docs/back\\slash.txt"):
+        aws.put_object(Bucket=BUCKET, Key=f"{SCOPE.key}/{path}", Body=b"x")
+    # When a run syncs the scope down
+    invoke("print(1)")
+    # Then each skip says which rule the key breaks
+    skipped = {item.path: item.reason for item in stored_result(workspace).files.skipped}
+    prefix = "not synced down: the key breaks a workspace path rule (DESIGN §4.2): "
+    assert (
+        skipped["docs/cafe\u0301.txt"]
+        == f"{prefix}the name is not in NFC (its NFC form is 'docs/caf\u00e9.txt')"
+    )
+    assert skipped["docs/back\\slash.txt"] == f"{prefix}path must use '/' as separator (no '\\')"
 
 
 def test_run_code_cannot_rewrite_or_forge_what_the_platform_writes(aws: Any, workspace: S3Workspace) -> None:
@@ -475,8 +523,18 @@ def store(aws: Any) -> DynamoStore:
 
 
 def executor_with(
-    client: FakeLambda, workspace: S3Workspace, store: DynamoStore, *, tenant_isolation: bool = False
+    client: FakeLambda,
+    workspace: S3Workspace,
+    store: DynamoStore,
+    *,
+    tenant_isolation: bool = False,
+    slept: list[float] | None = None,
 ) -> LambdaExecutor:
+    """An executor polling fast; with ``slept``, its backoff waits are recorded there (not slept),
+    each at the top of its jitter range."""
+    backoff: dict[str, Any] = (
+        {} if slept is None else {"sleep": slept.append, "jitter": lambda _low, high: high}
+    )
     return LambdaExecutor(
         lambda_client=client,
         workspace=workspace,
@@ -485,6 +543,7 @@ def executor_with(
         startup_margin_s=0.0,
         poll_start_s=0.01,
         poll_max_s=0.05,
+        **backoff,
     )
 
 
@@ -692,13 +751,64 @@ def test_non_ascii_code_is_measured_as_escaped_json(workspace: S3Workspace, stor
 def test_a_failed_invoke_call_raises_env_invoke_error_naming_the_function(
     workspace: S3Workspace, store: DynamoStore
 ) -> None:
-    throttled = ClientError(
-        {"Error": {"Code": "TooManyRequestsException", "Message": "Rate exceeded"}}, "Invoke"
-    )
-    executor = executor_with(FakeLambda(error=throttled), workspace, store)
+    denied = ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, "Invoke")
+    client = FakeLambda(error=denied)
+    executor = executor_with(client, workspace, store)
     with pytest.raises(EnvInvokeError, match="alphaagent-env-builtin") as raised:
         executor.run(Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN)
     assert raised.value.recorded is False
+    assert len(client.calls) == 1  # not throttling: never retried
+
+
+class ThrottlingLambda(FakeLambda):
+    """A Lambda client that answers the first ``throttles`` calls with 429, then accepts."""
+
+    def __init__(self, throttles: int) -> None:
+        super().__init__()
+        self.throttles = throttles
+
+    def invoke(self, **arguments: Any) -> dict[str, Any]:
+        if len(self.calls) < self.throttles:
+            self.calls.append(arguments)
+            raise ClientError(
+                {
+                    "Error": {"Code": "TooManyRequestsException", "Message": "Rate exceeded"},
+                    "ResponseMetadata": {"HTTPStatusCode": 429},
+                },
+                "Invoke",
+            )
+        return super().invoke(**arguments)
+
+
+def test_a_throttled_invoke_is_retried_with_backoff_then_runs_once(
+    workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given Lambda that throttles the first two invocations (429), and the run's result
+    workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+    client, slept = ThrottlingLambda(throttles=2), []
+    # When the coder runs code
+    result = executor_with(client, workspace, store, slept=slept).run(
+        Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
+    )
+    # Then the invocation was sent again after growing waits, and the result came back
+    assert result == a_result() and len(client.calls) == 3
+    assert slept[:2] == [THROTTLE_BASE_S, THROTTLE_BASE_S * 2]
+
+
+def test_throttling_that_lasts_is_a_typed_retryable_error(workspace: S3Workspace, store: DynamoStore) -> None:
+    # Given Lambda that throttles every invocation
+    client, slept = ThrottlingLambda(throttles=100), []
+    # When the coder runs code; Then it gets EnvThrottledError (retryable, a platform failure not yet
+    # recorded), after THROTTLE_ATTEMPTS calls, naming the function and the 429
+    with pytest.raises(
+        EnvThrottledError, match=r"alphaagent-env-builtin: throttled by Lambda \(429\)"
+    ) as raised:
+        executor_with(client, workspace, store, slept=slept).run(
+            Path("/unused"), "x = 1", limits=RunLimits(), run_id=RUN_ID, origin=ORIGIN
+        )
+    assert isinstance(raised.value, RetryableError) and isinstance(raised.value, SandboxError)
+    assert raised.value.recorded is False
+    assert len(client.calls) == THROTTLE_ATTEMPTS and len(slept) == THROTTLE_ATTEMPTS - 1
 
 
 def test_the_executor_needs_the_origin(workspace: S3Workspace, store: DynamoStore) -> None:

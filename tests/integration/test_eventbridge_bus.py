@@ -16,14 +16,16 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from alphaagent.aws.bus import (
+    MAX_CONFIGURABLE_ENTRY_BYTES,
     MAX_ENTRY_BYTES,
+    BusLimits,
     EventBridgeBus,
     EventPublishError,
     EventTooLargeError,
     event_from_eventbridge,
 )
 from alphaagent.aws.workspace import S3Workspace, workspaces_bucket_name
-from alphaagent.errors import RetryableError
+from alphaagent.errors import EventRejectedError, RetryableError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.events import (
@@ -37,6 +39,7 @@ from alphaagent.models.events import (
     RunFailed,
     SessionCreated,
     SessionExpired,
+    SpecRejected,
     SpecSubmitted,
     TurnCompleted,
     TurnFailed,
@@ -68,6 +71,7 @@ def sample_details() -> list[EventDetail]:
     common: dict[str, Any] = {"turn_id": TURN, "scope": SCOPE}
     return [
         SpecSubmitted(**common, spec={"spec_version": 1, "goal": "count rows"}),
+        SpecRejected(**common, user_id="u1", message_id="m-1", reason="turn_id: already used"),
         TurnStarted(**common, user_id="u1", session_id="s" * 32),
         TurnCompleted(**common, user_id="u1", result=TurnResult(turn_id=TURN, status="completed")),
         TurnFailed(**common, user_id="u1", error=ERROR),
@@ -292,3 +296,70 @@ def test_the_event_time_is_the_entry_time(aws: Aws) -> None:
     # Then the delivered event carries that time
     (message,) = aws.received()
     assert message["time"] == "2026-01-02T03:04:05Z"
+
+
+class ScriptedEvents:
+    """An EventBridge client whose PutEvents answers each call with the next of ``answers``: an error
+    code refuses the entry (HTTP 200, ``FailedEntryCount`` 1), None accepts it."""
+
+    def __init__(self, *answers: str | None) -> None:
+        self.answers = list(answers)
+        self.calls: list[list[dict[str, Any]]] = []
+
+    def put_events(self, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        self.calls.append(Entries)
+        code = self.answers.pop(0)
+        if code is None:
+            return {"FailedEntryCount": 0, "Entries": [{"EventId": "e-1"}]}
+        return {"FailedEntryCount": 1, "Entries": [{"ErrorCode": code, "ErrorMessage": f"{code} said no"}]}
+
+
+def _session_event() -> Event:
+    return Event.of(SessionCreated(turn_id=TURN, scope=SCOPE, user_id="u1", session_id="s" * 32), new_ulid())
+
+
+def test_a_throttled_or_internal_failure_is_retried_with_backoff_and_jitter() -> None:
+    # Given EventBridge that throttles, then fails internally, then accepts the entry
+    client = ScriptedEvents("ThrottlingException", "InternalFailure", None)
+    slept: list[float] = []
+    ceilings: list[float] = []
+
+    def jitter(low: float, high: float) -> float:
+        ceilings.append(high)
+        return high / 2
+
+    bus = EventBridgeBus(BUS, client=client, sleep=slept.append, jitter=jitter)
+    # When an event is published
+    bus.publish(_session_event())
+    # Then the same entry went three times, after jittered waits under a doubling ceiling
+    assert len(client.calls) == 3 and client.calls[0] == client.calls[1] == client.calls[2]
+    assert ceilings == [0.1, 0.2] and slept == [0.05, 0.1]
+
+
+def test_a_validation_error_fails_at_once_and_retries_stop_at_the_limit() -> None:
+    # Given EventBridge that refuses the entry as malformed
+    client = ScriptedEvents("MalformedDetail")
+    bus = EventBridgeBus(BUS, client=client, sleep=lambda _s: None)
+    # When an event is published; Then it fails after one call, not retryable, naming the code
+    with pytest.raises(EventRejectedError, match="MalformedDetail: MalformedDetail said no") as caught:
+        bus.publish(_session_event())
+    assert not isinstance(caught.value, RetryableError) and len(client.calls) == 1
+    # And a bus that keeps being throttled gives up after max_attempts calls, saying how many
+    throttled = ScriptedEvents(*["ThrottlingException"] * 3)
+    limited = EventBridgeBus(BUS, client=throttled, limits=BusLimits(max_attempts=3), sleep=lambda _s: None)
+    with pytest.raises(EventPublishError, match=r"ThrottlingException.*\(3 attempts\)"):
+        limited.publish(_session_event())
+    assert len(throttled.calls) == 3
+
+
+def test_the_entry_limit_is_configuration_within_what_eventbridge_allows() -> None:
+    # Given a bus configured for 1 MiB entries and a detail of ~300 KiB (over the 256 KiB default)
+    client = ScriptedEvents(None)
+    bus = EventBridgeBus(BUS, client=client, limits=BusLimits(max_entry_bytes=MAX_CONFIGURABLE_ENTRY_BYTES))
+    big = Event.of(SpecSubmitted(turn_id=TURN, scope=SCOPE, spec={"goal": "x" * (300 * 1024)}), new_ulid())
+    # When it is published; Then it goes inline (no claim check needed, none configured)
+    bus.publish(big)
+    assert "claim_check" not in client.calls[0][0]["Detail"]
+    # And a limit above EventBridge's largest is refused, naming the field
+    with pytest.raises(ValueError, match="max_entry_bytes"):
+        BusLimits(max_entry_bytes=MAX_CONFIGURABLE_ENTRY_BYTES + 1)

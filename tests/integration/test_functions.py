@@ -20,7 +20,7 @@ from aws_lambda_powertools.utilities.parser.models import SqsModel
 from moto import mock_aws
 from pydantic import BaseModel
 
-from alphaagent.aws.backend import get_backend, get_stepfunctions_client
+from alphaagent.aws.backend import get_backend, get_event_bus, get_stepfunctions_client
 from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
 from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
@@ -151,23 +151,28 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         )["stateMachineArn"]
         monkeypatch.setenv("STATE_MACHINE_ARN", machine)
         monkeypatch.setenv("CODER_QUEUE_URL", coder_queue)
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client):
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
             getter.cache_clear()
         yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client):
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
             getter.cache_clear()
 
 
 def published(aws: dict[str, Any]) -> list[str]:
     """Detail-types that reached the bus (through the test rule's queue)."""
-    types: list[str] = []
+    return [event["detail-type"] for event in published_events(aws)]
+
+
+def published_events(aws: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events that reached the bus (through the test rule's queue), as a rule target gets them."""
+    found: list[dict[str, Any]] = []
     while (
         messages := aws["sqs"].receive_message(QueueUrl=aws["sink"], MaxNumberOfMessages=10).get("Messages")
     ):
         for message in messages:
-            types.append(json.loads(message["Body"])["detail-type"])
+            found.append(json.loads(message["Body"]))
             aws["sqs"].delete_message(QueueUrl=aws["sink"], ReceiptHandle=message["ReceiptHandle"])
-    return types
+    return found
 
 
 def executions(aws: dict[str, Any]) -> list[dict[str, Any]]:
@@ -272,6 +277,65 @@ def test_a_poison_record_is_the_only_failure_and_an_invalid_spec_is_acknowledged
     # Then only the poison record is retried; the good spec started; the invalid one was acknowledged
     assert answer == {"batchItemFailures": [{"itemIdentifier": "poison"}]}
     assert [e["name"] for e in executions(aws)] == [TURN_ID]
+
+
+def test_a_turn_id_reused_for_a_different_spec_is_rejected_with_an_event(
+    aws: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec that started its turn, and the same spec respelled (defaults written out)
+    record = load("start_turn_sqs.json")["Records"][0]
+    spec = json.loads(record["body"])
+    respelled = {**record, "messageId": "m-again", "body": json.dumps({"environment_id": "builtin", **spec})}
+    other = {**record, "messageId": "m-other", "body": json.dumps({**spec, "goal": "something else"})}
+    assert start_turn.lambda_handler({"Records": [record]}, Context()) == {"batchItemFailures": []}
+    published_events(aws)
+    # When the respelled spec and then a different spec arrive under the same turn id
+    answer = start_turn.lambda_handler({"Records": [respelled, other]}, Context())
+    # Then both are acknowledged; one execution exists, still with the first spec
+    assert answer == {"batchItemFailures": []}
+    (execution,) = executions(aws)
+    described = get_stepfunctions_client().describe_execution(executionArn=execution["executionArn"])
+    assert TurnInput.model_validate_json(described["input"]).spec.goal == spec["goal"]
+    # And the different spec (only it) is rejected on the bus, naming the rule, message and turn
+    (rejected,) = published_events(aws)
+    assert (rejected["source"], rejected["detail-type"]) == ("alphaagent.starter", "SpecRejected")
+    detail = rejected["detail"]
+    assert detail["reason"].startswith("turn_id: already used for a different spec"), detail
+    assert (detail["message_id"], detail["turn_id"], detail["user_id"]) == ("m-other", TURN_ID, USER)
+    assert detail["scope"] == SCOPE.model_dump(mode="json")
+    # And the rejection is counted in the metrics
+    assert '"SpecsRejected"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "turn_id"),
+    [
+        ("not json at all", "", None),
+        (json.dumps({"spec_version": 1, "turn_id": TURN_ID, "goal": ""}), "user_id", TURN_ID),
+        (
+            json.dumps({"detail-type": "SpecSubmitted", "detail": {"turn_id": TURN_ID}}),
+            "detail.spec",
+            TURN_ID,
+        ),
+        (json.dumps({"spec_version": 1, "turn_id": "../etc", "user_id": "a b"}), "", None),
+    ],
+)
+def test_a_malformed_message_is_rejected_with_an_event_not_dropped(
+    aws: dict[str, Any], capsys: pytest.CaptureFixture[str], body: str, reason: str, turn_id: str | None
+) -> None:
+    # Given a message whose body is not a valid spec
+    record = {**load("start_turn_sqs.json")["Records"][0], "messageId": "m-bad", "body": body}
+    # When the starter handles it
+    answer = start_turn.lambda_handler({"Records": [record]}, Context())
+    # Then it is acknowledged (it can never succeed), no execution starts, and a SpecRejected event
+    # names the message, the readable turn id (only a valid one) and the field at fault
+    assert answer == {"batchItemFailures": []} and executions(aws) == []
+    (rejected,) = published_events(aws)
+    detail = rejected["detail"]
+    assert rejected["detail-type"] == "SpecRejected"
+    assert (detail["message_id"], detail["turn_id"]) == ("m-bad", turn_id), detail
+    assert detail["reason"] and reason in detail["reason"], detail
+    assert '"SpecsRejected"' in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- turn steps

@@ -86,7 +86,9 @@ def _messages(aws: dict[str, Any]) -> list[str]:
     return [message["Body"] for message in response.get("Messages", [])]
 
 
-def _running_turn(store: DynamoStore, user_id: str = USER, turn_id: str = TURN_ID) -> Turn:
+def _running_turn(
+    store: DynamoStore, user_id: str = USER, turn_id: str = TURN_ID, spec_sha256: str | None = None
+) -> Turn:
     turn = Turn(
         turn_id=turn_id,
         user_id=user_id,
@@ -95,6 +97,7 @@ def _running_turn(store: DynamoStore, user_id: str = USER, turn_id: str = TURN_I
         status="running",
         goal=SPEC["goal"],
         started_at=utcnow(),
+        spec_sha256=spec_sha256,
     )
     assert store.create_turn(turn)
     return turn
@@ -513,3 +516,26 @@ def test_a_spec_that_could_never_finish_is_refused_before_it_is_sent(
     assert code == 2
     assert err.startswith("alphaagent: error: outputs[0].path: 'charts/c.csv' does not fit kind 'chart'")
     assert _messages(aws) == []
+
+
+def test_submit_wait_with_a_reused_turn_id_and_another_spec_exits_2_not_the_old_result(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a turn that completed for the spec SPEC under TURN_ID (its digest stored with it)
+    store: DynamoStore = aws["store"]
+    first = parse_spec(json.dumps(SPEC | {"turn_id": TURN_ID}))
+    turn = _running_turn(store, spec_sha256=first.digest())
+    _finish(store, turn, COMPLETED)
+    # When another spec is submitted with --wait under the same turn id (the starter rejects it)
+    code = main(
+        ["submit", _spec_file(tmp_path, turn_id=TURN_ID, goal="another goal"), "--wait", "--timeout", "5"]
+    )
+    # Then the wait does not hand back the first turn's result: one line naming the rule, exit 2
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.err.splitlines()[-1] == (
+        "alphaagent: error: turn_id: already used for a different spec; leave it out to get a fresh one"
+    )
+    assert "total 7" not in captured.out
+    # And the same spec, resubmitted, still gets its result
+    assert main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--timeout", "5"]) == 0

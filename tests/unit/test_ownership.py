@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
-from alphaagent.api import AlphaAgent
+from alphaagent.api import AUDIT_FILE, AlphaAgent
 from alphaagent.cli import main
+from alphaagent.domain.audit import ForeignRequest, JsonLinesAudit
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext, run_in_env
 from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError
@@ -123,8 +124,11 @@ State = tuple[dict[str, tuple[int, int, int]], list[str]]
 
 
 def state_of(home: Path) -> State:
-    """What a side effect would change: the listing of ``home`` and the dump of its records."""
-    return listing_of(home), dump_of(home)
+    """What a side effect would change: the listing of ``home`` and the dump of its records. The
+    operator's audit trail of probes (``audit.jsonl``) is left out: it is meant to grow with each
+    probe, out of the requester's sight, and is checked on its own."""
+    files = {path: entry for path, entry in listing_of(home).items() if path != AUDIT_FILE}
+    return files, dump_of(home)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -254,12 +258,15 @@ class CliReads:
     workdirs: list[Path]
     before: tuple[State, State]
     after: tuple[State, State]
+    trail: list[ForeignRequest]
 
 
 @pytest.fixture(scope="module")
 def cli_reads(homes: Homes, tmp_path_factory: pytest.TempPathFactory) -> CliReads:
     """Runs every case once per home, a few processes at a time (each costs a Python start-up)."""
     root = tmp_path_factory.mktemp("cli-reads")
+    trail = JsonLinesAudit(homes.alice / AUDIT_FILE)
+    recorded = len(trail.read())
     before = state_of(homes.alice), state_of(homes.empty)
     jobs = {}
     with ThreadPoolExecutor(4) as pool:
@@ -270,7 +277,7 @@ def cli_reads(homes: Homes, tmp_path_factory: pytest.TempPathFactory) -> CliRead
                 jobs[case, label] = pool.submit(cli, home, workdir, *args)
     answers = {case: (jobs[case, "a"].result(), jobs[case, "b"].result()) for case in CLI_CASES}
     after = state_of(homes.alice), state_of(homes.empty)
-    return CliReads(answers, sorted(root.iterdir()), before, after)
+    return CliReads(answers, sorted(root.iterdir()), before, after, trail.read()[recorded:])
 
 
 @pytest.mark.parametrize("case", list(CLI_CASES))
@@ -289,10 +296,13 @@ def test_cli_answers_bob_about_alices_scope_exactly_as_about_a_missing_one(
 def test_cli_reads_by_bob_change_nothing(cli_reads: CliReads) -> None:
     # Given the state of both homes before bob's read commands
     # When all of them have run (the cli_reads fixture)
-    # Then no record, file, directory or timestamp changed in either home
+    # Then no record, file, directory or timestamp changed in either home, but for the operator's
+    # audit trail in home A: one line per probe of alice's scope, naming bob and never alice
     (a_files, a_records), home_b = cli_reads.after
     (a_files_before, a_records_before), home_b_before = cli_reads.before
     assert a_files == a_files_before
+    trail = cli_reads.trail
+    assert len(trail) == len(CLI_CASES) and {r.requesting_user_id for r in trail} == {BOB}
     assert a_records == a_records_before
     assert home_b == home_b_before
     # and nothing was written where the commands ran (no zip from export)

@@ -294,6 +294,19 @@ def test_queues_have_dead_letter_queues_and_the_starter_reports_partial_failures
     assert event["Properties"]["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
 
 
+def test_the_starter_may_read_back_executions_and_put_its_rejections_on_the_bus() -> None:
+    # Given the starter's role: it starts executions, reads a same-named one's input back (a reused
+    # turn id) and puts SpecRejected on the bus (moto does not enforce IAM, so the template is checked)
+    props = _resources()["StartTurnFunction"]["Properties"]
+    (policy,) = props["Policies"]
+    grants = {action: s["Resource"] for s in policy["Statement"] for action in s["Action"]}
+    assert grants["states:StartExecution"] == {"Ref": "TurnStateMachine"}
+    assert grants["states:DescribeExecution"]["Fn::Sub"].endswith(":execution:${TurnStateMachine.Name}:*")
+    assert grants["events:PutEvents"] == {"Fn::GetAtt": ["EventBus", "Arn"]}
+    assert set(grants) == {"states:StartExecution", "states:DescribeExecution", "events:PutEvents"}
+    assert props["Environment"]["Variables"]["EVENT_BUS_NAME"] == {"Ref": "EventBus"}
+
+
 def test_the_builtin_environment_never_retries_and_reports_to_the_bus() -> None:
     props = _resources()["EnvBuiltinFunction"]["Properties"]
     assert props["FunctionName"] == "alphaagent-env-builtin"

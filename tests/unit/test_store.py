@@ -144,6 +144,30 @@ def test_the_database_runs_in_wal_mode(store: SqliteStore) -> None:
     assert mode == "wal"
 
 
+def test_a_version_1_database_is_migrated_and_its_turns_keep_reading(db_path: Path) -> None:
+    # Given a database written before turns kept their spec's digest (schema version 1), with a turn
+    from alphaagent.local.store import _MIGRATIONS
+
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db_path) as raw:
+        for statement in _MIGRATIONS[0]:
+            raw.execute(statement)
+        raw.execute(
+            "INSERT INTO turns VALUES ('01OLD', 'u', 'conversations/c', 's', 'running', 'g',"
+            " '2026-01-01T00:00:00+00:00', NULL, NULL)"
+        )
+        raw.execute("PRAGMA user_version = 1")
+    # When it is opened; Then it is migrated, and the old turn reads with no digest (any spec replays)
+    store = SqliteStore(db_path)
+    try:
+        turn = store.get_turn("u", "01OLD")
+        assert turn is not None and turn.spec_sha256 is None
+    finally:
+        store.close()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
 def test_a_database_from_a_newer_alphaagent_is_refused_and_left_untouched(db_path: Path) -> None:
     # Given a database whose schema version is ahead of this code
     db_path.parent.mkdir(parents=True)
@@ -153,7 +177,9 @@ def test_a_database_from_a_newer_alphaagent_is_refused_and_left_untouched(db_pat
     before = db_path.read_bytes()
 
     # When it is opened
-    with pytest.raises(StoreSchemaError, match=r"schema version 2.*newer alphaagent") as caught:
+    with pytest.raises(
+        StoreSchemaError, match=rf"schema version {SCHEMA_VERSION + 1}.*newer alphaagent"
+    ) as caught:
         SqliteStore(db_path)
 
     # Then the error is one of ours, names the file, and the file is byte for byte as it was

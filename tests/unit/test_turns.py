@@ -1092,6 +1092,38 @@ def test_a_duplicate_delivery_never_opens_the_conversation_to_another_turn(agent
     )
 
 
+def test_a_turn_id_reused_for_a_different_spec_is_refused(agent: AlphaAgent, tmp_path: Path) -> None:
+    # Given a turn that completed under a turn id
+    spec = _once_only_spec(_conversation(), new_ulid())
+    first = agent.run_analysis(spec)
+    assert first.status == "completed", first.error
+    # When a different spec (another goal; then other code) arrives under the same turn id
+    for changed in ({**spec, "goal": "revenue by country"}, {**spec, "steps": [{"title": "x", "code": "1"}]}):
+        with pytest.raises(InvalidSpecError) as refused:
+            agent.run_analysis(changed)
+        # Then it is refused, naming the field and the rule, and nothing of the first turn changes
+        assert str(refused.value).startswith("turn_id: already used for a different spec"), refused.value
+    _assert_ran_once(agent, spec, first)
+    # And the same spec spelled differently (defaults written out, keys reordered) still replays
+    spelled = {"environment_id": "builtin", **dict(reversed(list(spec.items())))}
+    assert agent.run_analysis(spelled) == first
+    # And the CLI answers the different spec with one line and exit 2
+    spec_file = tmp_path / "changed.json"
+    spec_file.write_text(json.dumps({**spec, "goal": "revenue by country"}))
+    env = {**os.environ, "ALPHAAGENT_HOME": str(agent.home), "ALPHAAGENT_USER": USER}
+    cli = subprocess.run(
+        [sys.executable, "-m", "alphaagent.cli", "run", str(spec_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert cli.returncode == 2, (cli.returncode, cli.stdout, cli.stderr)
+    assert "turn_id: already used for a different spec" in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+
+
 def test_a_terminal_status_never_regresses(agent: AlphaAgent) -> None:
     # Given a turn that failed
     spec = _spec(_conversation(), "raise RuntimeError('first attempt failed')", turn_id=new_ulid())
