@@ -42,12 +42,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from alphaagent.aws.sdk import error_code
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import Coder, abandon_turn, code_prepared_turn, run_turn
-from alphaagent.errors import AlphaAgentError
+from alphaagent.errors import AlphaAgentError, InvalidMessageError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import scope_from_key
 from alphaagent.models.records import PreparedInput, TurnResult
 from alphaagent.models.spec import Spec, parse_spec
-from coder.errors import InvalidMessageError
 
 logger = logging.getLogger(__name__)
 

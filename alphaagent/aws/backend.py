@@ -23,15 +23,11 @@ from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.domain.backend import Backend, TurnSettings
 from alphaagent.domain.recorder import Recorder, history_view
-from alphaagent.errors import AlphaAgentError, ForgedRunResponseError
+from alphaagent.errors import ForgedRunResponseError, NoExecutorError
 from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, run_result_key
 from alphaagent.models.events import Event, RunCompleted, RunFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.ports import OutputSink
-
-
-class NoExecutorError(AlphaAgentError):
-    """Code was to be run in a process that has no executor (the turn-step functions)."""
 
 
 class NoExecutor:

@@ -15,15 +15,9 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from alphaagent.aws.bus import (
-    MAX_ENTRY_BYTES,
-    EventBridgeBus,
-    EventPublishError,
-    EventTooLargeError,
-    event_from_eventbridge,
-)
+from alphaagent.aws.bus import MAX_ENTRY_BYTES, EventBridgeBus, event_from_eventbridge
 from alphaagent.aws.workspace import S3Workspace, workspaces_bucket_name
-from alphaagent.errors import RetryableError
+from alphaagent.errors import EventPublishError, EventTooLargeError, RetryableError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.events import (

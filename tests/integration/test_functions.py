@@ -21,10 +21,10 @@ from moto import mock_aws
 from pydantic import BaseModel
 
 from alphaagent.aws.backend import get_backend, get_stepfunctions_client
-from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
+from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
-from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, NotFoundError
+from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, MissingSettingError, NotFoundError
 from alphaagent.models.aws import (
     AcquireLockInput,
     DestinationEvent,

@@ -18,16 +18,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from alphaagent.aws.client import (
-    TurnWaitTimeoutError,
-    client_settings,
-    queue_region,
-    submit_spec,
-    wait_for_turn,
-)
+from alphaagent.aws.client import client_settings, queue_region, submit_spec, wait_for_turn
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.cli import main
-from alphaagent.errors import InvalidSpecError
+from alphaagent.errors import InvalidSpecError, TurnWaitTimeoutError
 from alphaagent.models.common import ConversationScope, utcnow
 from alphaagent.models.records import ArtifactRef, Turn, TurnResult
 from alphaagent.models.run import RunError

@@ -16,7 +16,6 @@ from cfn import load_template
 from packaging.specifiers import SpecifierSet
 
 import alphaagent.errors
-import coder.errors
 from alphaagent.aws import store
 from coder.worker import CoderMessage
 
@@ -159,8 +158,7 @@ def test_error_names_in_retry_and_catch_are_project_classes_or_aws_errors() -> N
     # Class names in Retry/Catch are a contract (STYLE §4): a renamed class must fail here.
     known = {
         name
-        for module in (alphaagent.errors, coder.errors)
-        for name, value in vars(module).items()
+        for name, value in vars(alphaagent.errors).items()
         if isinstance(value, type) and issubclass(value, BaseException)
     }
     for name, task in _task_states().items():
