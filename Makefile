@@ -28,7 +28,9 @@ browser-deps: ## Install Debian's chromium for the browser tests when missing (a
 			chromium fonts-dejavu-core >/dev/null; \
 	fi
 
-test: $(STAMP) browser-deps ## Run the test suite (what CI runs)
+# The tests need the tools virtualenv too: the IAM harness (tests/iam.py) translates template.yaml with
+# samtranslator, which pins a pydantic of its own.
+test: $(STAMP) $(LINT_STAMP) browser-deps ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The lint tools live in their own virtualenv: aws-sam-cli pins boto3 and pydantic versions of its own.
@@ -41,6 +43,8 @@ $(LINT_STAMP): tools-constraints.txt
 	@test -x $(LINT_VENV)/bin/python || $(PYTHON) -m venv $(LINT_VENV)
 	$(LINT_VENV)/bin/python -m pip install -q --disable-pip-version-check -c tools-constraints.txt cfn-lint cfn-lint-serverless aws-sam-cli
 	@touch $@
+
+tools: $(LINT_STAMP) ## Create .venv-tools: SAM CLI, samtranslator, cfn-lint (pinned by tools-constraints.txt)
 
 lint: $(STAMP) $(LINT_STAMP) ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + static ASL checks
 	$(VENV)/bin/ruff check alphaagent coder functions tests bench
@@ -145,4 +149,4 @@ deploy: ## make build, then sam deploy --config-env ENV (default: default) with 
 clean: ## Remove the virtualenv and caches (not the data directory)
 	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv browser-deps test lint demo bench lock build images deploy clean
+.PHONY: help venv browser-deps test tools lint demo bench lock build images deploy clean
