@@ -39,7 +39,7 @@ import boto3
 import pytest
 import yaml
 from cfn import load_template
-from iam import Iam, Physical
+from iam import Iam, Physical, without_action
 from moto import mock_aws
 from moto.awslambda.models import LambdaBackend
 from moto.awslambda_simple.models import LambdaSimpleBackend
@@ -734,6 +734,36 @@ def test_a_spec_on_the_spec_queue_runs_its_turn_to_turn_completed(stack: Stack) 
     assert_completed_turn(stack, spec)
     env_calls = [event for name, event in stack.lambdas.calls if name == "alphaagent-env-builtin"]
     assert len(env_calls) == 2 and {c["turn_id"] for c in env_calls} == {spec["turn_id"]}
+
+
+GRANTS_TAKEN_OUT = ["dynamodb:GetItem", "s3:PutObject"]
+"""Grants every turn needs; with one taken out of template.yaml the harness must fail the turn."""
+
+
+@pytest.mark.parametrize(
+    ("iam_template", "action"),
+    [(without_action((ROOT / "template.yaml").read_text(), action), action) for action in GRANTS_TAKEN_OUT],
+    ids=GRANTS_TAKEN_OUT,
+)
+def test_a_grant_taken_out_of_the_template_fails_the_turn_naming_it(
+    stack: Stack, iam_template: str, action: str
+) -> None:
+    # Given the template with ``action`` removed from every role, and a turn that needs it
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope)
+    stack.start()
+
+    # When the spec is sent
+    send_spec(stack, spec)
+
+    # Then the turn fails, and the harness names the action the role lacked and its resource
+    execution = stack.execution(spec["turn_id"])
+    assert execution["status"] == "FAILED", stack.history(execution)
+    denied = [d for d in stack.iam.denied if f" is not allowed {action} on arn:aws:" in d]
+    assert denied, stack.iam.report()
+    print(stack.iam.report())
+    stack.iam.denied.clear()  # expected here: the fixture fails every other test that has any
 
 
 def test_a_spec_submitted_event_on_the_bus_runs_its_turn(stack: Stack) -> None:
