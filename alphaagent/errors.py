@@ -206,3 +206,21 @@ class MissingOutputsError(CoderError):
 class InvalidMessageError(CoderError):
     """A CoderQueue message that can never be run: its body or claim check is not a valid spec for
     the scope and turn it names (never retried)."""
+
+
+def contract_name(error: BaseException, contract: tuple[type[BaseException], ...]) -> str:
+    """The error name a state machine's ``Retry``/``Catch`` sees for ``error``: the first class of
+    ``contract`` it is an instance of, else its own class name.
+
+    Step Functions matches ``ErrorEquals`` against the exact ``errorType`` (a Lambda's concrete class
+    name, a worker's ``SendTaskFailure`` error), never against base classes; so a step names its
+    contract and reports every subclass as the contract class it belongs to.
+
+    Example::
+
+        contract_name(StoreConflictError("..."), (ScopeBusyError, RetryableError))  # "RetryableError"
+    """
+    for kind in contract:
+        if isinstance(error, kind):
+            return kind.__name__
+    return type(error).__name__

@@ -42,7 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from alphaagent.aws.sdk import error_code
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import Coder, abandon_turn, code_prepared_turn, run_turn
-from alphaagent.errors import AlphaAgentError, InvalidMessageError
+from alphaagent.errors import (
+    AlphaAgentError,
+    InvalidMessageError,
+    InvalidSpecError,
+    NotFoundError,
+    contract_name,
+)
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import scope_from_key
 from alphaagent.models.records import PreparedInput, TurnResult
@@ -52,6 +58,15 @@ logger = logging.getLogger(__name__)
 
 MAX_CAUSE_CHARS = 32_768
 """``SendTaskFailure`` accepts a cause of at most 32,768 characters (Step Functions API limit)."""
+
+FAILURE_CONTRACT: tuple[type[AlphaAgentError], ...] = (InvalidMessageError, InvalidSpecError, NotFoundError)
+"""The classes whose names the turn machine's Code state catches (``statemachines/turn.asl.yaml``): a
+failure that is one of them is answered under that class's name, so a subclass still matches
+(Step Functions compares exact names); any other failure under its own class name."""
+WORKER_STOPPING = "WorkerStopping"
+"""The error of a task whose turn did not end before the worker's stop deadline."""
+FAILURE_NAMES = frozenset(kind.__name__ for kind in FAILURE_CONTRACT) | {WORKER_STOPPING}
+"""Every contract name the worker's ``SendTaskFailure`` can carry (``tests/unit/test_error_contract.py``)."""
 
 _GONE_TASK_ERRORS = ("TaskDoesNotExist", "TaskTimedOut", "InvalidToken")
 """Answers meaning nobody waits for this task token any more: stop heartbeating, drop the message."""
@@ -202,10 +217,11 @@ class CoderWorker:
     (never at import). ``coder`` is ``None`` when no model is configured: specs with pinned steps
     still run, specs without steps fail with ``InvalidSpecError``.
 
-    ``SendTaskFailure`` errors (the contract with the state machine's ``Retry``/``Catch``): the class
-    name of what ``run_turn`` raised (``InvalidSpecError``, ``NotFoundError``, ``ScopeBusyError``, or
-    a defect's class such as ``RuntimeError``); ``WorkerStopping`` when a stop's deadline passed
-    before the turn ended; ``InvalidMessageError`` for a body with a task token but no valid spec.
+    ``SendTaskFailure`` errors (the contract with the state machine's ``Retry``/``Catch``): what
+    ``run_turn`` raised, named by ``FAILURE_CONTRACT`` (``InvalidSpecError``, ``NotFoundError``, or
+    the class's own name: ``ScopeBusyError``, a defect's ``RuntimeError``); ``WorkerStopping`` when
+    a stop's deadline passed before the turn ended; ``InvalidMessageError`` for a body with a task
+    token but no valid spec.
     A turn that ends ``failed`` is a result, answered with ``SendTaskSuccess`` (``status: failed``):
     the turn driver has already recorded it and published ``TurnFailed``.
     """
@@ -286,7 +302,7 @@ class CoderWorker:
                 # Nobody to answer: the message is delivered again until the queue's DLQ keeps it.
                 logger.error("%s (and it carries no task token)", detail)
                 return
-            self._answer_failure(_Task(receipt, token), "InvalidMessageError", detail)
+            self._answer_failure(_Task(receipt, token), InvalidMessageError.__name__, detail)
             return
         task = _Task(receipt, body.task_token)
         turn = threading.Thread(target=self._run_turn, args=(task, body), name="coder-turn", daemon=True)
@@ -339,7 +355,7 @@ class CoderWorker:
                         abandon_turn(self.backend, task.spec.user_id, task.spec.turn_id, reason)
                 self._answer_failure(
                     task,
-                    "WorkerStopping",
+                    WORKER_STOPPING,
                     f"the worker was stopped and the turn did not finish within"
                     f" {self.settings.stop_timeout_seconds:g} s",
                 )
@@ -353,7 +369,10 @@ class CoderWorker:
             self._answer_success(task, outcome)
         else:
             assert outcome is not None
-            self._answer_failure(task, type(outcome).__name__, str(outcome) or type(outcome).__name__)
+            name, cause = contract_name(outcome, FAILURE_CONTRACT), str(outcome) or type(outcome).__name__
+            if name != type(outcome).__name__:
+                cause = f"{type(outcome).__name__}: {cause}"  # the concrete class, kept for the reader
+            self._answer_failure(task, name, cause)
 
     # ------------------------------------------------------------------ AWS calls
 
