@@ -78,8 +78,9 @@ class WorkerSettings(BaseModel):
     - ``coder_queue_url``: the CoderQueue (``CODER_QUEUE_URL``).
     - ``concurrency``: turns run at once, one thread each (``WORKER_CONCURRENCY``, default 1).
     - ``heartbeat_seconds``: interval of ``SendTaskHeartbeat`` while a turn runs
-      (``HEARTBEAT_SECONDS``, default and maximum 40: the machine's ``HeartbeatSeconds`` is ~120, so
-      two heartbeats may be lost before the task times out).
+      (``HEARTBEAT_SECONDS``, default and maximum 40: a turn's heartbeat must reach the machine,
+      whose ``HeartbeatSeconds`` also covers the wait on the queue, and the message's visibility is
+      renewed with it, so at least four renewals fall within ``visibility_timeout_seconds``).
     - ``stop_timeout_seconds``: after SIGTERM, how long in-flight turns may still run before they
       are failed with ``WorkerStopping`` (``STOP_TIMEOUT_SECONDS``, default 100: below ECS's
       maximum ``stopTimeout`` of 120 s, which ends in SIGKILL).

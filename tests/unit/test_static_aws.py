@@ -161,7 +161,7 @@ def test_the_coder_step_waits_for_the_task_token_with_heartbeats() -> None:
     assert body["task_token.$"] == "$$.Task.Token"
     # The body is exactly what the worker accepts (CoderMessage forbids unknown fields).
     assert {key.removesuffix(".$") for key in body} <= set(CoderMessage.model_fields)
-    assert 60 <= code["HeartbeatSeconds"] <= 300
+    assert code["HeartbeatSeconds"] >= 60  # how long it must be: tests/unit/test_static_timing.py
     assert "TimeoutSeconds" in code or "TimeoutSecondsPath" in code
 
 
