@@ -19,6 +19,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from iam import Iam, Physical
 from moto import mock_aws
 
 from alphaagent.aws import env_function
@@ -47,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REGION = "eu-west-1"
 BUCKET = "alphaagent-workspaces-123456789012-eu-west-1"
 TABLE = "alphaagent-state-test"
+ACCOUNT = "123456789012"
 SECRET = "the-supervisors-own-secret-0123456789"
 EVENT: dict[str, Any] = json.loads((ROOT / "events" / "env_invocation.json").read_text())
 SCOPE = ConversationScope.model_validate(EVENT["scope"])
@@ -95,15 +97,28 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    # invoke() runs the handler with the env function's role from template.yaml (tests/iam.py).
+    iam = Iam((ROOT / "template.yaml").read_text(), Physical(REGION, ACCOUNT, names={"StateTable": TABLE}))
     with mock_aws():
-        s3 = boto3.client("s3", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
-        # The sample request's turn holds its scope's lease, as its execution does while it runs.
-        DynamoStore(TABLE).acquire_lock(SCOPE.key, TURN, datetime.now(UTC), 3600)
-        yield s3
+        iam.install()
+        _IAM[:] = [iam]
+        try:
+            s3 = boto3.client("s3", region_name=REGION)
+            s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+            create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+            # The sample request's turn holds its scope's lease, as its execution does while it runs.
+            DynamoStore(TABLE).acquire_lock(SCOPE.key, TURN, datetime.now(UTC), 3600)
+            yield s3
+        finally:
+            iam.uninstall()
+            _IAM.clear()
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    assert not iam.denied, iam.report()
+
+
+_IAM: list[Iam] = []
+"""The running test's IAM harness (``invoke`` is a plain function, not a fixture)."""
 
 
 @pytest.fixture
@@ -120,7 +135,8 @@ def workspace(aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.Mo
 def invoke(code: str, context: Context | None = None, **fields: Any) -> dict[str, Any]:
     """The handler on the sample event with ``code`` (and any other field replaced)."""
     event = {**EVENT, "code": code, **fields}
-    answer: dict[str, Any] = env_function.lambda_handler(event, context or Context())
+    with _IAM[0].acting_as("EnvBuiltinFunction"):
+        answer: dict[str, Any] = env_function.lambda_handler(event, context or Context())
     return answer
 
 
@@ -760,8 +776,9 @@ def test_a_run_whose_turn_loses_the_scope_stops_syncing(
         uploads.append(key)
         real_upload(reader, bucket, key, **kwargs)
         if len(uploads) == 3:
-            store.release_lock(SCOPE.key, TURN)
-            store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
+            with _IAM[0].acting_as(None):  # the next turn's steps, not the env function
+                store.release_lock(SCOPE.key, TURN)
+                store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
 
     monkeypatch.setattr(workspace.client, "upload_fileobj", upload_fileobj)
     code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
