@@ -46,12 +46,22 @@ $(LINT_STAMP): tools-constraints.txt
 
 tools: $(LINT_STAMP) ## Create .venv-tools: SAM CLI, samtranslator, cfn-lint (pinned by tools-constraints.txt)
 
-lint: $(STAMP) $(LINT_STAMP) ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + static ASL checks
+# checkov has a virtualenv of its own too: it pins boto3, pydantic and click versions aws-sam-cli's exclude.
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+
+$(CHECKOV_STAMP): checkov-constraints.txt
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --disable-pip-version-check -c checkov-constraints.txt checkov
+	@touch $@
+
+lint: $(STAMP) $(LINT_STAMP) $(CHECKOV_STAMP) ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + checkov + static ASL checks
 	$(VENV)/bin/ruff check alphaagent coder functions tests bench
 	$(VENV)/bin/ruff format --check alphaagent coder functions tests bench
 	$(VENV)/bin/mypy
 	$(LINT_ENV) $(LINT_VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
 	$(LINT_ENV) $(LINT_VENV)/bin/sam validate --lint --template template.yaml
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f template.yaml
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_static_aws.py
 
 demo: $(STAMP) ## Run the demo analysis on the embedded default (local backend)
@@ -166,6 +176,6 @@ deploy-check: $(LINT_STAMP) ## sam deploy with the saved configuration and no cr
 	echo "deploy-check: sam deploy passed its own checks and stopped only for want of credentials"
 
 clean: ## Remove the virtualenv and caches (not the data directory)
-	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 .PHONY: help venv browser-deps test tools lint demo bench lock build images deploy deploy-check clean
