@@ -687,6 +687,25 @@ class Iam:
         finally:
             stack.pop()
 
+    def as_component(self, component: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` (a handler), called as ``component``: for tests that call handlers directly."""
+
+        @functools.wraps(function)
+        def called(*args: Any, **kwargs: Any) -> Any:
+            with self.acting_as(component):
+                return function(*args, **kwargs)
+
+        return called
+
+    def handlers(self) -> dict[str, str]:
+        """Each zip function's handler module (``functions.start_turn``) -> its logical id."""
+        found = {}
+        for logical, resource in self.resources.items():
+            handler = resource.get("Properties", {}).get("Handler")
+            if resource["Type"] == "AWS::Lambda::Function" and isinstance(handler, str):
+                found[handler.rpartition(".")[0].replace("/", ".")] = logical
+        return found
+
     # -- hooks ---------------------------------------------------------------------------------
 
     def install(self) -> None:
