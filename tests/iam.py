@@ -598,8 +598,15 @@ class Iam:
     STATE_MACHINE_ACCESS_KEY = "ak"  # moto's Step Functions interpreter signs its calls with it
 
     def __init__(
-        self, template_text: str, physical: Physical, *, state_machine: str = "TurnStateMachine"
+        self,
+        template_text: str,
+        physical: Physical,
+        *,
+        state_machine: str = "TurnStateMachine",
+        principals: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
+        """``principals`` adds callers the template does not define (an operator running the CLI):
+        name -> the statements of its policy."""
         self.template = translate(template_text, physical.region)
         self.physical = physical
         self.resolver = Resolver(self.template, physical)
@@ -608,7 +615,8 @@ class Iam:
         self.denied: list[str] = []
         self.checked: dict[str, int] = {}
         self.needs: set[tuple[str, str, str]] = set()
-        self._statements: dict[str, list[dict[str, Any]]] = {}
+        self._statements: dict[str, list[dict[str, Any]]] = dict(principals or {})
+        self._principals = set(principals or {})
         self._local = threading.local()
         self._lock = threading.Lock()
         self._session: Any = None
@@ -659,6 +667,8 @@ class Iam:
         return statements
 
     def _policy(self, component: str) -> tuple[str, list[dict[str, Any]]]:
+        if component in self._principals:
+            return component, self._statements[component]
         if component not in self._statements:
             role = self.role_of(component)
             self._statements[component] = self.statements_of(role)
