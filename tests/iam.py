@@ -334,6 +334,7 @@ _NO_VALUE = object()
 # ----------------------------------------------------------------------------- policy evaluation
 
 
+@functools.lru_cache(maxsize=4096)  # a turn makes thousands of calls against a few dozen patterns
 def _pattern(glob: str, *, ignore_case: bool) -> re.Pattern[str]:
     regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
     return re.compile(f"^{regex}$", re.IGNORECASE | re.DOTALL if ignore_case else re.DOTALL)
