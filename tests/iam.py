@@ -743,7 +743,9 @@ class Iam:
 
     @staticmethod
     def _keep_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-        context["iam_params"] = dict(params)
+        # The very dict, not a copy: copying iterates it, and s3transfer's worker threads may share a
+        # parameter dict that botocore's own handlers are adding keys to (RuntimeError mid-copy).
+        context["iam_params"] = params
 
     def _component_of_call(self, request_signer: Any) -> str | None:
         credentials = getattr(request_signer, "_credentials", None)
