@@ -28,7 +28,9 @@ browser-deps: ## Install Debian's chromium for the browser tests when missing (a
 			chromium fonts-dejavu-core >/dev/null; \
 	fi
 
-test: $(STAMP) browser-deps ## Run the test suite (what CI runs)
+# The tests need the tools virtualenv too: the IAM harness (tests/iam.py) translates template.yaml with
+# samtranslator, which pins a pydantic of its own.
+test: $(STAMP) $(LINT_STAMP) browser-deps ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The lint tools live in their own virtualenv: aws-sam-cli pins boto3 and pydantic versions of its own.
@@ -42,12 +44,24 @@ $(LINT_STAMP): tools-constraints.txt
 	$(LINT_VENV)/bin/python -m pip install -q --disable-pip-version-check -c tools-constraints.txt cfn-lint cfn-lint-serverless aws-sam-cli
 	@touch $@
 
-lint: $(STAMP) $(LINT_STAMP) ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + static ASL checks
+tools: $(LINT_STAMP) ## Create .venv-tools: SAM CLI, samtranslator, cfn-lint (pinned by tools-constraints.txt)
+
+# checkov has a virtualenv of its own too: it pins boto3, pydantic and click versions aws-sam-cli's exclude.
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+
+$(CHECKOV_STAMP): checkov-constraints.txt
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --disable-pip-version-check -c checkov-constraints.txt checkov
+	@touch $@
+
+lint: $(STAMP) $(LINT_STAMP) $(CHECKOV_STAMP) ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + checkov + static ASL checks
 	$(VENV)/bin/ruff check alphaagent coder functions tests bench
 	$(VENV)/bin/ruff format --check alphaagent coder functions tests bench
 	$(VENV)/bin/mypy
 	$(LINT_ENV) $(LINT_VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
 	$(LINT_ENV) $(LINT_VENV)/bin/sam validate --lint --template template.yaml
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f template.yaml
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_static_aws.py
 
 demo: $(STAMP) ## Run the demo analysis on the embedded default (local backend)
@@ -136,13 +150,32 @@ SAVED_OVERRIDES = $(PYTHON) -c 'import sys, tomllib; \
 	p = tomllib.load(open(sys.argv[2], "rb")).get(sys.argv[1], {}).get("deploy", {}).get("parameters", {}); \
 	o = p.get("parameter_overrides", ""); print(o if isinstance(o, str) else " ".join(o))' $(ENV) $(SAMCONFIG)
 
+DEPLOY_ARGS = --config-env $(ENV) --parameter-overrides \
+	"$$($(SAVED_OVERRIDES)) $(EXTRA_OVERRIDES) Architecture=$(ARCHITECTURE) CoderImageUri=$(CODER_IMAGE) \
+	EnvBuiltinImageUri=$(call env_image,builtin)"
+
 deploy: ## make build, then sam deploy --config-env ENV (default: default) with the images of ECR_REGISTRY/IMAGE_TAG
 	@$(NEED_REGISTRY)
 	@$(MAKE) --no-print-directory build
-	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy --config-env $(ENV) --parameter-overrides \
-		"$$($(SAVED_OVERRIDES)) Architecture=$(ARCHITECTURE) CoderImageUri=$(CODER_IMAGE) EnvBuiltinImageUri=$(call env_image,builtin)"
+	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy $(DEPLOY_ARGS)
+
+# The deploy path as far as it goes offline: `make deploy`'s very `sam deploy` (the saved configuration
+# of ENV, the image URIs, placeholders for what `--guided` saves per account) with no credentials at
+# all must get past SAM's own argument checks and stop only for want of credentials.
+NO_CREDENTIALS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
+	AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_EC2_METADATA_DISABLED=true \
+	AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0
+deploy-check: ECR_REGISTRY = 123456789012.dkr.ecr.us-east-1.amazonaws.com
+deploy-check: EXTRA_OVERRIDES = VpcId=vpc-0123456789abcdef0 CoderSubnetIds=subnet-0123456789abcdef0
+deploy-check: $(LINT_STAMP) ## sam deploy with the saved configuration and no credentials: must fail only for want of an account
+	@out=$$($(NO_CREDENTIALS) $(LINT_VENV)/bin/sam deploy $(DEPLOY_ARGS) --template-file template.yaml \
+		--no-execute-changeset 2>&1); rc=$$?; echo "$$out" | tail -n 5; \
+	if [ $$rc -eq 0 ]; then echo "deploy-check: sam deploy succeeded without credentials" >&2; exit 1; fi; \
+	if ! echo "$$out" | grep -q "Unable to locate credentials"; then \
+		echo "deploy-check: sam deploy stopped before asking for credentials (its arguments, above)" >&2; exit 1; fi; \
+	echo "deploy-check: sam deploy passed its own checks and stopped only for want of credentials"
 
 clean: ## Remove the virtualenv and caches (not the data directory)
-	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv browser-deps test lint demo bench lock build images deploy clean
+.PHONY: help venv browser-deps test tools lint demo bench lock build images deploy deploy-check clean

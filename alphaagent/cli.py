@@ -28,11 +28,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
-from alphaagent.errors import AlphaAgentError, InvalidRequestError, InvalidSpecError, NotFoundError
+from alphaagent.errors import (
+    AlphaAgentError,
+    InvalidRequestError,
+    InvalidSpecError,
+    NotFoundError,
+    PathRuleError,
+)
 from alphaagent.models.common import (
     ConversationScope,
     NodeScope,
-    PathRuleError,
     Scope,
     printable_path,
     printable_text,
@@ -315,14 +320,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, timeout_s: float) -> int:
-    from alphaagent.aws.client import (
-        TurnWaitTimeoutError,
-        aws_client,
-        queue_region,
-        submit_spec,
-        wait_for_turn,
-    )
+    from alphaagent.aws.client import aws_client, queue_region, submit_spec, wait_for_turn
     from alphaagent.aws.store import DynamoStore
+    from alphaagent.errors import TurnWaitTimeoutError
 
     region = queue_region(queue_url)
     turn_id = submit_spec(spec, queue_url=queue_url, sqs=aws_client("sqs", region))

@@ -56,6 +56,176 @@ class ForgedRunResponseError(AlphaAgentError):
     dead-letter queue for inspection."""
 
 
+class PathRuleError(InvalidRequestError, ValueError):
+    """A workspace path broke a rule of DESIGN §4.2; the message names the rule.
+
+    Also a ``ValueError`` so that a pydantic validator raising it reports a validation error."""
+
+
+class StoreError(AlphaAgentError):
+    """The record store cannot be used as asked (its file is unusable, it was closed, or it holds
+    what this version cannot read)."""
+
+
+class StoreSchemaError(StoreError):
+    """The database was written by a newer alphaagent (a schema version this code does not know);
+    it is left untouched rather than read or migrated wrongly."""
+
+
+class StoreBusyError(RetryableError):
+    """Other writers kept the database locked for longer than the busy timeout (10 s); retry."""
+
+
+class StoreConflictError(RetryableError):
+    """Concurrent writers kept winning the race for the same items (the next artifact version, or a
+    transaction's items); the request may succeed if retried."""
+
+
+class FileChangedError(RetryableError):
+    """``put_blob``: the file was rewritten between hashing and copying (in a bucket without
+    versioning, where the hashed version cannot be pinned); nothing was stored. Retrying hashes the new
+    content."""
+
+
+class EventPublishError(RetryableError):
+    """EventBridge did not accept the entry (``FailedEntryCount`` > 0); the message names the event and
+    the ``ErrorCode``/``ErrorMessage`` EventBridge gave. Publishing again may succeed (throttling,
+    internal failure)."""
+
+
+class EventTooLargeError(AlphaAgentError):
+    """A detail is over EventBridge's 256 KiB entry limit and the bus has no claim check to carry it."""
+
+
+class MissingSettingError(AlphaAgentError):
+    """A function needs an environment variable that its template entry does not set."""
+
+
+class NoExecutorError(AlphaAgentError):
+    """Code was to be run in a process that has no executor (the turn-step functions)."""
+
+
+class MissingOriginError(AlphaAgentError):
+    """``LambdaExecutor.run`` was called without ``origin``: the env function must know the turn,
+    session, user, scope and environment of the run."""
+
+
+class EnvPayloadTooLargeError(InvalidRequestError):
+    """The invocation payload (mostly the code) would not fit the 256 KiB limit of an asynchronous
+    invocation and its destination record (``MAX_ASYNC_PAYLOAD_BYTES``); nothing was invoked. Write
+    large inputs to files in the scope and read them from shorter code."""
+
+
+class EnvInvokeError(SandboxError):
+    """The Invoke call itself failed (throttled, function missing, access denied): the run never
+    started and nothing recorded it."""
+
+
+class EnvFunctionError(SandboxError):
+    """The env function failed (crashed, timed out, ran out of memory, or a sync failed): the recorder
+    has recorded the run as failed from the OnFailure destination (``RunFailed``)."""
+
+    recorded = True
+
+
+class EnvResultTimeoutError(SandboxError):
+    """Neither a result nor a failure record appeared within the run's timeout plus the start-up
+    margin; the run may still finish later."""
+
+
+class EnvLeaseLostError(SandboxError):
+    """The request's turn does not hold its scope's lease: nothing (more) is run or kept there."""
+
+
+class EnvRequestExpiredError(SandboxError):
+    """The invocation started, or its run ended, after the request's ``not_after``: the caller no
+    longer waits, so nothing is run or kept (the failure destination records the run as failed)."""
+
+
+class EnvDuplicateDeliveryError(SandboxError):
+    """Another delivery of the same request (Lambda delivers an asynchronous event at least once)
+    claimed the run, and its claim check did not appear while this invocation could wait: the code is
+    not run a second time (DESIGN §3 step 6), so this invocation has no result to return. The other
+    delivery may still finish, or it failed and its own failure was recorded."""
+
+
+class TurnWaitTimeoutError(AlphaAgentError):
+    """``wait_for_turn`` saw no result for the turn before its deadline. The turn itself is not
+    affected: it may still be queued or running, and its result can be read later."""
+
+    def __init__(self, turn_id: str, waited_s: float, last_status: str) -> None:
+        self.turn_id = turn_id
+        self.waited_s = waited_s
+        self.last_status = last_status
+        if last_status == "queued":  # alphaagent.aws.client.QUEUED
+            # The same words for "not started yet" and "another user's turn" (DESIGN §4.7).
+            state = "no turn record yet: still queued, or not a turn of this user"
+        else:
+            state = f"last status: {last_status}"
+        super().__init__(f"turn {turn_id}: no result after {round(waited_s, 1):g} s ({state})")
+
+
+class ToolError(InvalidRequestError):
+    """A tool call broke a rule; the message is written for the model and names the argument."""
+
+
+# Why the coder could not finish a turn: the turn driver ends the turn ``failed`` with the class name
+# and the message (the worker's ``SendTaskFailure`` error and the state machine's ``Catch`` match them).
+class CoderError(AlphaAgentError):
+    """The coder stopped without a result: the message says why, in words for the person who asked."""
+
+    def with_note(self, note: str) -> CoderError:
+        """The same error with ``note`` (e.g. the turn's usage line) appended to its message."""
+        return type(self)(f"{self} {note}")
+
+
+class ModelConfigError(CoderError):
+    """The model provider's configuration is incomplete; the message names the variable to set."""
+
+
+class MaxTurnsError(CoderError):
+    """The model used all its turns (``max_turns_for(constraints)``) without finishing."""
+
+
+class ModelApiError(CoderError):
+    """The model API kept failing (HTTP 5xx, 529 overloaded, 429) after the CLI's retries."""
+
+
+class CoderTimeoutError(CoderError):
+    """The turn ran past ``constraints.turn_timeout_s``."""
+
+
+class BudgetExceededError(CoderError):
+    """The turn spent its model budget (``ALPHAAGENT_MAX_BUDGET_USD``)."""
+
+
+class MissingOutputsError(CoderError):
+    """The model finished without registering every output the spec names."""
+
+
+class InvalidMessageError(CoderError):
+    """A CoderQueue message that can never be run: its body or claim check is not a valid spec for
+    the scope and turn it names (never retried)."""
+
+
+def contract_name(error: BaseException, contract: tuple[type[BaseException], ...]) -> str:
+    """The error name a state machine's ``Retry``/``Catch`` sees for ``error``: the first class of
+    ``contract`` it is an instance of, else its own class name.
+
+    Step Functions matches ``ErrorEquals`` against the exact ``errorType`` (a Lambda's concrete class
+    name, a worker's ``SendTaskFailure`` error), never against base classes; so a step names its
+    contract and reports every subclass as the contract class it belongs to.
+
+    Example::
+
+        contract_name(StoreConflictError("..."), (ScopeBusyError, RetryableError))  # "RetryableError"
+    """
+    for kind in contract:
+        if isinstance(error, kind):
+            return kind.__name__
+    return type(error).__name__
+
+
 class EventRejectedError(AlphaAgentError):
     """EventBridge refused an event's entry for a reason another attempt cannot fix (a validation
     error such as ``MalformedDetail`` or ``InvalidArgument``); the message names the event and the code.

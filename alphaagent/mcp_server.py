@@ -40,8 +40,8 @@ from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
 from alphaagent.client import Client, parse_scope
-from alphaagent.errors import AlphaAgentError, InvalidRequestError
-from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError
+from alphaagent.errors import AlphaAgentError, InvalidRequestError, PathRuleError
+from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.records import ArtifactRef, TurnResult
 
 SERVER_NAME = "alphaagent"

@@ -38,7 +38,7 @@ from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKError, Message, Proces
 
 from alphaagent.domain.tools import TurnContext
 from alphaagent.domain.turns import Coder
-from coder.errors import (
+from alphaagent.errors import (
     BudgetExceededError,
     CoderError,
     CoderTimeoutError,

@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from coder.errors import ModelConfigError
+from alphaagent.errors import ModelConfigError
 
 Provider = Literal["anthropic", "bedrock"]
 _TRUE = ("1", "true", "yes", "on")

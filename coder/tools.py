@@ -27,8 +27,8 @@ from claude_agent_sdk.types import McpSdkServerConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alphaagent.domain import tools as domain
-from alphaagent.domain.tools import ToolError, TurnContext, tool_error_text
-from alphaagent.errors import AlphaAgentError
+from alphaagent.domain.tools import TurnContext, tool_error_text
+from alphaagent.errors import AlphaAgentError, ToolError
 from alphaagent.models.common import ArtifactKind
 from alphaagent.models.run import RunResult
 from alphaagent.sandbox.supervisor import iter_result_lines

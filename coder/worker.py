@@ -42,17 +42,31 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from alphaagent.aws.sdk import error_code
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.turns import Coder, abandon_turn, code_prepared_turn, run_turn
-from alphaagent.errors import AlphaAgentError
+from alphaagent.errors import (
+    AlphaAgentError,
+    InvalidMessageError,
+    InvalidSpecError,
+    NotFoundError,
+    contract_name,
+)
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import scope_from_key
 from alphaagent.models.records import PreparedInput, TurnResult
 from alphaagent.models.spec import Spec, parse_spec
-from coder.errors import InvalidMessageError
 
 logger = logging.getLogger(__name__)
 
 MAX_CAUSE_CHARS = 32_768
 """``SendTaskFailure`` accepts a cause of at most 32,768 characters (Step Functions API limit)."""
+
+FAILURE_CONTRACT: tuple[type[AlphaAgentError], ...] = (InvalidMessageError, InvalidSpecError, NotFoundError)
+"""The classes whose names the turn machine's Code state catches (``statemachines/turn.asl.yaml``): a
+failure that is one of them is answered under that class's name, so a subclass still matches
+(Step Functions compares exact names); any other failure under its own class name."""
+WORKER_STOPPING = "WorkerStopping"
+"""The error of a task whose turn did not end before the worker's stop deadline."""
+FAILURE_NAMES = frozenset(kind.__name__ for kind in FAILURE_CONTRACT) | {WORKER_STOPPING}
+"""Every contract name the worker's ``SendTaskFailure`` can carry (``tests/unit/test_error_contract.py``)."""
 
 _GONE_TASK_ERRORS = ("TaskDoesNotExist", "TaskTimedOut", "InvalidToken")
 """Answers meaning nobody waits for this task token any more: stop heartbeating, drop the message."""
@@ -64,8 +78,9 @@ class WorkerSettings(BaseModel):
     - ``coder_queue_url``: the CoderQueue (``CODER_QUEUE_URL``).
     - ``concurrency``: turns run at once, one thread each (``WORKER_CONCURRENCY``, default 1).
     - ``heartbeat_seconds``: interval of ``SendTaskHeartbeat`` while a turn runs
-      (``HEARTBEAT_SECONDS``, default and maximum 40: the machine's ``HeartbeatSeconds`` is ~120, so
-      two heartbeats may be lost before the task times out).
+      (``HEARTBEAT_SECONDS``, default and maximum 40: a turn's heartbeat must reach the machine,
+      whose ``HeartbeatSeconds`` also covers the wait on the queue, and the message's visibility is
+      renewed with it, so at least four renewals fall within ``visibility_timeout_seconds``).
     - ``stop_timeout_seconds``: after SIGTERM, how long in-flight turns may still run before they
       are failed with ``WorkerStopping`` (``STOP_TIMEOUT_SECONDS``, default 100: below ECS's
       maximum ``stopTimeout`` of 120 s, which ends in SIGKILL).
@@ -203,10 +218,11 @@ class CoderWorker:
     (never at import). ``coder`` is ``None`` when no model is configured: specs with pinned steps
     still run, specs without steps fail with ``InvalidSpecError``.
 
-    ``SendTaskFailure`` errors (the contract with the state machine's ``Retry``/``Catch``): the class
-    name of what ``run_turn`` raised (``InvalidSpecError``, ``NotFoundError``, ``ScopeBusyError``, or
-    a defect's class such as ``RuntimeError``); ``WorkerStopping`` when a stop's deadline passed
-    before the turn ended; ``InvalidMessageError`` for a body with a task token but no valid spec.
+    ``SendTaskFailure`` errors (the contract with the state machine's ``Retry``/``Catch``): what
+    ``run_turn`` raised, named by ``FAILURE_CONTRACT`` (``InvalidSpecError``, ``NotFoundError``, or
+    the class's own name: ``ScopeBusyError``, a defect's ``RuntimeError``); ``WorkerStopping`` when
+    a stop's deadline passed before the turn ended; ``InvalidMessageError`` for a body with a task
+    token but no valid spec.
     A turn that ends ``failed`` is a result, answered with ``SendTaskSuccess`` (``status: failed``):
     the turn driver has already recorded it and published ``TurnFailed``.
     """
@@ -287,7 +303,7 @@ class CoderWorker:
                 # Nobody to answer: the message is delivered again until the queue's DLQ keeps it.
                 logger.error("%s (and it carries no task token)", detail)
                 return
-            self._answer_failure(_Task(receipt, token), "InvalidMessageError", detail)
+            self._answer_failure(_Task(receipt, token), InvalidMessageError.__name__, detail)
             return
         task = _Task(receipt, body.task_token)
         turn = threading.Thread(target=self._run_turn, args=(task, body), name="coder-turn", daemon=True)
@@ -340,7 +356,7 @@ class CoderWorker:
                         abandon_turn(self.backend, task.spec.user_id, task.spec.turn_id, reason)
                 self._answer_failure(
                     task,
-                    "WorkerStopping",
+                    WORKER_STOPPING,
                     f"the worker was stopped and the turn did not finish within"
                     f" {self.settings.stop_timeout_seconds:g} s",
                 )
@@ -354,7 +370,10 @@ class CoderWorker:
             self._answer_success(task, outcome)
         else:
             assert outcome is not None
-            self._answer_failure(task, type(outcome).__name__, str(outcome) or type(outcome).__name__)
+            name, cause = contract_name(outcome, FAILURE_CONTRACT), str(outcome) or type(outcome).__name__
+            if name != type(outcome).__name__:
+                cause = f"{type(outcome).__name__}: {cause}"  # the concrete class, kept for the reader
+            self._answer_failure(task, name, cause)
 
     # ------------------------------------------------------------------ AWS calls
 

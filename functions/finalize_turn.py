@@ -10,6 +10,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
+from alphaagent.aws.step_errors import state_machine_errors
 from alphaagent.domain.turn_steps import finalize_turn
 from alphaagent.models.aws import FinalizeInput, FinalizeOutput
 
@@ -17,6 +18,7 @@ logger = Logger(service="alphaagent-turn")
 tracer = Tracer(service="alphaagent-turn")
 
 
+@state_machine_errors()
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

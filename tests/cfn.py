@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 
-class _CfnLoader(yaml.SafeLoader):
+class CfnLoader(yaml.SafeLoader):
     """A YAML loader that reads CloudFormation's short tags (``!Ref X`` -> ``{"Ref": "X"}``,
     ``!Sub s`` -> ``{"Fn::Sub": s}``, ``!GetAtt A.B`` -> ``{"Fn::GetAtt": ["A", "B"]}``)."""
 
@@ -27,10 +27,10 @@ def _construct_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dic
     return {f"Fn::{suffix}": value}
 
 
-_CfnLoader.add_multi_constructor("!", _construct_tag)
+CfnLoader.add_multi_constructor("!", _construct_tag)
 
 
 def load_template(path: Path) -> dict[str, Any]:
     """The template at ``path`` as data (a SafeLoader subclass: no arbitrary objects)."""
-    document: dict[str, Any] = yaml.load(path.read_text(), Loader=_CfnLoader)
+    document: dict[str, Any] = yaml.load(path.read_text(), Loader=CfnLoader)
     return document

@@ -24,16 +24,12 @@ from alphaagent.aws.workspace import S3Workspace
 from alphaagent.domain.audit import emf_audit
 from alphaagent.domain.backend import Backend, TurnSettings
 from alphaagent.domain.recorder import Recorder, history_view
-from alphaagent.errors import AlphaAgentError, ForgedRunResponseError, InvalidSpecError
+from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, NoExecutorError
 from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, TurnInput, run_result_key
 from alphaagent.models.events import Event, RunCompleted, RunFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.models.spec import TURN_ID_REUSED
 from alphaagent.ports import OutputSink
-
-
-class NoExecutorError(AlphaAgentError):
-    """Code was to be run in a process that has no executor (the turn-step functions)."""
 
 
 class NoExecutor:

@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING, Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.aws import sdk
-from alphaagent.errors import AlphaAgentError, EventRejectedError, RetryableError
+from alphaagent.errors import (
+    EventPublishError,
+    EventRejectedError,
+    EventTooLargeError,
+)
 from alphaagent.models.common import Scope, check_workspace_path
 from alphaagent.models.events import EVENT_MODELS, Event
 
@@ -79,16 +83,6 @@ RESOURCE_PREFIX: Final = "alphaagent:event:"
 
 ClaimCheck = Callable[[Scope, str, bytes], None]
 """Stores ``data`` at a workspace ``path`` of a scope: ``S3Workspace.write_bytes`` fits."""
-
-
-class EventPublishError(RetryableError):
-    """EventBridge did not accept the entry (``FailedEntryCount`` > 0); the message names the event and
-    the ``ErrorCode``/``ErrorMessage`` EventBridge gave. Publishing again may succeed (throttling,
-    internal failure)."""
-
-
-class EventTooLargeError(AlphaAgentError):
-    """A detail is over EventBridge's 256 KiB entry limit and the bus has no claim check to carry it."""
 
 
 _RETRYABLE_CODES: Final = frozenset(

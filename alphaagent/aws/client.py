@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.aws import sdk
-from alphaagent.errors import AlphaAgentError, InvalidSpecError
+from alphaagent.errors import InvalidSpecError, TurnWaitTimeoutError
 from alphaagent.ids import new_ulid
 from alphaagent.models.records import TurnResult
 from alphaagent.models.spec import MAX_SPEC_BYTES, TURN_ID_REUSED, Spec
@@ -43,22 +43,6 @@ QUEUED = "queued"
 """The status ``wait_for_turn`` reports while no turn record is visible to the caller."""
 
 _QUEUE_URL_REGION = re.compile(r"^https://(?:sqs\.)?([a-z]{2}(?:-[a-z]+)+-\d+)\.")
-
-
-class TurnWaitTimeoutError(AlphaAgentError):
-    """``wait_for_turn`` saw no result for the turn before its deadline. The turn itself is not
-    affected: it may still be queued or running, and its result can be read later."""
-
-    def __init__(self, turn_id: str, waited_s: float, last_status: str) -> None:
-        self.turn_id = turn_id
-        self.waited_s = waited_s
-        self.last_status = last_status
-        if last_status == QUEUED:
-            # The same words for "not started yet" and "another user's turn" (DESIGN §4.7).
-            state = "no turn record yet: still queued, or not a turn of this user"
-        else:
-            state = f"last status: {last_status}"
-        super().__init__(f"turn {turn_id}: no result after {round(waited_s, 1):g} s ({state})")
 
 
 class ClientSettings(BaseModel):

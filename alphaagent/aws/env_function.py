@@ -65,9 +65,15 @@ from alphaagent.aws.workspace import (
     SyncReport,
 )
 from alphaagent.domain.names import path_rule_broken, settle_run_names
-from alphaagent.errors import InvalidRequestError, SandboxError
+from alphaagent.errors import (
+    EnvDuplicateDeliveryError,
+    EnvLeaseLostError,
+    EnvRequestExpiredError,
+    InvalidRequestError,
+    PathRuleError,
+)
 from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
-from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
+from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
 from alphaagent.models.run import LandlockState, RunLimits, RunResult, SkippedPath
 from alphaagent.ports import Store
 from alphaagent.sandbox.config import SandboxConfig
@@ -84,22 +90,6 @@ sleep: Callable[[float], None] = time.sleep
 
 LEASE_CHECK_INTERVAL_S: Final = 1.0
 """Seconds between two reads of the scope's lease while a run's files are synced up."""
-
-
-class EnvLeaseLostError(SandboxError):
-    """The request's turn does not hold its scope's lease: nothing (more) is run or kept there."""
-
-
-class EnvRequestExpiredError(SandboxError):
-    """The invocation started, or its run ended, after the request's ``not_after``: the caller no
-    longer waits, so nothing is run or kept (the failure destination records the run as failed)."""
-
-
-class EnvDuplicateDeliveryError(SandboxError):
-    """Another delivery of the same request (Lambda delivers an asynchronous event at least once)
-    claimed the run, and its claim check did not appear while this invocation could wait: the code is
-    not run a second time (DESIGN §3 step 6), so this invocation has no result to return. The other
-    delivery may still finish, or it failed and its own failure was recorded."""
 
 
 DEFAULT_SYNC_MAX_BYTES: Final = 2 * GiB

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from alphaagent.aws import sdk
-from alphaagent.errors import AlphaAgentError, EnvThrottledError, InvalidRequestError, SandboxError
+from alphaagent.errors import (
+    EnvFunctionError,
+    EnvInvokeError,
+    EnvPayloadTooLargeError,
+    EnvResultTimeoutError,
+    EnvThrottledError,
+    MissingOriginError,
+)
 from alphaagent.models.aws import EnvRequest, run_result_key
 from alphaagent.models.records import RunRecord
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
@@ -69,34 +76,6 @@ THROTTLE_MAX_S: Final = 8.0
 
 _THROTTLE_CODES: Final = frozenset({"TooManyRequestsException", "ThrottlingException"})
 """Error codes of a throttled Invoke (HTTP 429): concurrency or request-rate limits."""
-
-
-class MissingOriginError(AlphaAgentError):
-    """``LambdaExecutor.run`` was called without ``origin``: the env function must know the turn,
-    session, user, scope and environment of the run."""
-
-
-class EnvPayloadTooLargeError(InvalidRequestError):
-    """The invocation payload (mostly the code) would not fit the 256 KiB limit of an asynchronous
-    invocation and its destination record (``MAX_ASYNC_PAYLOAD_BYTES``); nothing was invoked. Write
-    large inputs to files in the scope and read them from shorter code."""
-
-
-class EnvInvokeError(SandboxError):
-    """The Invoke call itself failed (throttled, function missing, access denied): the run never
-    started and nothing recorded it."""
-
-
-class EnvFunctionError(SandboxError):
-    """The env function failed (crashed, timed out, ran out of memory, or a sync failed): the recorder
-    has recorded the run as failed from the OnFailure destination (``RunFailed``)."""
-
-    recorded = True
-
-
-class EnvResultTimeoutError(SandboxError):
-    """Neither a result nor a failure record appeared within the run's timeout plus the start-up
-    margin; the run may still finish later."""
 
 
 @functools.cache
@@ -270,7 +249,7 @@ def _throttled(error: BaseException) -> bool:
 
 def _another_delivery(record: RunRecord) -> bool:
     """A failure recorded by a duplicate delivery of the invocation that gave up waiting for the
-    first one (``env_function.EnvDuplicateDeliveryError``): it says nothing of the run itself, whose
+    first one (``alphaagent.errors.EnvDuplicateDeliveryError``): it says nothing of the run itself, whose
     result may still come."""
     return record.error is not None and record.error.name == "EnvDuplicateDeliveryError"
 

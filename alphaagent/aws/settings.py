@@ -19,16 +19,12 @@ from typing import Final
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from alphaagent.domain.backend import ConnectorSettings
-from alphaagent.errors import AlphaAgentError
+from alphaagent.errors import MissingSettingError
 
 DEFAULT_LOCK_LEASE_S = 2 * 60 * 60
 """The scope lease of a turn on AWS, in seconds (2 hours). The state machine does not renew it, so it
 must outlast a turn; a failed or aborted execution's lease is released by the orphan rule, and a
 crashed one expires after this long at the latest."""
-
-
-class MissingSettingError(AlphaAgentError):
-    """A function needs an environment variable that its template entry does not set."""
 
 
 _LABEL: Final = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"

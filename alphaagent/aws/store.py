@@ -104,9 +104,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from alphaagent.aws import sdk
-from alphaagent.errors import RetryableError
+from alphaagent.errors import StoreConflictError, StoreError
 from alphaagent.models.encoding import (
-    StoreError,
     as_utc,
     event_document,
     event_from_json,
@@ -151,11 +150,6 @@ TABLE_KEY_SCHEMA: Final[dict[str, Any]] = {
 
 TTL_ATTRIBUTE: Final = "expires_at_epoch"
 """The table's TTL attribute (Unix seconds): sessions and locks carry it."""
-
-
-class StoreConflictError(RetryableError):
-    """Concurrent writers kept winning the race for the same items (the next artifact version, or a
-    transaction's items); the request may succeed if retried."""
 
 
 def create_table(client: Any, name: str) -> None:

@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from alphaagent.aws import sdk
 from alphaagent.domain.names import unaddressable_reason
-from alphaagent.errors import RetryableError
+from alphaagent.errors import FileChangedError, PathRuleError
 from alphaagent.local import safefs
-from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
+from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
 from alphaagent.ports import FileInfo
 
 MiB: Final = 2**20
@@ -111,12 +111,6 @@ class SyncReport:
     transferred: list[str] = field(default_factory=list)
     bytes_transferred: int = 0
     skipped: list[SkippedFile] = field(default_factory=list)
-
-
-class FileChangedError(RetryableError):
-    """``put_blob``: the file was rewritten between hashing and copying (in a bucket without
-    versioning, where the hashed version cannot be pinned); nothing was stored. Retrying hashes the new
-    content."""
 
 
 class S3Workspace:

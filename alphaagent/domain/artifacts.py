@@ -11,13 +11,12 @@ from pathlib import PurePosixPath
 from typing import Any, Final
 from urllib.parse import unquote
 
-from alphaagent.errors import ArtifactError
+from alphaagent.errors import ArtifactError, PathRuleError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ARTIFACT_FOLDERS as ARTIFACT_FOLDERS  # re-exported, as before
 from alphaagent.models.common import KIND_SUFFIXES as KIND_SUFFIXES  # re-exported, as before
 from alphaagent.models.common import (
     ArtifactKind,
-    PathRuleError,
     Scope,
     check_workspace_path,
     utcnow,

@@ -28,7 +28,8 @@ import os
 from pathlib import Path
 from typing import Final
 
-from alphaagent.models.common import PathRuleError, check_workspace_path
+from alphaagent.errors import PathRuleError
+from alphaagent.models.common import check_workspace_path
 from alphaagent.models.run import FileChangeReport, RunResult, SkippedPath
 
 NOT_STORED: Final = "not stored: "

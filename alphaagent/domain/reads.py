@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from alphaagent.domain.audit import ForeignKind, ProbeAudit, audit_foreign, audit_scope, discard_audit
 from alphaagent.domain.turns import scope_label
-from alphaagent.errors import InvalidRequestError, NotFoundError
-from alphaagent.models.common import PathRuleError, Scope, check_workspace_path
+from alphaagent.errors import InvalidRequestError, NotFoundError, PathRuleError
+from alphaagent.models.common import Scope, check_workspace_path
 from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Session, Turn
 from alphaagent.ports import FileInfo, Store, Workspace
 

@@ -118,7 +118,7 @@ def history_view(result: RunResult) -> RunResult:
 
 DUPLICATE_DELIVERY_ERROR = "EnvDuplicateDeliveryError"
 """The error of a duplicate delivery of an env invocation that gave up waiting for the first one
-(``alphaagent.aws.env_function.EnvDuplicateDeliveryError``)."""
+(``alphaagent.errors.EnvDuplicateDeliveryError``)."""
 
 
 class Recorder:

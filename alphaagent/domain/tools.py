@@ -24,9 +24,15 @@ from pydantic import BaseModel
 from alphaagent.domain.artifacts import register_artifact as register_artifact_version
 from alphaagent.domain.backend import Backend, ConnectorSettings
 from alphaagent.domain.recorder import history_view
-from alphaagent.errors import AlphaAgentError, InvalidRequestError, SandboxError, ScopeBusyError
+from alphaagent.errors import (
+    AlphaAgentError,
+    PathRuleError,
+    SandboxError,
+    ScopeBusyError,
+    ToolError,
+)
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ArtifactKind, PathRuleError, Scope, check_workspace_path, utcnow
+from alphaagent.models.common import ArtifactKind, Scope, check_workspace_path, utcnow
 from alphaagent.models.events import ArtifactRegistered, CitationEmitted, Event, RunCompleted, RunFailed
 from alphaagent.models.records import ArtifactRef, ArtifactVersion, CitationRef, PreparedInput, Session
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
@@ -56,10 +62,6 @@ MAX_PDF_PAGES = 500
 MAX_CITATIONS_PER_TURN = 200
 MAX_REGISTRATIONS_PER_TURN = 100
 MAX_CITATION_FIELD_CHARS = 2000
-
-
-class ToolError(InvalidRequestError):
-    """A tool call broke a rule; the message is written for the model and names the argument."""
 
 
 @dataclass

@@ -54,10 +54,17 @@ MAX_TURN_TIMEOUT_S = 11 * 60 * 60
 must stay invisible on the CoderQueue while the turn runs, and SQS keeps a received message invisible
 for at most 12 hours in all; past that another worker would get the same turn."""
 
-CODE_STATE_MARGIN_S = 300
-"""Seconds the machine's Code state waits beyond the spec's ``turn_timeout_s``: the coder enforces the
-turn timeout itself and then still records its transcript, writes the result and answers; the state's
-own timeout is the backstop for a coder that never answers (heartbeats catch a dead one sooner)."""
+CODER_QUEUE_WAIT_S = 900
+"""The longest a turn's message may wait on the CoderQueue before a worker takes it (a scale-out
+from ``CoderMinTasks``): the Code state's ``HeartbeatSeconds``, whose clock, like its timeout's,
+starts when the message is sent (``tests/unit/test_static_timing.py`` keeps the two equal)."""
+
+CODE_STATE_MARGIN_S = CODER_QUEUE_WAIT_S + 300
+"""Seconds the machine's Code state waits beyond the spec's ``turn_timeout_s``: the wait for a worker
+(the coder's own turn clock starts only when a worker takes the turn), then 300 s in which the coder,
+having enforced the turn timeout itself, records its transcript, writes the result and answers. The
+state's own timeout is the backstop for a coder that never answers (heartbeats catch a dead one
+sooner)."""
 
 
 def _remote_coder(_ctx: object) -> str:

@@ -21,16 +21,22 @@ from alphaagent.domain.backend import Backend
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
     CONNECTORS,
-    ToolError,
     TurnContext,
     emit_citation,
     fetch,
     register_artifact,
     run_in_env,
 )
-from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError, ScopeBusyError
+from alphaagent.errors import (
+    AlphaAgentError,
+    InvalidSpecError,
+    NotFoundError,
+    PathRuleError,
+    ScopeBusyError,
+    ToolError,
+)
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError, Scope, utcnow
+from alphaagent.models.common import ConversationScope, NodeScope, Scope, utcnow
 from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
 from alphaagent.models.records import ArtifactVersion, PreparedInput, Session, Turn, TurnResult
 from alphaagent.models.run import RunError

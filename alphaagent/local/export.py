@@ -45,7 +45,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Final, NamedTuple
 
-from alphaagent.models.common import PathRuleError, Scope, printable_path, utcnow
+from alphaagent.errors import PathRuleError
+from alphaagent.models.common import Scope, printable_path, utcnow
 from alphaagent.ports import FileInfo, Workspace
 
 MiB: Final = 2**20

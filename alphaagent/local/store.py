@@ -45,9 +45,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from alphaagent.errors import RetryableError
+from alphaagent.errors import StoreBusyError, StoreError, StoreSchemaError
 from alphaagent.models.encoding import (
-    StoreError,
     as_utc,
     event_document,
     event_from_json,
@@ -160,15 +159,6 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
 
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 """The schema version this code writes (``PRAGMA user_version`` of an up-to-date database)."""
-
-
-class StoreSchemaError(StoreError):
-    """The database was written by a newer alphaagent (a schema version this code does not know);
-    it is left untouched rather than read or migrated wrongly."""
-
-
-class StoreBusyError(RetryableError):
-    """Other writers kept the database locked for longer than the busy timeout (10 s); retry."""
 
 
 class _Connection:

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import BinaryIO, Final
 
 from alphaagent.domain.names import unaddressable_reason
+from alphaagent.errors import PathRuleError
 from alphaagent.local import safefs
-from alphaagent.models.common import SCOPE_FOLDERS, PathRuleError, Scope, check_workspace_path
+from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
 from alphaagent.ports import FileInfo
 
 BLOBS_DIR: Final = "blobs"

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
+from alphaagent.errors import PathRuleError
+
 UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._@:-]{1,128}$")]
 """Opaque user id: 1–128 chars of ``[A-Za-z0-9._@:-]`` (DESIGN §4.1)."""
 
@@ -32,10 +34,6 @@ MAX_KEY_BYTES = 1024
 
 SCOPE_FOLDERS = ("spec", "docs", "datasets", "charts", "reports", "work")
 """The six folders of every scope (DESIGN §4.2)."""
-
-
-class PathRuleError(ValueError):
-    """A workspace path broke a rule of DESIGN §4.2; the message names the rule."""
 
 
 _BIDI_CONTROLS = frozenset(

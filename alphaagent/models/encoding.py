@@ -11,14 +11,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from alphaagent.errors import AlphaAgentError
+from alphaagent.errors import StoreError
 from alphaagent.models.common import scope_from_key
 from alphaagent.models.events import EVENT_MODELS, Event
-
-
-class StoreError(AlphaAgentError):
-    """The record store cannot be used as asked (its file is unusable, it was closed, or it holds
-    what this version cannot read)."""
 
 
 def as_utc(moment: datetime) -> datetime:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import BinaryIO
 
-from alphaagent.errors import NotFoundError
-from alphaagent.models.common import PathRuleError, Scope, check_workspace_path, scope_from_key
+from alphaagent.errors import NotFoundError, PathRuleError
+from alphaagent.models.common import Scope, check_workspace_path, scope_from_key
 from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Turn
 from alphaagent.ports import FileInfo, Store, Workspace
 

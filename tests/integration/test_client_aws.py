@@ -28,6 +28,7 @@ from integration.test_turn_machine import (  # the fixture is used by name below
     Stack,
     analysis_spec,
     conversation,
+    iam_template,  # noqa: F401 - the stack fixture requests it
     stack,
     upload_measurements,
 )

@@ -21,8 +21,9 @@ import pytest
 from moto import mock_aws
 
 from alphaagent.aws.store import RECORD_BUDGET_BYTES, TTL_ATTRIBUTE, DynamoStore, create_table
+from alphaagent.errors import StoreError
 from alphaagent.ids import new_ulid
-from alphaagent.local.store import SqliteStore, StoreError
+from alphaagent.local.store import SqliteStore
 from alphaagent.models.common import ConversationScope
 from alphaagent.models.events import Event, RunCompleted, TurnStarted
 from alphaagent.models.records import ArtifactVersion, Citation, RunRecord, Session, Turn, TurnResult

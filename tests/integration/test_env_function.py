@@ -19,6 +19,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from iam import Iam, Physical
 from moto import mock_aws
 
 from alphaagent.aws import env_function
@@ -27,16 +28,24 @@ from alphaagent.aws.executor import (
     MAX_ASYNC_PAYLOAD_BYTES,
     THROTTLE_ATTEMPTS,
     THROTTLE_BASE_S,
-    EnvFunctionError,
-    EnvInvokeError,
-    EnvPayloadTooLargeError,
-    EnvResultTimeoutError,
     LambdaExecutor,
-    MissingOriginError,
 )
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.aws.workspace import S3Workspace
-from alphaagent.errors import EnvThrottledError, InvalidRequestError, RetryableError, SandboxError
+from alphaagent.errors import (
+    EnvDuplicateDeliveryError,
+    EnvFunctionError,
+    EnvInvokeError,
+    EnvLeaseLostError,
+    EnvPayloadTooLargeError,
+    EnvRequestExpiredError,
+    EnvResultTimeoutError,
+    EnvThrottledError,
+    InvalidRequestError,
+    MissingOriginError,
+    RetryableError,
+    SandboxError,
+)
 from alphaagent.models.aws import EnvPointer, EnvRequest
 from alphaagent.models.common import ConversationScope
 from alphaagent.models.records import RunRecord
@@ -48,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REGION = "eu-west-1"
 BUCKET = "alphaagent-workspaces-123456789012-eu-west-1"
 TABLE = "alphaagent-state-test"
+ACCOUNT = "123456789012"
 SECRET = "the-supervisors-own-secret-0123456789"
 EVENT: dict[str, Any] = json.loads((ROOT / "events" / "env_invocation.json").read_text())
 SCOPE = ConversationScope.model_validate(EVENT["scope"])
@@ -96,15 +106,28 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    # invoke() runs the handler with the env function's role from template.yaml (tests/iam.py).
+    iam = Iam((ROOT / "template.yaml").read_text(), Physical(REGION, ACCOUNT, names={"StateTable": TABLE}))
     with mock_aws():
-        s3 = boto3.client("s3", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
-        # The sample request's turn holds its scope's lease, as its execution does while it runs.
-        DynamoStore(TABLE).acquire_lock(SCOPE.key, TURN, datetime.now(UTC), 3600)
-        yield s3
+        iam.install()
+        _IAM[:] = [iam]
+        try:
+            s3 = boto3.client("s3", region_name=REGION)
+            s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+            create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+            # The sample request's turn holds its scope's lease, as its execution does while it runs.
+            DynamoStore(TABLE).acquire_lock(SCOPE.key, TURN, datetime.now(UTC), 3600)
+            yield s3
+        finally:
+            iam.uninstall()
+            _IAM.clear()
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    assert not iam.denied, iam.report()
+
+
+_IAM: list[Iam] = []
+"""The running test's IAM harness (``invoke`` is a plain function, not a fixture)."""
 
 
 @pytest.fixture
@@ -121,7 +144,8 @@ def workspace(aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.Mo
 def invoke(code: str, context: Context | None = None, **fields: Any) -> dict[str, Any]:
     """The handler on the sample event with ``code`` (and any other field replaced)."""
     event = {**EVENT, "code": code, **fields}
-    answer: dict[str, Any] = env_function.lambda_handler(event, context or Context())
+    with _IAM[0].acting_as("EnvBuiltinFunction"):
+        answer: dict[str, Any] = env_function.lambda_handler(event, context or Context())
     return answer
 
 
@@ -587,7 +611,7 @@ def test_an_invocation_that_starts_after_its_caller_gave_up_runs_nothing(
     # Given a request whose caller stopped waiting a minute ago (a delayed asynchronous event)
     # When the env function receives it
     # Then it refuses to run it: nothing is written, no claim check (the failure destination says so)
-    with pytest.raises(env_function.EnvRequestExpiredError, match="not run"):
+    with pytest.raises(EnvRequestExpiredError, match="not run"):
         invoke("open('reports/late.md', 'w').write('late')", not_after=time.time() - 60)
     assert "reports/late.md" not in scope_objects(aws)
     assert RESULT_KEY not in scope_objects(aws)
@@ -612,9 +636,7 @@ def test_a_run_that_ends_after_its_caller_gave_up_changes_nothing_in_the_scope(
     monkeypatch.setattr(env_function, "now", lambda: next(readings, start + 3600))
 
     # When the env function runs it
-    with pytest.raises(
-        env_function.EnvRequestExpiredError, match="the caller stopped waiting before the run was synced"
-    ):
+    with pytest.raises(EnvRequestExpiredError, match="the caller stopped waiting before the run was synced"):
         invoke("open('reports/zombie.md', 'w').write('zombie')", not_after=start + 600)
 
     # Then neither the run's files nor a claim check reached the scope, and the working copy is gone
@@ -838,7 +860,7 @@ def test_the_sync_stops_once_the_caller_gave_up_and_writes_no_result(
     code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
 
     # When the env function runs it
-    with pytest.raises(env_function.EnvRequestExpiredError, match="before the run was synced"):
+    with pytest.raises(EnvRequestExpiredError, match="before the run was synced"):
         invoke(code, not_after=start + 600)
 
     # Then no upload happened after not_after, and there is no claim check (the run has no result)
@@ -853,7 +875,7 @@ def test_a_turn_that_no_longer_holds_its_scope_runs_nothing_there(aws: Any, work
     store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
 
     # When a late invocation of the old turn arrives; Then it runs nothing and keeps nothing
-    with pytest.raises(env_function.EnvLeaseLostError, match="no longer holds"):
+    with pytest.raises(EnvLeaseLostError, match="no longer holds"):
         invoke("open('reports/late.md', 'w').write('late')")
     assert "reports/late.md" not in scope_objects(aws) and RESULT_KEY not in scope_objects(aws)
 
@@ -871,14 +893,15 @@ def test_a_run_whose_turn_loses_the_scope_stops_syncing(
         uploads.append(key)
         real_upload(reader, bucket, key, **kwargs)
         if len(uploads) == 3:
-            store.release_lock(SCOPE.key, TURN)
-            store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
+            with _IAM[0].acting_as(None):  # the next turn's steps, not the env function
+                store.release_lock(SCOPE.key, TURN)
+                store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
 
     monkeypatch.setattr(workspace.client, "upload_fileobj", upload_fileobj)
     code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
 
     # When the env function runs it
-    with pytest.raises(env_function.EnvLeaseLostError):
+    with pytest.raises(EnvLeaseLostError):
         invoke(code)
 
     # Then nothing was uploaded once the lease was gone, and there is no claim check
@@ -1003,7 +1026,7 @@ def test_a_delivery_whose_other_delivery_never_finishes_gives_up_within_the_invo
 
     # When the same request is delivered
     started = time.monotonic()
-    with pytest.raises(env_function.EnvDuplicateDeliveryError, match="not run a second time"):
+    with pytest.raises(EnvDuplicateDeliveryError, match="not run a second time"):
         invoke(RAN_ONCE_CODE, context)
 
     # Then it gave up after its bounded wait, having run nothing and written no result
@@ -1019,7 +1042,7 @@ def test_a_delivery_waits_for_the_result_no_longer_than_its_caller(aws: Any, wor
 
     # When the same request is delivered
     started = time.monotonic()
-    with pytest.raises(env_function.EnvDuplicateDeliveryError, match=RUN_ID):
+    with pytest.raises(EnvDuplicateDeliveryError, match=RUN_ID):
         invoke(RAN_ONCE_CODE, not_after=time.time() + 0.4)
 
     # Then it gives up when the caller stops waiting, having run nothing
@@ -1034,12 +1057,12 @@ def test_a_failed_run_keeps_its_claim_so_a_later_delivery_does_not_run_it_again(
     start = time.time()
     readings = iter([start, start])
     monkeypatch.setattr(env_function, "now", lambda: next(readings, start + 3600))
-    with pytest.raises(env_function.EnvRequestExpiredError):
+    with pytest.raises(EnvRequestExpiredError):
         invoke(RAN_ONCE_CODE.replace("0.5", "0"), not_after=start + 600)
     monkeypatch.setattr(env_function, "now", time.time)
 
     # When the same request is delivered again, with time to spare but no result ever coming
-    with pytest.raises(env_function.EnvDuplicateDeliveryError):
+    with pytest.raises(EnvDuplicateDeliveryError):
         invoke(RAN_ONCE_CODE, Context(remaining_ms=30_200))
 
     # Then the code was not run a second time: its marker stays and nothing reached the scope
@@ -1070,7 +1093,7 @@ def test_create_exclusive_creates_once_and_keeps_the_first_content(workspace: S3
     assert (first, second) == (True, False)
     assert workspace.read_bytes(SCOPE, "work/runs/R1/claim.json") == b"first"
     # And a path that breaks a rule is refused before any request
-    from alphaagent.models.common import PathRuleError
+    from alphaagent.errors import PathRuleError
 
     with pytest.raises(PathRuleError):
         workspace.create_exclusive(SCOPE, "work/../escape.json", b"x")

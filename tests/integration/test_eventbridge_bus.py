@@ -20,12 +20,10 @@ from alphaagent.aws.bus import (
     MAX_ENTRY_BYTES,
     BusLimits,
     EventBridgeBus,
-    EventPublishError,
-    EventTooLargeError,
     event_from_eventbridge,
 )
 from alphaagent.aws.workspace import S3Workspace, workspaces_bucket_name
-from alphaagent.errors import EventRejectedError, RetryableError
+from alphaagent.errors import EventPublishError, EventRejectedError, EventTooLargeError, RetryableError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.events import (

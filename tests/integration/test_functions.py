@@ -17,14 +17,15 @@ from typing import Any
 import boto3
 import pytest
 from aws_lambda_powertools.utilities.parser.models import SqsModel
+from iam import Iam, Physical
 from moto import mock_aws
 from pydantic import BaseModel
 
 from alphaagent.aws.backend import get_backend, get_event_bus, get_stepfunctions_client
-from alphaagent.aws.settings import MissingSettingError, get_lambda_settings
+from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
-from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, NotFoundError
+from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, MissingSettingError, NotFoundError
 from alphaagent.models.aws import (
     AcquireLockInput,
     DestinationEvent,
@@ -130,7 +131,19 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    # Every handler runs with its function's role from template.yaml (tests/iam.py).
+    names = {
+        "StateTable": TABLE,
+        "EventBus": BUS,
+        "TurnStateMachine": "alphaagent-turn",
+        "CoderQueue": "coder",
+    }
+    iam = Iam((ROOT / "template.yaml").read_text(), Physical(REGION, "123456789012", names=names))
+    for module, logical in iam.handlers().items():
+        handler = sys.modules[module].lambda_handler
+        monkeypatch.setattr(sys.modules[module], "lambda_handler", iam.as_component(logical, handler))
     with mock_aws():
+        iam.install()
         create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
@@ -153,9 +166,13 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         monkeypatch.setenv("CODER_QUEUE_URL", coder_queue)
         for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
             getter.cache_clear()
-        yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
+        try:
+            yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
+        finally:
+            iam.uninstall()
         for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
             getter.cache_clear()
+    assert not iam.denied, iam.report()
 
 
 def published(aws: dict[str, Any]) -> list[str]:

@@ -23,14 +23,13 @@ from alphaagent.aws.workspace import (
     SKIP_NOT_REGULAR,
     SKIP_OVER_BUDGET,
     SKIP_PATH_RULE,
-    FileChangedError,
     S3Workspace,
     SkippedFile,
     workspaces_bucket_name,
 )
-from alphaagent.errors import RetryableError
+from alphaagent.errors import FileChangedError, PathRuleError, RetryableError
 from alphaagent.local import safefs
-from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError
+from alphaagent.models.common import ConversationScope, NodeScope
 
 MiB = 2**20
 BUCKET = workspaces_bucket_name("123456789012", "us-east-1")

@@ -16,23 +16,20 @@ from typing import Any
 
 import boto3
 import pytest
+from iam import Iam, Physical
 from moto import mock_aws
 
-from alphaagent.aws.client import (
-    TurnWaitTimeoutError,
-    client_settings,
-    queue_region,
-    submit_spec,
-    wait_for_turn,
-)
+from alphaagent.aws.client import client_settings, queue_region, submit_spec, wait_for_turn
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.cli import main
-from alphaagent.errors import InvalidSpecError
+from alphaagent.cli import main as cli_main
+from alphaagent.errors import InvalidSpecError, TurnWaitTimeoutError
 from alphaagent.models.common import ConversationScope, utcnow
 from alphaagent.models.records import ArtifactRef, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import Spec, parse_spec
 
+ROOT = Path(__file__).resolve().parents[2]
 REGION = "eu-west-1"
 TABLE = "alphaagent-state-test"
 USER = "alice@example.com"
@@ -48,6 +45,24 @@ SPEC: dict[str, Any] = {
 }
 
 
+ACCOUNT = "123456789012"
+SPEC_QUEUE = "alphaagent-spec-queue"
+OPERATOR_POLICY = [
+    {
+        "Effect": "Allow",
+        "Action": "sqs:SendMessage",
+        "Resource": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{SPEC_QUEUE}",
+    },
+    # --wait reads the turn record (and nothing else) from the state table.
+    {
+        "Effect": "Allow",
+        "Action": "dynamodb:GetItem",
+        "Resource": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{TABLE}",
+    },
+]
+"""The least an operator needs for ``alphaagent submit`` (and ``--wait``)."""
+
+
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A moto account with the stack's SpecQueue and state table, named by the client's variables."""
@@ -61,18 +76,31 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "ALPHAAGENT_SPEC_QUEUE_URL", "ALPHAAGENT_USER"):
         monkeypatch.delenv(name, raising=False)
+    # The CLI runs as an operator allowed only what submit needs (OPERATOR_POLICY; tests/iam.py).
+    iam = Iam(
+        (ROOT / "template.yaml").read_text(),
+        Physical(REGION, ACCOUNT),
+        principals={"Operator": OPERATOR_POLICY},
+    )
+    monkeypatch.setitem(globals(), "main", iam.as_component("Operator", cli_main))
     with mock_aws():
-        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
-        sqs = boto3.client("sqs", region_name=REGION)
-        queue_url = sqs.create_queue(QueueName="alphaagent-spec-queue")["QueueUrl"]
-        monkeypatch.setenv("ALPHAAGENT_SPEC_QUEUE_URL", queue_url)
-        client_settings.cache_clear()
-        yield {
-            "sqs": sqs,
-            "queue_url": queue_url,
-            "store": DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION)),
-        }
+        iam.install()
+        try:
+            create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
+            sqs = boto3.client("sqs", region_name=REGION)
+            queue_url = sqs.create_queue(QueueName=SPEC_QUEUE)["QueueUrl"]
+            monkeypatch.setenv("ALPHAAGENT_SPEC_QUEUE_URL", queue_url)
+            client_settings.cache_clear()
+            yield {
+                "sqs": sqs,
+                "queue_url": queue_url,
+                "store": DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION)),
+                "iam": iam,
+            }
+        finally:
+            iam.uninstall()
     client_settings.cache_clear()
+    assert not iam.denied, iam.report()
 
 
 def _spec_file(tmp_path: Path, **fields: Any) -> str:
@@ -300,6 +328,9 @@ def test_an_aws_error_is_one_line_and_exit_2(
     assert code == 2
     assert err.startswith("alphaagent: error: AWS: ") and len(err.splitlines()) == 1
     assert "Traceback" not in err
+    # (Under the operator's policy AWS refuses another queue before it looks for it: AccessDenied.)
+    assert aws["iam"].denied and "no-such-queue" in aws["iam"].denied[0]
+    aws["iam"].denied.clear()
 
 
 def test_missing_credentials_are_a_platform_error_exit_2(

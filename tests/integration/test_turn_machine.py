@@ -14,12 +14,18 @@ substitutions. Everything else is the product's own code, wired as ``template.ya
   token from the CoderQueue and drives the real tools for a spec with pinned steps, running code
   through the real ``LambdaExecutor`` and the real env function (the sandbox at process level,
   not exclusive: the tests run as root, where the exclusive uid sweep is refused).
+
+Every AWS call a component makes is checked against the role ``template.yaml`` gives it
+(``tests/iam.py``): the starter, each step function, the recorder, the orphan-lock release, the
+coder worker (the ECS task role), the env function and the state machine itself. A call the role
+does not allow fails as AWS would fail it, and the test fails naming the action and resource.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import threading
 import time
 import traceback
@@ -33,6 +39,7 @@ import boto3
 import pytest
 import yaml
 from cfn import load_template
+from iam import Iam, Physical, without_action
 from moto import mock_aws
 from moto.awslambda.models import LambdaBackend
 from moto.awslambda_simple.models import LambdaSimpleBackend
@@ -64,6 +71,27 @@ HANDLERS = {
     "alphaagent-env-builtin": "alphaagent.aws.env_function",
 }
 """Function name -> the module whose ``lambda_handler`` the invocation runs in-process."""
+
+COMPONENTS = {
+    "alphaagent-start-turn": "StartTurnFunction",
+    "alphaagent-acquire-lock": "AcquireLockFunction",
+    "alphaagent-prepare-turn": "PrepareTurnFunction",
+    "alphaagent-finalize-turn": "FinalizeTurnFunction",
+    "alphaagent-release-lock": "ReleaseLockFunction",
+    "alphaagent-record-event": "RecordEventFunction",
+    "alphaagent-orphan": "ReleaseOrphanLockFunction",
+    "alphaagent-env-builtin": "EnvBuiltinFunction",
+}
+"""Function name (as the test names it) -> its logical id in ``template.yaml`` (whose role it runs as)."""
+CODER = "CoderTaskDefinition"
+"""The coder worker runs as the ECS task definition's task role."""
+
+
+def physical_names() -> Physical:
+    """The test's names for the template's resources (the IAM harness resolves ARNs with them)."""
+    names = {logical: name for name, logical in COMPONENTS.items()}
+    names |= {"StateTable": TABLE, "EventBus": BUS, "TurnStateMachine": "alphaagent-turn"}
+    return Physical(region=REGION, account=ACCOUNT, names=names)
 
 
 def function_arn(name: str) -> str:
@@ -98,7 +126,8 @@ class InProcessLambda:
     (``Event``) invocation runs in a thread and its outcome goes on the bus as a destination record
     (``template.yaml``: ``MaximumRetryAttempts: 0``, OnSuccess/OnFailure to the bus)."""
 
-    def __init__(self) -> None:
+    def __init__(self, iam: Iam) -> None:
+        self.iam = iam
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.failures: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.threads: list[threading.Thread] = []
@@ -122,7 +151,8 @@ class InProcessLambda:
             if name in self.failures:
                 self.failures[name](event)
             handler = importlib.import_module(HANDLERS[name]).lambda_handler
-            return True, handler(event, Context(function_name=name))
+            with self.iam.acting_as(COMPONENTS[name]):
+                return True, handler(event, Context(function_name=name))
         except Exception as exc:
             lines = traceback.format_exception(exc)
             error_type = getattr(exc, "error_type", type(exc).__name__)
@@ -146,6 +176,12 @@ class InProcessLambda:
             "responsePayload": payload,
         }
         outcome = "Success" if ok else "Failure"
+        # Lambda puts a destination record with the function's own execution role.
+        with self.iam.acting_as(COMPONENTS[name]):
+            self._put_record(name, outcome, record)
+
+    @staticmethod
+    def _put_record(name: str, outcome: str, record: dict[str, Any]) -> None:
         boto3.client("events", region_name=REGION).put_events(
             Entries=[
                 {
@@ -168,12 +204,30 @@ class Pump:
     message's body (an EventBridge event) goes to the handler alone. A failed message is left for
     redelivery after its visibility timeout."""
 
-    def __init__(self, sqs: Any, queue_url: str, handler: Callable[[Any], Any], *, batch: bool) -> None:
+    def __init__(
+        self,
+        sqs: Any,
+        queue_url: str,
+        handler: Callable[[Any], Any],
+        *,
+        batch: bool,
+        iam: Iam,
+        component: str,
+        mapping: bool,
+    ) -> None:
+        """``component`` is the function the pump feeds (the handler runs as its role); with
+        ``mapping`` the queue is its event source mapping's, which Lambda reads with the function's
+        role too (else the queue only stands in for a rule's direct target)."""
         self.sqs, self.queue_url, self.handler, self.batch = sqs, queue_url, handler, batch
+        self.iam, self.component, self.mapping = iam, component, mapping
         self.errors: list[str] = []
         self.handled = 0
 
     def drain_once(self) -> int:
+        with self.iam.acting_as(self.component if self.mapping else None):
+            return self._drain_once()
+
+    def _drain_once(self) -> int:
         messages = self.sqs.receive_message(
             QueueUrl=self.queue_url,
             MaxNumberOfMessages=10,
@@ -184,7 +238,8 @@ class Pump:
             return 0
         if self.batch:
             try:
-                failed = self._batch(messages)
+                with self.iam.acting_as(self.component):
+                    failed = self._batch(messages)
             except Exception:  # the whole batch failed (Powertools raises when every record did)
                 self.errors.append(traceback.format_exc())
                 failed = {m["MessageId"] for m in messages}
@@ -192,7 +247,8 @@ class Pump:
             failed = set()
             for message in messages:
                 try:
-                    self.handler(json.loads(message["Body"]))
+                    with self.iam.acting_as(self.component):
+                        self.handler(json.loads(message["Body"]))
                 except Exception:
                     self.errors.append(traceback.format_exc())
                     failed.add(message["MessageId"])
@@ -203,9 +259,10 @@ class Pump:
         return len(messages)
 
     def _batch(self, messages: list[dict[str, Any]]) -> set[str]:
-        arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])[
-            "Attributes"
-        ]["QueueArn"]
+        with self.iam.acting_as(None):  # the mapping's own configuration, not a call of the function
+            arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])[
+                "Attributes"
+            ]["QueueArn"]
         records = [
             {
                 "messageId": m["MessageId"],
@@ -227,8 +284,8 @@ class Pump:
 class Stack:
     """The template's resources in moto, the turn machine, the pumps and one coder worker."""
 
-    def __init__(self, lambdas: InProcessLambda) -> None:
-        self.lambdas = lambdas
+    def __init__(self, lambdas: InProcessLambda, iam: Iam) -> None:
+        self.lambdas, self.iam = lambdas, iam
         self.template = load_template(ROOT / "template.yaml")
         self.sqs = boto3.client("sqs", region_name=REGION)
         self.events = boto3.client("events", region_name=REGION)
@@ -236,6 +293,9 @@ class Stack:
         self.s3 = boto3.client("s3", region_name=REGION)
         create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
         self.s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        # Versioned as the template makes it: reads return a VersionId, and copies pin it.
+        versioning = self.resource("WorkspacesBucket")["Properties"]["VersioningConfiguration"]
+        self.s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration=versioning)
         self.events.create_event_bus(Name=BUS)
         self.store = DynamoStore(TABLE)
         self.workspace = S3Workspace(BUCKET)
@@ -291,11 +351,22 @@ class Stack:
         def call(module: Any, name: str) -> Callable[[Any], Any]:
             return lambda event: module.lambda_handler(event, Context(function_name=name))
 
-        self.starter = Pump(self.sqs, self.spec_queue, call(start_turn, "alphaagent-start-turn"), batch=True)
+        def pump(queue: str, module: Any, name: str, *, batch: bool) -> Pump:
+            return Pump(
+                self.sqs,
+                queue,
+                call(module, name),
+                batch=batch,
+                iam=iam,
+                component=COMPONENTS[name],
+                mapping=queue == self.spec_queue,
+            )
+
+        self.starter = pump(self.spec_queue, start_turn, "alphaagent-start-turn", batch=True)
         self.pumps = [
             self.starter,
-            Pump(self.sqs, self.recorder_queue, call(record_event, "alphaagent-record-event"), batch=False),
-            Pump(self.sqs, self.orphan_queue, call(release_orphan_lock, "alphaagent-orphan"), batch=False),
+            pump(self.recorder_queue, record_event, "alphaagent-record-event", batch=False),
+            pump(self.orphan_queue, release_orphan_lock, "alphaagent-orphan", batch=False),
         ]
         self._stop = threading.Event()
         self._pumping = threading.Thread(target=self._pump, name="pumps", daemon=True)
@@ -367,7 +438,8 @@ class Stack:
             sfn=boto3.client("stepfunctions", region_name=REGION),
         )
         self._working = threading.Thread(target=self.worker.run, name="coder-worker", daemon=True)
-        self._working.start()
+        with self.iam.acting_as(CODER):  # the worker and the threads it starts run as the task role
+            self._working.start()
 
     def _pump(self) -> None:
         while not self._stop.is_set():
@@ -452,7 +524,7 @@ class Stack:
             raise AssertionError(f"{exc}\nrecorded: {recorded}\non the bus: {on_bus}") from None
 
     def errors(self) -> list[str]:
-        return [error for pump in self.pumps for error in pump.errors]
+        return [error for pump in self.pumps for error in pump.errors] + self.iam.denied
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float, stack: Stack | None = None) -> None:
@@ -465,7 +537,13 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float, stack: 
 
 
 @pytest.fixture
-def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Stack]:
+def iam_template() -> str:
+    """The template whose roles the components run as (a test may parametrize a changed copy)."""
+    return (ROOT / "template.yaml").read_text()
+
+
+@pytest.fixture
+def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, iam_template: str) -> Iterator[Stack]:
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -482,7 +560,8 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Stack]:
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    lambdas = InProcessLambda()
+    iam = Iam(iam_template, physical_names())
+    lambdas = InProcessLambda(iam)
     # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
     for backend in (LambdaBackend, LambdaSimpleBackend):
         monkeypatch.setattr(
@@ -507,7 +586,8 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Stack]:
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}):
         for getter in getters:
             getter.cache_clear()
-        created = Stack(lambdas)
+        iam.install()  # before any client exists: each takes the session's handlers when created
+        created = Stack(lambdas, iam)
         monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
         monkeypatch.setenv("CODER_QUEUE_URL", created.coder_queue)
         get_lambda_settings.cache_clear()
@@ -515,12 +595,16 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Stack]:
             yield created
         finally:
             created.close()
+            iam.uninstall()
             sandbox.close()
             env_function.get_workspace.cache_clear()
             env_function.get_env_settings.cache_clear()
             env_function.get_store.cache_clear()
             for getter in getters:
                 getter.cache_clear()
+    if os.environ.get("IAM_DEBUG"):
+        print(sorted(iam.needs), iam.checked)
+    assert not iam.denied, iam.report()
 
 
 # ----------------------------------------------------------------------------- specs
@@ -650,6 +734,36 @@ def test_a_spec_on_the_spec_queue_runs_its_turn_to_turn_completed(stack: Stack) 
     assert_completed_turn(stack, spec)
     env_calls = [event for name, event in stack.lambdas.calls if name == "alphaagent-env-builtin"]
     assert len(env_calls) == 2 and {c["turn_id"] for c in env_calls} == {spec["turn_id"]}
+
+
+GRANTS_TAKEN_OUT = ["dynamodb:GetItem", "s3:PutObject"]
+"""Grants every turn needs; with one taken out of template.yaml the harness must fail the turn."""
+
+
+@pytest.mark.parametrize(
+    ("iam_template", "action"),
+    [(without_action((ROOT / "template.yaml").read_text(), action), action) for action in GRANTS_TAKEN_OUT],
+    ids=GRANTS_TAKEN_OUT,
+)
+def test_a_grant_taken_out_of_the_template_fails_the_turn_naming_it(
+    stack: Stack, iam_template: str, action: str
+) -> None:
+    # Given the template with ``action`` removed from every role, and a turn that needs it
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope)
+    stack.start()
+
+    # When the spec is sent
+    send_spec(stack, spec)
+
+    # Then the turn fails, and the harness names the action the role lacked and its resource
+    execution = stack.execution(spec["turn_id"])
+    assert execution["status"] == "FAILED", stack.history(execution)
+    denied = [d for d in stack.iam.denied if f" is not allowed {action} on arn:aws:" in d]
+    assert denied, stack.iam.report()
+    print(stack.iam.report())
+    stack.iam.denied.clear()  # expected here: the fixture fails every other test that has any
 
 
 def test_a_spec_submitted_event_on_the_bus_runs_its_turn(stack: Stack) -> None:

@@ -18,7 +18,17 @@ import example_scripts
 from alphaagent.client import connect
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import NodeScope, utcnow
-from integration.test_turn_machine import BUCKET, BUS, REGION, TABLE, USER, Stack, stack, wait_for
+from integration.test_turn_machine import (  # iam_template: the stack fixture requests it
+    BUCKET,
+    BUS,
+    REGION,
+    TABLE,
+    USER,
+    Stack,
+    iam_template,  # noqa: F401
+    stack,
+    wait_for,
+)
 
 __all__ = ["stack"]
 

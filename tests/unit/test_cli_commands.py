@@ -691,7 +691,8 @@ def test_a_platform_error_exits_2(tmp_path: Path) -> None:
 
 def test_the_run_budget_still_binds_the_coder(tmp_path: Path) -> None:
     # Given a coder (a spec without steps) that tries a second run on a budget of one
-    from alphaagent.domain.tools import ToolError, TurnContext, run_in_env
+    from alphaagent.domain.tools import TurnContext, run_in_env
+    from alphaagent.errors import ToolError
 
     refused: list[str] = []
 

@@ -37,13 +37,13 @@ from scripted_api import Reply, ScriptedMessagesAPI, Status, text, tool_use
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext
+from alphaagent.errors import ModelConfigError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, utcnow
 from alphaagent.models.records import Session, TurnResult
 from alphaagent.models.run import FileChangeReport, RunResult
 from alphaagent.models.spec import parse_spec
 from coder.agent import CLI_ENV, build_options, make_coder
-from coder.errors import ModelConfigError
 from coder.prompts import SYSTEM_PROMPT, max_turns_for
 from coder.settings import CoderSettings
 from coder.tools import (

@@ -13,8 +13,9 @@ import pytest
 from moto import mock_aws
 
 from alphaagent.domain.backend import ConnectorSettings
-from alphaagent.domain.tools import CONNECTORS, ToolError, fetch
+from alphaagent.domain.tools import CONNECTORS, fetch
 from alphaagent.domain.turns import check_spec_against
+from alphaagent.errors import ToolError
 from alphaagent.models.spec import parse_spec
 
 CAP_BYTES = 1024

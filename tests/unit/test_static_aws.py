@@ -15,8 +15,6 @@ import yaml
 from cfn import load_template
 from packaging.specifiers import SpecifierSet
 
-import alphaagent.errors
-import coder.errors
 from alphaagent.aws import store
 from coder.worker import CoderMessage
 
@@ -155,22 +153,6 @@ def test_turn_failed_is_put_on_the_bus_as_the_event_model_describes() -> None:
     assert fields == set(EVENT_MODELS["TurnFailed"].model_fields) - {"result"}
 
 
-def test_error_names_in_retry_and_catch_are_project_classes_or_aws_errors() -> None:
-    # Class names in Retry/Catch are a contract (STYLE §4): a renamed class must fail here.
-    known = {
-        name
-        for module in (alphaagent.errors, coder.errors)
-        for name, value in vars(module).items()
-        if isinstance(value, type) and issubclass(value, BaseException)
-    }
-    for name, task in _task_states().items():
-        for rule in task["Retry"] + task["Catch"]:
-            for error in rule["ErrorEquals"]:
-                aws = re.match(r"(States|Lambda|SQS|EventBridge)\.\w+$", error)
-                assert aws or error in known, f"{name}: unknown error {error}"
-    assert "ScopeBusyError" in str(_asl()["States"]["AcquireLock"]["Retry"])
-
-
 def test_the_coder_step_waits_for_the_task_token_with_heartbeats() -> None:
     code = _asl()["States"]["Code"]
     assert code["Resource"] == "arn:aws:states:::sqs:sendMessage.waitForTaskToken"
@@ -179,7 +161,7 @@ def test_the_coder_step_waits_for_the_task_token_with_heartbeats() -> None:
     assert body["task_token.$"] == "$$.Task.Token"
     # The body is exactly what the worker accepts (CoderMessage forbids unknown fields).
     assert {key.removesuffix(".$") for key in body} <= set(CoderMessage.model_fields)
-    assert 60 <= code["HeartbeatSeconds"] <= 300
+    assert code["HeartbeatSeconds"] >= 60  # how long it must be: tests/unit/test_static_timing.py
     assert "TimeoutSeconds" in code or "TimeoutSecondsPath" in code
 
 

@@ -16,9 +16,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from alphaagent.errors import AlphaAgentError
+from alphaagent.errors import AlphaAgentError, StoreError, StoreSchemaError
 from alphaagent.ids import new_ulid
-from alphaagent.local.store import SCHEMA_VERSION, SqliteStore, StoreError, StoreSchemaError
+from alphaagent.local.store import SCHEMA_VERSION, SqliteStore
 from alphaagent.models.records import (
     ArtifactVersion,
     Citation,

@@ -562,7 +562,7 @@ def test_a_claim_check_rewritten_by_run_code_is_refused(tmp_path: Path) -> None:
     # Given a spec stored under conversation A's spec/, then rewritten (as run code could) to name
     # conversation B and another turn
     from alphaagent.api import AlphaAgent
-    from coder.errors import InvalidMessageError
+    from alphaagent.errors import InvalidMessageError
     from coder.worker import CoderMessage
 
     with AlphaAgent(tmp_path / "home") as agent:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from alphaagent.errors import PathRuleError
 from alphaagent.local.workspace import LocalWorkspace
-from alphaagent.models.common import ConversationScope, NodeScope, PathRuleError
+from alphaagent.models.common import ConversationScope, NodeScope
 
 SCOPE_FOLDERS = ("spec", "docs", "datasets", "charts", "reports", "work")
 MARKER = b"MARKER-outside-the-scope"
