@@ -10,6 +10,10 @@ STAMP := $(VENV)/.installed-dev
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
+# The lint tools live in their own virtualenv: aws-sam-cli pins boto3 and pydantic versions of its own.
+LINT_VENV := .venv-tools
+LINT_STAMP := $(LINT_VENV)/.installed
+
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,mcp,viewer,dev]'
@@ -33,9 +37,6 @@ browser-deps: ## Install Debian's chromium for the browser tests when missing (a
 test: $(STAMP) $(LINT_STAMP) browser-deps ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q -n auto --dist worksteal
 
-# The lint tools live in their own virtualenv: aws-sam-cli pins boto3 and pydantic versions of its own.
-LINT_VENV := .venv-tools
-LINT_STAMP := $(LINT_VENV)/.installed
 # Offline: no telemetry, no credentials, any region (cfn-lint and `sam validate --lint` read no account).
 LINT_ENV := SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1
 
@@ -87,13 +88,12 @@ lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 ENV ?= default
 SAMCONFIG ?= samconfig.toml
 ARCHITECTURE ?= $(shell $(PYTHON) -c 'import shlex, sys, tomllib; 	p = tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("deploy", {}).get("parameters", {}); 	o = p.get("parameter_overrides", ""); o = shlex.split(o) if isinstance(o, str) else o; 	print(dict(x.split("=", 1) for x in o if "=" in x).get("Architecture", "x86_64"))' $(SAMCONFIG) $(ENV))
-export ARCHITECTURE
 WHEEL_PLATFORM_x86_64 := manylinux2014_x86_64
 WHEEL_PLATFORM_arm64 := manylinux2014_aarch64
 WHEEL_PLATFORM = $(WHEEL_PLATFORM_$(ARCHITECTURE))
 
 build: $(LINT_STAMP) ## sam build: the zip functions, without Docker (through the build-% rule), for ARCHITECTURE
-	$(LINT_ENV) $(LINT_VENV)/bin/sam build --template template.yaml --parameter-overrides Architecture=$(ARCHITECTURE)
+	$(LINT_ENV) ARCHITECTURE=$(ARCHITECTURE) $(LINT_VENV)/bin/sam build --template template.yaml --parameter-overrides Architecture=$(ARCHITECTURE)
 
 # sam build calls `make build-<LogicalId>` (BuildMethod: makefile) with ARTIFACTS_DIR set: one shared
 # artifact of alphaagent/ + functions/ + the lambda group's wheels for the Lambda platform (python3.13,

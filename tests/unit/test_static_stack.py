@@ -125,11 +125,18 @@ def test_each_saved_environment_reserves_a_run_for_every_turn_that_can_be_under_
     # coder's start-up margin: the reservation covers CoderMaxTasks x CoderWorkerConcurrency.
     defaults = {name: p.get("Default") for name, p in _template()["Parameters"].items()}
     config = tomllib.loads((ROOT / "samconfig.toml").read_text())
+    saved = {}
     for env in ("default", "prod"):
         overrides = config[env]["deploy"]["parameters"].get("parameter_overrides", "")
-        values = defaults | dict(item.split("=", 1) for item in overrides.split())
+        saved[env] = values = defaults | dict(item.split("=", 1) for item in overrides.split())
         most_runs = int(values["CoderMaxTasks"]) * int(values["CoderWorkerConcurrency"])
-        assert int(values["EnvReservedConcurrency"]) >= most_runs, (env, most_runs)
+        reserved = int(values["EnvReservedConcurrency"])
+        # 0 reserves none (the first-deploy configuration); any reservation covers every run.
+        assert reserved == 0 or reserved >= most_runs, (env, most_runs)
+    # The configuration a first `make deploy` uses reserves none: on a new account (a Lambda quota below
+    # 100 + the reservation) any reservation fails the deploy with UnreservedConcurrentExecution.
+    assert int(saved["default"]["EnvReservedConcurrency"]) == 0
+    assert int(saved["prod"]["EnvReservedConcurrency"]) > 0
     assert (
         defaults["EnvReservedConcurrency"] >= defaults["CoderMaxTasks"] * defaults["CoderWorkerConcurrency"]
     )
