@@ -306,6 +306,18 @@ class CoderWorker:
             self._answer_failure(_Task(receipt, token), InvalidMessageError.__name__, detail)
             return
         task = _Task(receipt, body.task_token)
+        if self._task_expired(task):
+            # The execution gave up on this task while its message waited in the queue (its
+            # HeartbeatSeconds count from the send, and a saturated service has no bound on that
+            # wait): it released the scope's lease and nobody waits for the answer, so the turn must
+            # not run at all. The message is dropped; the execution's failure path already ended it.
+            logger.warning(
+                "task %s…%s timed out before a worker took it; dropping its message",
+                task.token[:8],
+                task.token[-4:],
+            )
+            self._delete(task)
+            return
         turn = threading.Thread(target=self._run_turn, args=(task, body), name="coder-turn", daemon=True)
         turn.start()
         self._attend(task)
@@ -397,6 +409,22 @@ class CoderWorker:
         except Exception as exc:
             logger.warning("extending the message's visibility failed: %s", exc)
         return True
+
+    def _task_expired(self, task: _Task) -> bool:
+        """One heartbeat before the turn starts: True when Step Functions says the task is over
+        (``TaskTimedOut``, ``TaskDoesNotExist``). Any other answer, a failure included, lets the turn
+        run: its answer settles the task either way."""
+        try:
+            self.sfn.send_task_heartbeat(taskToken=task.token)
+        except Exception as exc:
+            return error_code(exc) in ("TaskTimedOut", "TaskDoesNotExist")
+        return False
+
+    def _delete(self, task: _Task) -> None:
+        try:
+            self.sqs.delete_message(QueueUrl=self.settings.coder_queue_url, ReceiptHandle=task.receipt)
+        except Exception:
+            logger.exception("deleting the message failed; it will be delivered again")
 
     def _answer_success(self, task: _Task, pointer: TurnPointer) -> None:
         self._answer(task, "send_task_success", output=pointer.model_dump_json())

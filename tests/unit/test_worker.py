@@ -317,6 +317,45 @@ def test_the_message_body_needs_exactly_one_of_spec_and_spec_key() -> None:
         CoderMessage(task_token="t", spec={}, spec_key="conversations/c/spec/x.json")
 
 
+class TimedOutTasks(RecordingClient):
+    """Step Functions for which every task has timed out (its heartbeat deadline passed in the queue)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "send_task_heartbeat":
+            return super().__getattr__(name)
+
+        def call(**kwargs: Any) -> Any:
+            from botocore.exceptions import ClientError
+
+            self.calls.append((name, kwargs))
+            raise ClientError({"Error": {"Code": "TaskTimedOut", "Message": "Task Timed Out"}}, name)
+
+        return call
+
+
+def test_a_task_that_timed_out_in_the_queue_never_runs_its_turn(agent: AlphaAgent, aws: Aws) -> None:
+    # Given a message whose execution already gave up on it (HeartbeatSeconds passed in the queue,
+    # the lease released by the failure path)
+    spec = spec_of("open('work/ran.txt', 'w').write('x')")
+    body = CoderMessage.model_validate({"task_token": "token-" + new_ulid(), "spec": spec})
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody=body.model_dump_json(exclude_none=True))
+    sfn = TimedOutTasks(aws.sfn._client)
+
+    # When a worker takes it
+    worker = CoderWorker(agent.backend, None, settings_for(aws), sqs=aws.sqs, sfn=sfn)
+    running = Running(worker)
+    try:
+        wait_for(lambda: aws.queued() == 0 and aws.in_flight() == 0, "the message to be dropped")
+    finally:
+        running.finish()
+
+    # Then no code ran, no answer was sent, and the message is gone
+    scope = ConversationScope(conversation_id=spec["scope"]["conversation_id"])
+    assert agent.workspace.stat(scope, "work/ran.txt") is None
+    assert sfn.named("send_task_heartbeat") != []
+    assert sfn.named("send_task_success") == [] and sfn.named("send_task_failure") == []
+
+
 def test_a_body_with_a_token_but_no_valid_spec_fails_its_task(agent: AlphaAgent, aws: Aws) -> None:
     # Given a message whose body has a task token but an unknown field instead of a spec
     token = "token-" + new_ulid()
