@@ -12,6 +12,8 @@ and no side effect (no timer refreshed, no record created) (DESIGN §4.7, case I
 
 from __future__ import annotations
 
+from typing import Literal
+
 from alphaagent.domain.audit import ForeignKind, ProbeAudit, audit_foreign, audit_scope, discard_audit
 from alphaagent.domain.turns import scope_label
 from alphaagent.errors import InvalidRequestError, NotFoundError, PathRuleError
@@ -80,9 +82,7 @@ class ScopeReads:
         """One run."""
         record = self.store.get_run(user_id, run_id)
         if record is None:
-            if self.store.record_exists("run", run_id):  # one lookup for a missing run too
-                audit_foreign(self.audit, user_id, "run", run_id)
-            raise NotFoundError(f"run {run_id} not found")
+            raise self._not_found(user_id, "run", run_id)
         return record
 
     def artifacts(self, user_id: str, scope: Scope) -> list[ArtifactVersion]:
@@ -110,10 +110,15 @@ class ScopeReads:
         """One session (reading it never refreshes its idle timer)."""
         found = self.store.get_session(user_id, session_id)
         if found is None:
-            if self.store.record_exists("session", session_id):  # one lookup for a missing one too
-                audit_foreign(self.audit, user_id, "session", session_id)
-            raise NotFoundError(f"session {session_id} not found")
+            raise self._not_found(user_id, "session", session_id)
         return found
+
+    def _not_found(self, user_id: str, kind: Literal["run", "session"], record_id: str) -> NotFoundError:
+        """The answer for a run or session the user does not own: the same as for a missing one,
+        after one existence lookup either way; another user's is recorded in the audit trail."""
+        if self.store.record_exists(kind, record_id):
+            audit_foreign(self.audit, user_id, kind, record_id)
+        return NotFoundError(f"{kind} {record_id} not found")
 
 
 def _path_or_not_found(path: str, scope: Scope) -> str:
