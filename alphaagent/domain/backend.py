@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from alphaagent.domain.audit import ProbeAudit, discard_audit
+from alphaagent.environments import EnvironmentRegistry, StaticRegistry, builtin_local
 from alphaagent.ports import EventBus, Executor, Store, Workspace
 
 
@@ -49,7 +50,8 @@ class Backend:
     workspace: Workspace
     bus: EventBus
     executor: Executor
-    environments: tuple[str, ...] = ("builtin",)
+    environments: EnvironmentRegistry = field(default_factory=lambda: StaticRegistry([builtin_local()]))
+    """The environments this backend runs (``alphaagent.environments``)."""
     connectors: ConnectorSettings = field(default_factory=ConnectorSettings)
     turns: TurnSettings = field(default_factory=TurnSettings)
     audit: ProbeAudit = discard_audit

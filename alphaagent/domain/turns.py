@@ -27,6 +27,7 @@ from alphaagent.domain.tools import (
     register_artifact,
     run_in_env,
 )
+from alphaagent.environments import check_environment
 from alphaagent.errors import (
     AlphaAgentError,
     InvalidSpecError,
@@ -67,11 +68,7 @@ def scope_label(scope: Scope) -> str:
 
 def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> None:
     """Refuse, before anything is written, a spec this backend cannot run."""
-    if spec.environment_id not in backend.environments:
-        available = ", ".join(backend.environments)
-        raise InvalidSpecError(
-            f"environment_id: unknown environment {spec.environment_id!r} (available: {available})"
-        )
+    check_environment(backend.environments, spec.environment_id)
     if spec.steps is None and coder is None:
         raise InvalidSpecError(
             "steps: this spec has no pinned steps and no model is configured; set ANTHROPIC_API_KEY"

@@ -15,6 +15,7 @@ from moto import mock_aws
 from alphaagent.domain.backend import ConnectorSettings
 from alphaagent.domain.tools import CONNECTORS, fetch
 from alphaagent.domain.turns import check_spec_against
+from alphaagent.environments import StaticRegistry, builtin_local
 from alphaagent.errors import ToolError
 from alphaagent.models.spec import parse_spec
 
@@ -118,5 +119,5 @@ def test_a_spec_may_declare_an_s3_input() -> None:
             }
         )
     )
-    check_spec_against(SimpleNamespace(environments=("builtin",)), spec, None)  # type: ignore[arg-type]
+    check_spec_against(SimpleNamespace(environments=StaticRegistry([builtin_local()])), spec, None)  # type: ignore[arg-type]
     assert "s3" in CONNECTORS
