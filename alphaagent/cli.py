@@ -65,8 +65,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"alphaagent: error: {message} (see {self.prog} --help)\n")
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
+def _fail(message: str, code: int = EXIT_USAGE, *, as_json: bool = False) -> int:
+    """Say why the command failed in one line on standard error; with ``as_json`` (the command's
+    ``--json``) also as ``{"error": {"message", "exit_code"}}`` on standard output, so a script
+    that parses the output gets an answer it can read whatever happened."""
     print(f"alphaagent: error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": {"message": message, "exit_code": code}}))
     return code
 
 
@@ -308,15 +313,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
     except ImportError:
-        return _fail("submit needs boto3 (pip install 'alphaagent[lambda]')")
+        return _fail("submit needs boto3 (pip install 'alphaagent[lambda]')", as_json=args.json)
     try:
         return _submit(args, spec, queue_url, table, timeout_s)
     except NoRegionError:
-        return _fail("AWS: no region: the queue URL names none; set AWS_REGION", EXIT_PLATFORM)
+        return _fail(
+            "AWS: no region: the queue URL names none; set AWS_REGION", EXIT_PLATFORM, as_json=args.json
+        )
     except (BotoCoreError, ClientError) as exc:
         # AWS refusing or not answering is a platform failure: exit 2, as everywhere else.
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return _fail(f"AWS: {detail}", EXIT_PLATFORM)
+        return _fail(f"AWS: {detail}", EXIT_PLATFORM, as_json=args.json)
 
 
 def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, timeout_s: float) -> int:
@@ -341,7 +348,7 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
             spec_sha256=spec.digest(),
         )
     except TurnWaitTimeoutError as exc:
-        return _fail(f"{exc}; it may still finish", EXIT_FAILED)
+        return _fail(f"{exc}; it may still finish", EXIT_FAILED, as_json=args.json)
     # Artifacts live in the workspaces bucket under the scope's key (DESIGN §4.2).
     return _emit_turn_result(args, result, PurePosixPath(spec.scope.key))
 
@@ -577,11 +584,17 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
     scope = _required_scope(args)
     with _agent(args) as agent:
         versions = agent.artifacts(args.user, scope)
-    lines = [
-        f"{v.kind:8} {v.name:24} v{v.version:<3} {v.size_bytes:>10} B  {v.sha256[:12]}  {v.path}"
-        for v in versions
-    ]
-    _emit(args, _dump(versions), lines or ["no artifacts"])
+        outcome = {t.turn_id: t.status for t in agent.turns(args.user, scope)}
+    lines = []
+    for v in versions:
+        # A version registered by a turn that later failed stays (versions are immutable), but it
+        # is not what that turn delivered: say so beside it.
+        mark = "  (its turn failed)" if outcome.get(v.turn_id) == "failed" else ""
+        lines.append(
+            f"{v.kind:8} {v.name:24} v{v.version:<3} {v.size_bytes:>10} B  {v.sha256[:12]}  {v.path}{mark}"
+        )
+    data = [v.model_dump(mode="json") | {"turn_status": outcome.get(v.turn_id)} for v in versions]
+    _emit(args, data, lines or ["no artifacts"])
     return EXIT_OK
 
 
@@ -655,6 +668,51 @@ def _add_home(command: argparse.ArgumentParser, default: Any) -> None:
         help="the data directory (default: $ALPHAAGENT_HOME, else"
         " ${XDG_DATA_HOME:-~/.local/share}/alphaagent)",
     )
+
+
+_EXAMPLES = {
+    "exec": [
+        "echo 'print(6 * 7)' | alphaagent exec -",
+        "alphaagent exec job.py --workdir data --timeout 120 --json",
+    ],
+    "run": [
+        "alphaagent run examples/penguins/turn1.json",
+        "alphaagent run spec.json --conversation my-analysis --json",
+    ],
+    "submit": ["alphaagent submit spec.json --queue-url $QUEUE --wait --table $TABLE"],
+    "demo": ["alphaagent demo", "alphaagent demo --json"],
+    "files": ["alphaagent files --conversation penguins --prefix charts"],
+    "cat": [
+        "alphaagent cat reports/summary.md --conversation penguins",
+        "alphaagent cat --artifact body_mass --conversation penguins -o chart.png",
+    ],
+    "history": ["alphaagent history --conversation penguins"],
+    "artifacts": ["alphaagent artifacts --conversation penguins --json"],
+    "sessions": ["alphaagent sessions --conversation penguins"],
+    "turns": ["alphaagent turns --workflow wf-1 --node summarise"],
+    "conversations": ["alphaagent conversations --json"],
+    "serve": ["alphaagent serve --open", "alphaagent serve --backend aws --table $TABLE --bucket $BUCKET"],
+    "mcp": ["alphaagent mcp", "alphaagent mcp --http 8766"],
+    "export": ["alphaagent export --conversation penguins -o penguins.zip"],
+}
+"""What ``COMMAND --help`` shows under "examples"."""
+
+_EXIT_STATUS = """exit status:
+  0    done
+  1    the run or turn failed, or what was asked for was not found
+  2    bad input, or the platform failed
+  130  interrupted (Ctrl-C)
+with --json, an error is also {"error": {"message": ..., "exit_code": N}} on standard output"""
+
+
+def _describe_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """Give every command a description (its one-line help), examples and the exit statuses."""
+    helps = {action.dest: action.help for action in sub._choices_actions}
+    for name, command in sub.choices.items():
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        command.description = command.description or helps.get(name)
+        lines = [f"  {example}" for example in _EXAMPLES.get(name, [])]
+        command.epilog = ("examples:\n" + "\n".join(lines) + "\n\n" if lines else "") + _EXIT_STATUS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -818,6 +876,7 @@ def build_parser() -> argparse.ArgumentParser:
     # --home after the command name too (`alphaagent files --home DIR ...`), for every command.
     for command in sub.choices.values():
         _add_home(command, argparse.SUPPRESS)
+    _describe_commands(sub)
     return parser
 
 
@@ -845,25 +904,30 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alphaagent`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+
+    def fail(message: str, code: int = EXIT_USAGE) -> int:
+        return _fail(message, code, as_json=bool(getattr(args, "json", False)))
+
     if hasattr(args, "user"):
         problem = _resolve_user(args)
         if problem is not None:
-            return _fail(problem)
+            return fail(problem)
+
     try:
         code: int = args.handler(args)
     except NotFoundError as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     except InvalidRequestError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     except AlphaAgentError as exc:
-        return _fail(f"{type(exc).__name__}: {exc}")
+        return fail(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
         # The run's processes are gone and the turn is recorded (the sandbox and the turn driver
         # saw the interrupt on its way here); the shell's convention for Ctrl-C is 128 + SIGINT.
         print("alphaagent: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (PathRuleError, ValidationError) as exc:
-        return _fail(str(exc).splitlines()[0])
+        return fail(str(exc).splitlines()[0])
     except BrokenPipeError:
         # The reader went away (| head): stop quietly, as other command-line tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -873,7 +937,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # clear error). Set ALPHAAGENT_DEBUG=1 to see the traceback.
         if os.environ.get("ALPHAAGENT_DEBUG"):
             raise
-        return _fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}")
+        return fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}")
     return code
 
 

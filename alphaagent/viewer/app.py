@@ -280,6 +280,7 @@ def create_app(
             scope=scope,
             turns=turns,
             artifacts=artifacts,
+            failed_turns={t.turn_id for t in turns if t.status == "failed"},
             tree=tree_rows(files),
             skipped=skipped,
             run_count=len(reader.runs(scope)),

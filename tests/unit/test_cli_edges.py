@@ -1,0 +1,117 @@
+"""The command line's answers at its edges: errors a script can parse under ``--json``, Ctrl-C at
+any moment (even while the CLI is still importing), and artifacts a failed turn left behind."""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from alphaagent import entry
+from alphaagent.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_an_error_under_json_is_also_a_json_object_on_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = str(tmp_path / "home")
+    code, out, err = _run(capsys, "files", "--home", home, "--conversation", "nope", "--json")
+    assert code != 0
+    answer = json.loads(out)
+    assert answer == {"error": {"message": answer["error"]["message"], "exit_code": code}}
+    assert "nope" in answer["error"]["message"]
+    assert err.startswith("alphaagent: error: ") and err.count("\n") == 1
+
+    # Without --json, standard output stays empty: the one line goes to standard error only.
+    code_plain, out_plain, _ = _run(capsys, "files", "--home", home, "--conversation", "nope")
+    assert (code_plain, out_plain) == (code, "")
+
+
+class _InterruptedImport(importlib.abc.MetaPathFinder):
+    """Raises KeyboardInterrupt when ``alphaagent.cli`` is imported, as a Ctrl-C during the
+    import would."""
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == "alphaagent.cli":
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_the_cli_is_importing_is_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delitem(sys.modules, "alphaagent.cli")
+    monkeypatch.setattr(sys, "meta_path", [_InterruptedImport(), *sys.meta_path])
+    assert entry.main() == 130
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "alphaagent: interrupted\n")
+
+
+def test_artifacts_of_a_turn_that_failed_are_marked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = {
+        "spec_version": 1,
+        "user_id": "local",
+        "scope": {"conversation_id": "c-failed"},
+        "goal": "register one output, then miss the second",
+        "steps": [{"title": "write one", "code": "open('datasets/a.csv','w').write('x\\n1\\n')"}],
+        "outputs": [
+            {"kind": "dataset", "name": "a", "path": "datasets/a.csv"},
+            {"kind": "dataset", "name": "b", "path": "datasets/b.csv"},
+        ],
+    }
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    home = str(tmp_path / "home")
+    code, _, _ = _run(capsys, "run", str(spec_file), "--home", home)
+    assert code == 1, "the turn fails on its missing second output"
+
+    code, out, _ = _run(capsys, "artifacts", "--home", home, "--conversation", "c-failed", "--json")
+    assert code == 0
+    [version] = json.loads(out)
+    assert (version["name"], version["turn_status"]) == ("a", "failed")
+
+    code, out, _ = _run(capsys, "artifacts", "--home", home, "--conversation", "c-failed")
+    assert "(its turn failed)" in out
+
+    # The viewer says it too, beside the artifact and its version.
+    from starlette.testclient import TestClient
+
+    from alphaagent.viewer.app import create_app
+    from alphaagent.viewer.serve import local_reader
+
+    app = create_app(local_reader(Path(home), "local"), token="t" * 32)
+    client = TestClient(app, base_url="http://127.0.0.1:8765")
+    page = client.get(f"/c/c-failed/?token={'t' * 32}")
+    assert page.status_code == 200
+    assert "registered by a turn that failed" in page.text and "its turn failed" in page.text
+
+
+def test_every_command_has_a_description_and_examples_that_parse() -> None:
+    import argparse
+    import shlex
+
+    from alphaagent.cli import _EXAMPLES, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        assert command.description, f"{name}: no description"
+        assert "exit status:" in (command.epilog or ""), f"{name}: no exit statuses"
+    for name, examples in _EXAMPLES.items():
+        assert name in sub.choices, f"examples for a command that does not exist: {name}"
+        for example in examples:
+            argv = shlex.split(example.split(" | ")[-1])
+            assert argv[0] == "alphaagent"
+            args = parser.parse_args(argv[1:])  # a wrong flag exits 2 here
+            assert args.command == name
