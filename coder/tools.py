@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alphaagent.domain import tools as domain
 from alphaagent.domain.tools import TurnContext, tool_error_text
-from alphaagent.errors import AlphaAgentError, ToolError
-from alphaagent.models.common import ArtifactKind
+from alphaagent.errors import AlphaAgentError, PathRuleError, ToolError
+from alphaagent.models.common import ArtifactKind, check_workspace_path
 from alphaagent.models.run import RunResult
 from alphaagent.sandbox.supervisor import iter_result_lines
+from coder import seeing
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +75,18 @@ class ReadDocumentArgs(_Args):
     path: str = Field(
         description="Workspace-relative path, e.g. docs/report.pdf or work/runs/<run_id>/stdout.txt."
     )
-    offset: int = Field(0, ge=0, description="First character to return (0 = the start).")
-    limit: int = Field(
-        domain.DEFAULT_PAGE_CHARS,
+    offset: int = Field(
+        0, ge=0, description="First character to return (0 = the start); for csv, parquet, xlsx: first row."
+    )
+    limit: int | None = Field(
+        None,
         ge=1,
         le=MODEL_TEXT_CHARS,
-        description=f"Characters to return, at most {MODEL_TEXT_CHARS}.",
+        description=(
+            f"Characters to return (default {domain.DEFAULT_PAGE_CHARS}, at most {MODEL_TEXT_CHARS});"
+            f" for csv, parquet, xlsx: rows (default {seeing.DEFAULT_TABLE_ROWS},"
+            f" at most {seeing.MAX_TABLE_ROWS})."
+        ),
     )
 
 
@@ -139,14 +146,94 @@ def clip(text: str, limit: int = MODEL_TEXT_CHARS, where: str | None = None) -> 
     return head + marker.format(len(text) - len(head) - len(tail)) + tail
 
 
-def render_run(result: RunResult) -> str:
-    """A run result for the model: the readable rendering (``alphaagent exec``'s, with the capture's
-    truncation markers), clipped to ``MODEL_TEXT_CHARS``, then the structured result (DESIGN §4.4)
+_NOT_FOR_THE_MODEL: Any = {
+    "stdout": True,
+    "stderr": True,
+    "error": {"traceback"},
+    "isolation": True,
+    "landlock": True,
+    "environment_start_ms": True,
+}
+
+
+def status_line(result: RunResult) -> str:
+    """The first line of a run result for the model: status, exit code, duration, files changed
+    and, when the session keeps live state, what was restored, e.g.
+    ``[run ok] exit 0 · 412 ms · files: 1 created, 1 modified · state restored: df, model``."""
+    files = result.files
+    counts = [
+        f"{len(v)} {k}"
+        for k, v in (("created", files.created), ("modified", files.modified), ("deleted", files.deleted))
+        if v
+    ]
+    parts = [
+        f"[run {result.status}] exit {result.exit_code if result.exit_code is not None else '-'}",
+        f"{result.duration_ms} ms",
+        "files: " + (", ".join(counts) if counts else "none changed"),
+    ]
+    state = getattr(result, "state", None)
+    restored = list(getattr(state, "restored", None) or [])
+    if state is not None:
+        shown = ", ".join(restored[:12]) + (f" (+{len(restored) - 12})" if len(restored) > 12 else "")
+        parts.append(f"state restored: {shown}" if restored else "state: nothing restored")
+    return " · ".join(parts)
+
+
+def next_steps(result: RunResult, environments: list[tuple[str, tuple[str, ...]]] | None = None) -> list[str]:
+    """What the model can do about a run that did not go well, where the platform knows:
+    a timeout (its limit, and how to split the work), a missing module (which registered
+    environments list it), output that was cut (where the rest is)."""
+    hints = []
+    if result.status == "timeout":
+        limit = result.limits.get("timeout_s", "?")
+        hints.append(
+            f"next: the run hit its {limit} s limit and was stopped. Split the work into smaller runs"
+            " (save intermediate results to files), sample the data first, or vectorise the slow loop."
+        )
+    if result.error is not None and result.error.name == "ModuleNotFoundError":
+        module = result.error.value.split("'")[1] if result.error.value.count("'") >= 2 else ""
+        root = module.split(".")[0].lower().replace("_", "-")
+        having = [
+            env_id
+            for env_id, packages in environments or []
+            if any(p.split("==")[0].lower().replace("_", "-") == root for p in packages)
+        ]
+        where = (
+            f" The environment(s) {', '.join(having)} have it: a spec with that environment_id runs there."
+            if having
+            else " No registered environment lists it: use the libraries this environment has."
+        )
+        hints.append(f"next: {module or 'the module'} is not installed here; runs cannot pip install.{where}")
+    for stream, cut, path in (
+        ("stdout", result.stdout_truncated, result.stdout_path),
+        ("stderr", result.stderr_truncated, result.stderr_path),
+    ):
+        if cut:
+            whole = (
+                f"the whole {stream} is in {path}; page through it with read_document"
+                if path
+                else (f"{stream} was cut at the capture cap; print less (a summary, head/tail) next time")
+            )
+            hints.append(f"next: {whole}.")
+    return hints
+
+
+def render_run(result: RunResult, environments: list[tuple[str, tuple[str, ...]]] | None = None) -> str:
+    """A run result for the model: one status line (``status_line``), the readable rendering
+    (``alphaagent exec``'s, with the capture's truncation markers) clipped to ``MODEL_TEXT_CHARS``,
+    the next steps the platform knows (``next_steps``), then the structured result (DESIGN §4.4)
     as JSON without what is already shown above it (the two streams and the traceback)."""
     readable = "\n".join(iter_result_lines(result))
     spill = result.stdout_path if len(result.stdout) >= len(result.stderr) else result.stderr_path
-    details = result.model_dump(mode="json", exclude={"stdout": True, "stderr": True, "error": {"traceback"}})
-    return f"{clip(readable, where=spill)}\n\n{RESULT_HEADING}\n{json.dumps(details)}"
+    # High-signal fields only: the streams and the traceback are above, and how the sandbox isolates
+    # the run (isolation, Landlock, cold start) tells the model nothing it can act on.
+    details = result.model_dump(mode="json", exclude=_NOT_FOR_THE_MODEL)
+    hints = "".join(f"\n{hint}" for hint in next_steps(result, environments))
+    status = status_line(result)
+    # The status line and the hints come out of the output's share, so the whole stays in bounds.
+    room = MODEL_TEXT_CHARS - len(status) - len(hints) - 1
+    body = f"{status}\n{clip(readable, limit=room, where=spill)}{hints}"
+    return f"{body}\n\n{RESULT_HEADING}\n{json.dumps(details)}"
 
 
 def render_page(page: domain.DocumentPage) -> str:
@@ -167,6 +254,27 @@ def render_page(page: domain.DocumentPage) -> str:
 
 
 @dataclass(frozen=True)
+class _Answer:
+    """What a tool call gives the model (``text``, then ``images``) and the progress line's outcome."""
+
+    text: str
+    outcome: str
+    images: tuple[dict[str, Any], ...] = ()
+
+
+def _pictures(ctx: TurnContext, paths: list[str]) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """One line about the charts among ``paths`` (what is shown below, or why not) and the
+    image blocks themselves; ``("", ())`` when there is no chart."""
+    pictures = seeing.chart_pictures(ctx, paths)
+    line = "charts: " + "; ".join(pictures.notes) if pictures.notes else ""
+    return line, tuple(pictures.blocks)
+
+
+def _environments(ctx: TurnContext) -> list[tuple[str, tuple[str, ...]]]:
+    return [(e.environment_id, e.packages) for e in ctx.backend.environments.list()]
+
+
+@dataclass(frozen=True)
 class _Turn:
     """What a tool call works on: the turn's context and its deadline (``time.monotonic()``)."""
 
@@ -174,7 +282,7 @@ class _Turn:
     deadline: float | None
 
 
-def _run_in_env(turn: _Turn, args: RunInEnvArgs) -> tuple[str, str]:
+def _run_in_env(turn: _Turn, args: RunInEnvArgs) -> _Answer:
     ctx, timeout = turn.ctx, args.timeout_s
     if turn.deadline is not None:
         # A run never outlives the turn: it gets at most the turn's remaining time.
@@ -186,36 +294,59 @@ def _run_in_env(turn: _Turn, args: RunInEnvArgs) -> tuple[str, str]:
             timeout = remaining
     result = domain.run_in_env(ctx, args.code, timeout)
     outcome = f"{result.status} (exit {result.exit_code}, {result.duration_ms} ms)"
-    return render_run(result), outcome
+    text = render_run(result, _environments(ctx))
+    # Charts the run drew come back as pictures, so a blank or mislabelled plot is seen.
+    line, images = _pictures(ctx, [*result.files.created, *result.files.modified])
+    if line:
+        status, rest = text.split("\n", 1)
+        text = f"{status}\n{line}\n{rest}"
+    return _Answer(text, outcome, images)
 
 
-def _read_document(turn: _Turn, args: ReadDocumentArgs) -> tuple[str, str]:
-    page = domain.read_document(turn.ctx, args.path, args.offset, args.limit)
-    return render_page(page), f"{page.path} [{page.offset}:{page.offset + len(page.text)}]"
+def _read_document(turn: _Turn, args: ReadDocumentArgs) -> _Answer:
+    try:
+        normal = check_workspace_path(args.path, prefix=turn.ctx.scope.key + "/")
+    except PathRuleError as exc:
+        raise ToolError(f"path {args.path!r}: {exc}") from None
+    if normal.lower().endswith(seeing.TABLE_SUFFIXES):
+        rows = args.limit if args.limit is not None else seeing.DEFAULT_TABLE_ROWS
+        table = seeing.read_table(turn.ctx, normal, args.offset, rows)
+        return _Answer(table, f"{normal} rows [{args.offset}:{args.offset + rows}]")
+    limit = args.limit if args.limit is not None else domain.DEFAULT_PAGE_CHARS
+    page = domain.read_document(turn.ctx, normal, args.offset, limit)
+    return _Answer(render_page(page), f"{page.path} [{page.offset}:{page.offset + len(page.text)}]")
 
 
-def _connector_fetch(turn: _Turn, args: ConnectorFetchArgs) -> tuple[str, str]:
+def _connector_fetch(turn: _Turn, args: ConnectorFetchArgs) -> _Answer:
     copy = domain.connector_fetch(turn.ctx, args.connector, args.request)
-    return domain.as_json(copy), f"{copy.path} ({copy.bytes} bytes)"
+    return _Answer(domain.as_json(copy), f"{copy.path} ({copy.bytes} bytes)")
 
 
-def _register_artifact(turn: _Turn, args: RegisterArtifactArgs) -> tuple[str, str]:
-    ref = domain.register_artifact(
-        turn.ctx, args.kind, args.path, name=args.name, description=args.description
-    )
-    return domain.as_json(ref), f"{ref.kind} {ref.name} v{ref.version} ({ref.path})"
+def _register_artifact(turn: _Turn, args: RegisterArtifactArgs) -> _Answer:
+    ctx = turn.ctx
+    ref = domain.register_artifact(ctx, args.kind, args.path, name=args.name, description=args.description)
+    text, images = domain.as_json(ref), tuple[dict[str, Any], ...]()
+    if ref.kind == "dataset":
+        # What is in it, from the profile stored with the version: the model checks its own work.
+        version = ctx.backend.store.get_artifact(ctx.user_id, ctx.scope.key, ref.name, ref.version)
+        if version is not None:
+            text += "\n\n" + seeing.render_profile(version.metadata)
+    elif ref.kind == "chart":
+        line, images = _pictures(ctx, [ref.path])
+        text += f"\n\n{line}" if line else ""
+    return _Answer(text, f"{ref.kind} {ref.name} v{ref.version} ({ref.path})", images)
 
 
-def _emit_citation(turn: _Turn, args: EmitCitationArgs) -> tuple[str, str]:
+def _emit_citation(turn: _Turn, args: EmitCitationArgs) -> _Answer:
     citation = domain.emit_citation(turn.ctx, args.source, args.locator, args.quote, args.claim)
-    return json.dumps({"citation_id": citation.citation_id}), citation.source
+    return _Answer(json.dumps({"citation_id": citation.citation_id}), citation.source)
 
 
 @dataclass(frozen=True)
 class _Spec:
     name: str
     args: type[_Args]
-    call: Callable[[_Turn, Any], tuple[str, str]]
+    call: Callable[[_Turn, Any], _Answer]
 
 
 def _descriptions(ctx: TurnContext) -> dict[str, str]:
@@ -230,12 +361,17 @@ def _descriptions(ctx: TurnContext) -> dict[str, str]:
             " an error, and the files the run created or changed. Each call is a fresh process: save what"
             f" later runs need to files. This turn allows {limits.max_runs} runs of at most"
             f" {limits.run_timeout_s:g} s each; keep runs small and read each result before the next."
+            " The result starts with one status line ([run ok|error|timeout|killed], exit code, duration,"
+            " files changed) and ends with next steps when the platform knows them. A chart the run saves"
+            " under charts/ as png or jpg comes back as a picture: look at it before you register it."
         ),
         "read_document": (
             "Read a document of this scope as text: txt, md, csv, json, html or pdf. Returns a JSON line"
             " (total_chars, next_offset, metadata such as the page count) and then the text; call again"
             " with offset=next_offset for the next page. Also reads a run's full output from"
-            " work/runs/<run_id>/stdout.txt when the run result was cut."
+            " work/runs/<run_id>/stdout.txt when the run result was cut. csv, parquet and xlsx files are"
+            " read as a table instead: offset and limit count rows, and the JSON line gives the columns and"
+            " next_offset."
         ),
         "connector_fetch": (
             "Fetch a document through a connector and keep a point-in-time copy in docs/; returns its"
@@ -247,7 +383,9 @@ def _descriptions(ctx: TurnContext) -> dict[str, str]:
             "Register a file you wrote as an artifact of this turn (the next version if the name exists)."
             " Register every output the spec names, with the spec's kind and name. datasets/: csv, parquet,"
             " json, xlsx; charts/: png, svg, jpg, html; reports/: md, html, pdf, txt. Returns"
-            " artifact_id, name, version, path and sha256."
+            " artifact_id, name, version, path and sha256; for a dataset also its profile (rows, columns"
+            " and types, nulls, first rows) and for a png or jpg chart its picture: check that they are"
+            " what you meant to deliver."
         ),
         "emit_citation": (
             "Cite a source your answer relies on: a document in docs/, a dataset, or a fetched URL. Give"
@@ -313,7 +451,7 @@ def alphaagent_tools(ctx: TurnContext, deadline: float | None = None) -> list[Sd
                 return _error(_argument_error(exc))
             async with serial:
                 try:
-                    text, outcome = await anyio.to_thread.run_sync(spec.call, turn, parsed)
+                    answer = await anyio.to_thread.run_sync(spec.call, turn, parsed)
                 except AlphaAgentError as exc:
                     ctx.progress(f"coder: {spec.name} -> {type(exc).__name__}")
                     return _error(tool_error_text(exc))
@@ -321,8 +459,8 @@ def alphaagent_tools(ctx: TurnContext, deadline: float | None = None) -> list[Sd
                     logger.exception("tool %s failed unexpectedly", spec.name)
                     ctx.progress(f"coder: {spec.name} -> {type(exc).__name__}")
                     return _error(f"{type(exc).__name__}: {exc}"[:2000])
-            ctx.progress(f"coder: {spec.name} -> {outcome}")
-            return {"content": [{"type": "text", "text": clip(text, _RESULT_CHARS)}]}
+            ctx.progress(f"coder: {spec.name} -> {answer.outcome}")
+            return {"content": [{"type": "text", "text": clip(answer.text, _RESULT_CHARS)}, *answer.images]}
 
         return tool(spec.name, descriptions[spec.name], input_schema(spec.args), annotations)(handler)
 

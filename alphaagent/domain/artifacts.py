@@ -128,6 +128,7 @@ def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
                     str(f.name)[:200]: str(f.type) for f in list(parquet.schema_arrow)[:MAX_PROFILE_COLUMNS]
                 },
                 "row_count": meta.num_rows,
+                "nulls": _parquet_nulls(meta),
             }
             first_group = meta.row_group(0).total_byte_size if meta.num_row_groups else 0
             if first_group <= MAX_PARQUET_PREVIEW_GROUP_BYTES:  # decompressed size, from the footer
@@ -164,8 +165,29 @@ def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
             str(col)[:200]: str(dtype) for col, dtype in list(frame.dtypes.items())[:MAX_PROFILE_COLUMNS]
         },
         "row_count": len(frame),
+        "nulls": {
+            str(col)[:200]: int(n) for col, n in frame.iloc[:, :MAX_PROFILE_COLUMNS].isna().sum().items() if n
+        },
         "preview": preview,
     }
+
+
+def _parquet_nulls(meta: Any) -> dict[str, int]:
+    """Null counts per column from the footer's statistics (nothing decompressed); a column whose
+    statistics do not all carry a null count is left out (unknown, not zero)."""
+    nulls: dict[str, int] = {}
+    unknown: set[str] = set()
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        for index in range(min(row_group.num_columns, MAX_PROFILE_COLUMNS)):
+            column = row_group.column(index)
+            name = str(column.path_in_schema)[:200]
+            stats = column.statistics
+            if stats is None or not stats.has_null_count:
+                unknown.add(name)
+            else:
+                nulls[name] = nulls.get(name, 0) + int(stats.null_count)
+    return {name: n for name, n in nulls.items() if n and name not in unknown}
 
 
 def register_artifact(

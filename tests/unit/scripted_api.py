@@ -88,10 +88,13 @@ class RecordedRequest:
         return [t.get("name", "") for t in self.body.get("tools", []) or []]
 
     def tool_results(self) -> list[dict[str, Any]]:
-        """The ``tool_result`` blocks of the last user message, with their text joined in ``text``."""
+        """The ``tool_result`` blocks of the last user message, with their text joined in ``text`` and
+        their blocks as sent in ``content`` (text and image blocks)."""
         if not isinstance(self.body, dict) or not self.body.get("messages"):
             return []
-        last = self.body["messages"][-1]
+        # The CLI may append a system-role reminder after the tool results: the last *user* message.
+        users = [m for m in self.body["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+        last = users[-1] if users else {}
         content = last.get("content")
         if last.get("role") != "user" or not isinstance(content, list):
             return []
@@ -109,6 +112,7 @@ class RecordedRequest:
                     "tool_use_id": block.get("tool_use_id"),
                     "is_error": bool(block.get("is_error")),
                     "text": joined,
+                    "content": inner if isinstance(inner, list) else [],
                 }
             )
         return results

@@ -659,9 +659,12 @@ def test_a_long_run_result_is_clipped_for_the_model_with_a_pointer_to_the_whole_
 
     rendered = render_run(result)
 
-    readable, details = rendered.split(f"\n\n{RESULT_HEADING}\n")
-    assert len(readable) <= MODEL_TEXT_CHARS
+    whole, details = rendered.split(f"\n\n{RESULT_HEADING}\n")
+    assert len(whole) <= MODEL_TEXT_CHARS
+    status, readable = whole.split("\n", 1)
+    assert status.startswith("[run ok] exit 0 · 5 ms")
     assert readable.startswith("line 000000\n") and "line 019999" in readable
+    assert "next: the whole stdout is in work/runs/01RUN/stdout.txt" in readable
     assert "characters omitted; the whole text is in work/runs/01RUN/stdout.txt" in readable
     parsed = json.loads(details)
     assert "stdout" not in parsed and parsed["stdout_bytes"] == len(stdout) * 3 and parsed["stdout_truncated"]

@@ -1,0 +1,264 @@
+"""What the coder sees of its own outputs (issue 17, items 1 and 2): charts as pictures, datasets as
+data, and tables page by page.
+
+Every byte here was written by untrusted code, so everything is bounded before it is decoded:
+
+- **Pictures**: at most ``MAX_IMAGES`` per tool result, each downscaled to ``MAX_SIDE`` px on its
+  longest side, all together at most ``MAX_IMAGE_BYTES`` of encoded image (base64 adds a third on
+  the wire). A file over ``MAX_CHART_FILE_BYTES`` or a picture over ``MAX_DECODE_PIXELS`` is never
+  decoded (a 10,000 x 10,000 PNG would need 400 MB of RAM): it is named with the reason instead. SVG
+  is named, not rasterised (no well-kept rasteriser is a dependency of the coder).
+- **Profiles**: the registered version's stored profile (``alphaagent.domain.artifacts``), rendered
+  to at most ``MAX_PROFILE_CHARS`` characters whatever the width of the table.
+- **Table pages**: csv, parquet and xlsx read ``limit`` rows from row ``offset``; a csv header
+  line over ``MAX_HEADER_BYTES`` is refused before pandas sees it; a parquet file is read only in
+  the row groups the page needs, and only if their decompressed size (from the footer) is bounded.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from alphaagent.domain.tools import TurnContext
+from alphaagent.errors import ToolError
+
+MAX_IMAGES = 3
+MAX_SIDE = 1024
+MAX_IMAGE_BYTES = 1_100_000
+"""Encoded bytes of all pictures of one result (~1.5 MB once base64-encoded): twenty runs with a
+chart each stay within a fraction of the model's context."""
+MAX_CHART_FILE_BYTES = 32 * 2**20
+MAX_DECODE_PIXELS = 40_000_000
+"""Pixels decoded at most (160 MB as RGBA): matplotlib at 300 dpi on a 20 x 20 inch figure is
+36 Mpx; beyond that the picture is named, not decoded."""
+PICTURE_SUFFIXES = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG"}
+
+MAX_PROFILE_CHARS = 6_000
+MAX_PROFILE_COLUMNS_SHOWN = 60
+MAX_CELL_CHARS = 60
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".xlsx")
+DEFAULT_TABLE_ROWS = 50
+MAX_TABLE_ROWS = 500
+MAX_HEADER_BYTES = 1 * 2**20
+MAX_TABLE_FILE_BYTES = 512 * 2**20
+MAX_ROW_GROUP_BYTES = 256 * 2**20
+MAX_XLSX_BYTES = 32 * 2**20
+MAX_TABLE_COLUMNS = 50
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """Image content blocks for the model, and one line per chart about what was shown or why not."""
+
+    blocks: list[dict[str, Any]]
+    notes: list[str]
+
+
+def _picture(data: bytes, fmt: str) -> tuple[bytes, str, str] | str:
+    """``(encoded, mime type, size note)`` of ``data`` downscaled, or the reason it is not shown."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns past 89 Mpx; the bound below is ours and smaller.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(data), formats=[fmt])  # reads the header only
+        with opened as image:
+            width, height = image.size
+            if width * height > MAX_DECODE_PIXELS:
+                return (
+                    f"{width} x {height} px is over the {MAX_DECODE_PIXELS // 1_000_000} Mpx this tool"
+                    " decodes; save it smaller (a lower dpi or figsize) to see it"
+                )
+            if image.format == "JPEG":
+                image.draft("RGB", (MAX_SIDE, MAX_SIDE))  # decode at a reduced scale directly
+            image.thumbnail((MAX_SIDE, MAX_SIDE))
+            shown = image.convert("RGBA" if image.mode in ("RGBA", "LA", "P") else "RGB")
+    except Image.DecompressionBombError:
+        return f"over the {MAX_DECODE_PIXELS // 1_000_000} Mpx this tool decodes; save it smaller to see it"
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        return f"not a readable {fmt.lower()} ({type(exc).__name__})"
+    out = io.BytesIO()
+    shown.save(out, format="PNG", optimize=True)
+    mime = "image/png"
+    if out.tell() > MAX_IMAGE_BYTES // 2:  # a photo-like chart: JPEG is far smaller
+        out = io.BytesIO()
+        shown.convert("RGB").save(out, format="JPEG", quality=80)
+        mime = "image/jpeg"
+    note = f"{width} x {height} px" + (
+        f", shown at {shown.width} x {shown.height}" if (shown.width, shown.height) != (width, height) else ""
+    )
+    return out.getvalue(), mime, note
+
+
+def chart_pictures(ctx: TurnContext, paths: list[str]) -> Pictures:
+    """The pictures of the charts among ``paths`` (workspace-relative), within the bounds above."""
+    blocks: list[dict[str, Any]] = []
+    notes: list[str] = []
+    budget = MAX_IMAGE_BYTES
+    for path in paths:
+        suffix = PurePosixPath(path).suffix.lower()
+        if not path.startswith("charts/") or suffix not in (*PICTURE_SUFFIXES, ".svg"):
+            continue
+        if suffix == ".svg":
+            notes.append(f"{path}: an SVG, not shown as a picture (save a png beside it to see it)")
+            continue
+        if len(blocks) == MAX_IMAGES:
+            notes.append(f"{path}: not shown (at most {MAX_IMAGES} pictures per result)")
+            continue
+        info = ctx.backend.workspace.stat(ctx.scope, path)
+        if info is None:
+            continue
+        if info.size_bytes > MAX_CHART_FILE_BYTES:
+            notes.append(
+                f"{path}: {info.size_bytes:,} bytes, over {MAX_CHART_FILE_BYTES // 2**20} MiB; not shown"
+            )
+            continue
+        shown = _picture(ctx.backend.workspace.read_bytes(ctx.scope, path), PICTURE_SUFFIXES[suffix])
+        if isinstance(shown, str):
+            notes.append(f"{path}: {shown}")
+            continue
+        encoded, mime, size = shown
+        if len(encoded) > budget:
+            notes.append(
+                f"{path}: not shown (this result's {MAX_IMAGE_BYTES:,}-byte picture budget is spent)"
+            )
+            continue
+        budget -= len(encoded)
+        blocks.append({"type": "image", "data": base64.b64encode(encoded).decode(), "mimeType": mime})
+        notes.append(f"{path}: shown below ({size})")
+    return Pictures(blocks, notes)
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):  # None and NaN
+        return "null"
+    text = str(value).replace("\n", " ").replace("|", "/")
+    return text if len(text) <= MAX_CELL_CHARS else text[: MAX_CELL_CHARS - 1] + "…"
+
+
+def render_profile(metadata: dict[str, Any]) -> str:
+    """A dataset's stored profile as text: row count, columns with types (and nulls where known),
+    and the first rows; at most ``MAX_PROFILE_CHARS`` characters."""
+    if not metadata.get("profiled"):
+        return f"profile: not profiled ({metadata.get('reason', 'no reason recorded')})"
+    schema: dict[str, str] = metadata.get("schema", {})
+    nulls: dict[str, int] = metadata.get("nulls", {})
+    columns = list(schema)[:MAX_PROFILE_COLUMNS_SHOWN]
+    more = len(schema) - len(columns)
+    lines = [
+        f"profile: {metadata.get('row_count', '?')} rows, {len(schema)} columns"
+        + (" (at least; the stored profile keeps the first 200)" if len(schema) >= 200 else "")
+    ]
+    described = [f"{_cell(c)}: {schema[c]}" + (f", {nulls[c]} null" if nulls.get(c) else "") for c in columns]
+    lines.append("columns: " + "; ".join(described) + (f"; ... {more} more" if more else ""))
+    preview = metadata.get("preview") or []
+    if preview:
+        lines.append("first rows:")
+        lines.append("| " + " | ".join(_cell(c) for c in columns[:MAX_TABLE_COLUMNS]) + " |")
+        for row in preview:
+            lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in columns[:MAX_TABLE_COLUMNS]) + " |")
+    text = "\n".join(lines)
+    if len(text) > MAX_PROFILE_CHARS:
+        text = text[: MAX_PROFILE_CHARS - 40] + "\n[... profile cut at 6,000 characters]"
+    return text
+
+
+def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+    import pandas as pd
+
+    with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
+        header = raw.readline(MAX_HEADER_BYTES + 1)
+        if len(header) > MAX_HEADER_BYTES and not header.endswith(b"\n"):
+            raise ToolError(
+                f"path {path!r}: its header line is over {MAX_HEADER_BYTES // 2**20} MiB; read it with code"
+                " in run_in_env (e.g. pandas.read_csv(usecols=...))"
+            )
+        columns = pd.read_csv(io.BytesIO(header)).columns[:MAX_TABLE_COLUMNS]
+        frame = pd.read_csv(raw, header=None, skiprows=offset, nrows=limit + 1).iloc[:, : len(columns)]
+    frame.columns = list(columns)[: frame.shape[1]]
+    return frame, None
+
+
+def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
+        parquet = pq.ParquetFile(raw)
+        meta = parquet.metadata
+        columns = parquet.schema_arrow.names[:MAX_TABLE_COLUMNS]
+        batches, start = [], 0
+        for group in range(meta.num_row_groups):
+            rows = meta.row_group(group).num_rows
+            if start + rows > offset and start < offset + limit + 1:
+                size = meta.row_group(group).total_byte_size
+                if size > MAX_ROW_GROUP_BYTES:
+                    raise ToolError(
+                        f"path {path!r}: row group {group} decompresses to {size:,} bytes, over"
+                        f" {MAX_ROW_GROUP_BYTES // 2**20} MiB; read it with code in run_in_env"
+                    )
+                table = parquet.read_row_group(group, columns=columns)
+                batches.append(table.slice(max(offset - start, 0), limit + 1))
+            start += rows
+        frame = (pa.concat_tables(batches) if batches else parquet.schema_arrow.empty_table()).to_pandas()
+    return frame.iloc[: limit + 1], int(meta.num_rows)
+
+
+def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+    import pandas as pd
+
+    info = ctx.backend.workspace.stat(ctx.scope, path)
+    if info is not None and info.size_bytes > MAX_XLSX_BYTES:
+        raise ToolError(f"path {path!r}: over {MAX_XLSX_BYTES // 2**20} MiB; read it with code in run_in_env")
+    from alphaagent.domain.artifacts import MAX_XLSX_UNPACKED_BYTES
+
+    data = ctx.backend.workspace.read_bytes(ctx.scope, path)
+    import zipfile
+
+    unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist())
+    if unpacked > MAX_XLSX_UNPACKED_BYTES:
+        raise ToolError(f"path {path!r}: unpacks to {unpacked:,} bytes; read it with code in run_in_env")
+    frame = pd.read_excel(io.BytesIO(data), skiprows=range(1, offset + 1), nrows=limit + 1)
+    return frame.iloc[:, :MAX_TABLE_COLUMNS], None
+
+
+def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
+    """One page of a csv, parquet or xlsx file of the scope as a table: a JSON line (path, offset,
+    rows, next_offset, total_rows where the format says it cheaply), then the rows."""
+    if not 0 < limit <= MAX_TABLE_ROWS:
+        raise ToolError(f"limit: for a table, between 1 and {MAX_TABLE_ROWS} rows")
+    suffix = PurePosixPath(path).suffix.lower()
+    reader = {".csv": _csv_page, ".parquet": _parquet_page, ".xlsx": _xlsx_page}[suffix]
+    if ctx.backend.workspace.stat(ctx.scope, path) is None:
+        raise ToolError(f"path {path!r}: no such document in this scope")
+    try:
+        frame, total = reader(ctx, path, offset, limit)
+    except ToolError:
+        raise
+    except Exception as exc:  # a file the reader cannot parse is the model's to fix, with the reason
+        raise ToolError(
+            f"path {path!r}: cannot be read as a table ({type(exc).__name__}: {exc})"[:500]
+        ) from None
+    more = len(frame) > limit
+    frame = frame.iloc[:limit]
+    header = {
+        "path": path,
+        "offset": offset,
+        "rows": len(frame),
+        "next_offset": offset + limit if more else None,
+        "total_rows": total,
+        "columns": [str(c) for c in frame.columns],
+    }
+    lines = [json.dumps(header, ensure_ascii=False, default=str)]
+    lines.append("| " + " | ".join(_cell(c) for c in frame.columns) + " |")
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines)
