@@ -197,7 +197,11 @@ def test_a_dataset_registration_returns_its_profile_bounded_and_tables_page_by_r
     assert (header["offset"], header["rows"], header["next_offset"]) == (990, 10, None)
     assert page[1] == "| n |" and page[2] == "| 990 |" and page[-1] == "| 999 |"
     parquet = requests[5].tool_results()[0]["text"].splitlines()
-    assert json.loads(parquet[0])["total_rows"] == 3 and parquet[2:] == ["| Adelie | 3700.0 |", "| Gentoo | null |", "| null | 5000.0 |"]
+    assert json.loads(parquet[0])["total_rows"] == 3 and parquet[2:] == [
+        "| Adelie | 3700.0 |",
+        "| Gentoo | null |",
+        "| null | 5000.0 |",
+    ]
     refused = requests[6].tool_results()[0]
     assert refused["is_error"] and "header line is over 1 MiB" in refused["text"]
 
@@ -243,7 +247,9 @@ def test_the_status_line_and_the_next_steps_say_what_to_do() -> None:
     assert "No registered environment lists it" in none
 
     cut = next_steps(_result(stdout_truncated=True, stdout_path="work/runs/01RUN/stdout.txt"))
-    assert cut == ["next: the whole stdout is in work/runs/01RUN/stdout.txt; page through it with read_document."]
+    assert cut == [
+        "next: the whole stdout is in work/runs/01RUN/stdout.txt; page through it with read_document."
+    ]
 
 
 def test_a_picture_is_never_decoded_past_its_pixel_bound(tmp_path: Path) -> None:
