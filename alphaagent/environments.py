@@ -10,12 +10,13 @@ anything is written (``check_environment``).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.common import EnvironmentId
@@ -29,6 +30,14 @@ FUNCTION_PREFIX = "alphaagent-env-"
 
 DEFAULT_STATE_MB = 512
 """Cap of a session's saved live state, per environment (DESIGN §4.7)."""
+
+MAX_PRELOAD = 64
+"""Most modules a zygote preloads: each costs start-up time and memory in every fork."""
+
+MAX_PACKAGES = 300
+"""Most distributions recorded in ``Environment.packages`` (the coder's prompt lists them)."""
+
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def function_name(environment_id: str) -> str:
@@ -89,11 +98,20 @@ class Environment(_Strict):
     environment_id: EnvironmentId
     description: str = Field("", max_length=1000)
     start: Annotated[LocalStart | LambdaStart, Field(discriminator="kind")]
-    preload: tuple[str, ...] = ()
-    packages: tuple[str, ...] = ()
+    preload: tuple[str, ...] = Field((), max_length=MAX_PRELOAD)
+    packages: tuple[Annotated[str, Field(max_length=200)], ...] = Field((), max_length=MAX_PACKAGES)
     limits: EnvironmentLimits = EnvironmentLimits()
     status: Literal["ready", "removed"] = "ready"
     registered_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    removed_at: datetime | None = None
+
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not _MODULE_NAME.match(name):
+                raise ValueError(f"{name!r} is not a module name (dotted Python identifiers)")
+        return value
 
 
 class EnvironmentRegistry(Protocol):
