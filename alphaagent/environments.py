@@ -92,7 +92,9 @@ class Environment(_Strict):
 
     ``packages`` names its main preinstalled distributions (``"pandas==2.2.3"``...), which the
     coder's prompt lists so the model does not try what is not there. ``status`` is ``removed``
-    once it was removed: its specs are refused, its record kept for the turns that used it.
+    once it was removed (at ``removed_at``): its specs are refused, its record kept for the turns
+    that used it. ``preload`` holds dotted module names (at most ``MAX_PRELOAD``); ``packages`` at
+    most ``MAX_PACKAGES`` entries.
     """
 
     environment_id: EnvironmentId

@@ -10,6 +10,7 @@ enough to say which version it is (the caller then refuses it by name). It print
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -18,17 +19,31 @@ SKIPPED = ("pip", "setuptools", "wheel")
 
 
 def installed_packages(limit: int) -> list[str]:
-    """``name==version`` of the distributions this interpreter can import, sorted by normalised name
-    (PEP 503), the first ``limit`` of them; installers (``SKIPPED``) left out."""
-    from importlib.metadata import distributions
+    """``name==version`` of the distributions this interpreter can import, the name normalised
+    (PEP 503: ``annotated-types``), sorted, the first ``limit`` of them; installers (``SKIPPED``)
+    left out.
 
+    Read from the names of the ``*.dist-info`` / ``*.egg-info`` entries on ``sys.path``
+    (``{name}-{version}.dist-info``, the wheel and PEP 376 layout) rather than through
+    ``importlib.metadata``, which parses every ``METADATA`` file: ~15 ms per distribution on a
+    loaded machine, where a directory listing takes about a millisecond for all of them."""
     found: dict[str, str] = {}
-    for dist in distributions():
-        name = dist.metadata["Name"] or ""
-        key = re.sub(r"[-_.]+", "-", name).lower()
-        if key and key not in SKIPPED and key not in found:
-            # The first one found wins, as it does for import (sys.path order).
-            found[key] = f"{name}=={dist.version}"[:200]
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue  # a zip file or a missing directory on the path
+        for item in names:
+            stem, dot, kind = item.rpartition(".")
+            if not dot or kind not in ("dist-info", "egg-info"):
+                continue
+            name, _, version = stem.partition("-")
+            if kind == "egg-info":
+                version = version.split("-py", 1)[0]
+            key = re.sub(r"[-_.]+", "-", name).lower()
+            if key and version and key not in SKIPPED and key not in found:
+                # The first one found wins, as it does for import (sys.path order).
+                found[key] = f"{key}=={version}"[:200]
     return [found[key] for key in sorted(found)][:limit]
 
 
@@ -39,9 +54,7 @@ def main() -> None:
         "executable": sys.executable,
         "packages": [],
     }
-    # An old interpreter reports its version (and is refused by it); importlib.metadata is 3.8+.
-    if sys.version_info >= (3, 8):  # noqa: UP036
-        report["packages"] = installed_packages(limit)
+    report["packages"] = installed_packages(limit)
     print(json.dumps(report))
 
 
