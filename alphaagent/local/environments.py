@@ -138,7 +138,7 @@ def register_environment(
         field = str(first["loc"][0]) if first["loc"] else "environment"
         value = {"environment_id": environment_id, "description": "", "preload": ""}.get(field, "")
         rule = {
-            "environment_id": "1-32 characters of a-z, 0-9 and '-', starting with a letter (DESIGN §4.1)"
+            "environment_id": "1-32 characters of a-z, 0-9 and '-', starting with a letter"
         }.get(field, first["msg"].removeprefix("Value error, "))
         shown = f"{value!r}: " if value else ""
         raise InvalidEnvironmentError(field, f"{shown}{rule}") from None
