@@ -788,8 +788,23 @@ _EXAMPLES = {
     "serve": ["alphaagent serve --open", "alphaagent serve --backend aws --table $TABLE --bucket $BUCKET"],
     "mcp": ["alphaagent mcp", "alphaagent mcp --http 8766"],
     "export": ["alphaagent export --conversation penguins -o penguins.zip"],
+    "env": [
+        "alphaagent env add stats --python ~/envs/stats/bin/python --preload statsmodels.api",
+        "alphaagent env list --json",
+    ],
 }
 """What ``COMMAND --help`` shows under "examples"."""
+
+_ENV_EXAMPLES = {
+    "add": [
+        "alphaagent env add stats --python ~/envs/stats/bin/python --preload statsmodels.api,scipy",
+        "alphaagent env add web --python /usr/bin/python3.12 --network on --description 'fetches pages'",
+    ],
+    "list": ["alphaagent env list", "alphaagent env list --json"],
+    "show": ["alphaagent env show builtin --json"],
+    "remove": ["alphaagent env remove stats"],
+}
+"""What ``env SUBCOMMAND --help`` shows under "examples"."""
 
 _EXIT_STATUS = """exit status:
   0    done
@@ -799,13 +814,15 @@ _EXIT_STATUS = """exit status:
 with --json, an error is also {"error": {"message": ..., "exit_code": N}} on standard output"""
 
 
-def _describe_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _describe_commands(
+    sub: argparse._SubParsersAction[_Parser], examples: dict[str, list[str]] = _EXAMPLES
+) -> None:
     """Give every command a description (its one-line help), examples and the exit statuses."""
     helps = {action.dest: action.help for action in sub._choices_actions}
     for name, command in sub.choices.items():
         command.formatter_class = argparse.RawDescriptionHelpFormatter
         command.description = command.description or helps.get(name)
-        lines = [f"  {example}" for example in _EXAMPLES.get(name, [])]
+        lines = [f"  {example}" for example in examples.get(name, [])]
         command.epilog = ("examples:\n" + "\n".join(lines) + "\n\n" if lines else "") + _EXIT_STATUS
 
 
@@ -1000,6 +1017,7 @@ def build_parser() -> argparse.ArgumentParser:
     env_remove.set_defaults(handler=cmd_env_remove)
     for command in env_sub.choices.values():
         _add_home(command, argparse.SUPPRESS)
+    _describe_commands(env_sub, _ENV_EXAMPLES)
     # --home after the command name too (`alphaagent files --home DIR ...`), for every command.
     for command in sub.choices.values():
         _add_home(command, argparse.SUPPRESS)

@@ -435,3 +435,30 @@ def test_an_environment_that_runs_on_lambda_is_not_run_locally(tmp_path: Path) -
     with pytest.raises(EnvStartError, match="'gpu-ml' runs on AWS Lambda, not locally"):
         executor.run(tmp_path, "print(1)", limits=RunLimits(), run_id=new_ulid(), origin=origin)
     executor.close()
+
+
+def test_every_env_subcommand_has_a_description_and_examples_that_parse() -> None:
+    import argparse
+    import shlex
+
+    from alphaagent.cli import _ENV_EXAMPLES, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    env_sub = next(a for a in sub.choices["env"]._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in env_sub.choices.items():
+        assert command.description and "exit status:" in (command.epilog or ""), name
+    for name, examples in _ENV_EXAMPLES.items():
+        for example in examples:
+            args = parser.parse_args(shlex.split(example)[1:])  # a wrong flag exits 2 here
+            assert (args.command, args.env_command) == ("env", name)
+
+
+def test_env_add_under_json_fails_as_json_on_stdout_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "python")
+    code, out, err = _cli(tmp_path, "env", "add", "x", "--python", missing, "--json", capsys=capsys)
+    message = f"--python: {missing}: no such interpreter"
+    assert code == 2 and err == f"alphaagent: error: {message}\n"
+    assert json.loads(out) == {"error": {"message": message, "exit_code": 2}}
