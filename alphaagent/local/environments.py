@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -117,14 +118,17 @@ def register_environment(
     settings that imports every ``preload`` module. The interpreter's distributions are recorded
     as ``packages`` (at most ``MAX_PACKAGES``).
 
-    ``python`` is kept as given, made absolute but not resolved: a virtual environment's
-    ``bin/python`` is a link to the base interpreter, and only the link's path selects the venv.
+    ``python`` is a path, or a name looked up on ``PATH``; it is made absolute but not resolved: a
+    virtual environment's ``bin/python`` is a link to the base interpreter, and only the link's
+    path selects the venv.
 
     Raises ``InvalidEnvironmentError`` naming the field (``environment_id``, ``python``, ``preload``,
     ``description``, ``limits``) and the rule; nothing is registered then. ``SandboxError`` when the
     zygote fails for another reason (the platform's isolation, not the interpreter).
     """
-    path = str(Path(python).expanduser().absolute())
+    # A bare name (``python3.12``) is looked up on PATH, as a shell would.
+    found = shutil.which(python) if "/" not in python else None
+    path = str(Path(found or python).expanduser().absolute())
     try:
         candidate = Environment(
             environment_id=environment_id,
@@ -137,9 +141,9 @@ def register_environment(
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "environment"
         value = {"environment_id": environment_id, "description": "", "preload": ""}.get(field, "")
-        rule = {
-            "environment_id": "1-32 characters of a-z, 0-9 and '-', starting with a letter"
-        }.get(field, first["msg"].removeprefix("Value error, "))
+        rule = {"environment_id": "1-32 characters of a-z, 0-9 and '-', starting with a letter"}.get(
+            field, first["msg"].removeprefix("Value error, ")
+        )
         shown = f"{value!r}: " if value else ""
         raise InvalidEnvironmentError(field, f"{shown}{rule}") from None
     _refuse_taken(registry, environment_id)

@@ -462,3 +462,15 @@ def test_env_add_under_json_fails_as_json_on_stdout_too(
     message = f"--python: {missing}: no such interpreter"
     assert code == 2 and err == f"alphaagent: error: {message}\n"
     assert json.loads(out) == {"error": {"message": message, "exit_code": 2}}
+
+
+def test_env_add_finds_a_bare_interpreter_name_on_path(
+    tmp_path: Path, bare_python: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the venv's bin directory first on PATH
+    monkeypatch.setenv("PATH", f"{Path(bare_python).parent}{os.pathsep}{os.environ['PATH']}")
+    # When an environment is added by the interpreter's name
+    code, out, err = _cli(tmp_path, "env", "add", "by-name", "--python", "python", "--json", capsys=capsys)
+    # Then the path found on PATH is recorded, the venv's own (not the interpreter it links to)
+    assert code == 0, err
+    assert json.loads(out)["start"]["python"] == bare_python
