@@ -37,6 +37,9 @@ MAX_PRELOAD = 64
 MAX_PACKAGES = 300
 """Most distributions recorded in ``Environment.packages`` (the coder's prompt lists them)."""
 
+MAX_PACKAGE_CHARS = 200
+"""Longest ``name==version`` kept (PyPI names are short; a longer entry is not a package name)."""
+
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -93,19 +96,25 @@ class Environment(_Strict):
     ``packages`` names its main preinstalled distributions (``"pandas==2.2.3"``...), which the
     coder's prompt lists so the model does not try what is not there. ``status`` is ``removed``
     once it was removed (at ``removed_at``): its specs are refused, its record kept for the turns
-    that used it. ``preload`` holds dotted module names (at most ``MAX_PRELOAD``); ``packages`` at
-    most ``MAX_PACKAGES`` entries.
+    that used it. ``preload`` holds dotted module names (at most ``MAX_PRELOAD``); ``packages`` is cut
+    to its first ``MAX_PACKAGES`` entries of ``MAX_PACKAGE_CHARS`` characters.
     """
 
     environment_id: EnvironmentId
     description: str = Field("", max_length=1000)
     start: Annotated[LocalStart | LambdaStart, Field(discriminator="kind")]
     preload: tuple[str, ...] = Field((), max_length=MAX_PRELOAD)
-    packages: tuple[Annotated[str, Field(max_length=200)], ...] = Field((), max_length=MAX_PACKAGES)
+    packages: tuple[str, ...] = ()
     limits: EnvironmentLimits = EnvironmentLimits()
     status: Literal["ready", "removed"] = "ready"
     registered_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     removed_at: datetime | None = None
+
+    @field_validator("packages")
+    @classmethod
+    def _bounded(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # A descriptive list for the prompt: an image with more is cut, not refused.
+        return tuple(name[:MAX_PACKAGE_CHARS] for name in value[:MAX_PACKAGES])
 
     @field_validator("preload")
     @classmethod
