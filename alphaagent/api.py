@@ -25,8 +25,10 @@ from alphaagent.domain.backend import Backend, ConnectorSettings, TurnSettings
 from alphaagent.domain.reads import ScopeReads
 from alphaagent.domain.recorder import Recorder
 from alphaagent.domain.turns import Coder, Progress, run_turn
+from alphaagent.environments import Environment, EnvironmentLimits, builtin_local
 from alphaagent.local.bus import InProcessBus
-from alphaagent.local.executor import SandboxExecutor
+from alphaagent.local.environments import LocalEnvironmentRegistry, register_environment
+from alphaagent.local.executor import DEFAULT_IDLE_S, SandboxExecutor
 from alphaagent.local.export import ExportReport, export_scope
 from alphaagent.local.store import SqliteStore
 from alphaagent.local.workspace import LocalWorkspace
@@ -69,6 +71,15 @@ def connector_settings_from_env() -> ConnectorSettings:
     hosts = tuple(h.strip() for h in os.environ.get("ALPHAAGENT_HTTP_HOSTS", "").split(",") if h.strip())
     prefixes = tuple(p.strip() for p in os.environ.get("ALPHAAGENT_S3_PREFIXES", "").split(",") if p.strip())
     return ConnectorSettings(file_roots=file_roots, http_hosts=hosts, s3_prefixes=prefixes)
+
+
+def zygote_idle_s_from_env() -> float:
+    """``ALPHAAGENT_ZYGOTE_IDLE_S``: seconds an environment's zygote stays warm without a run
+    (default 600, ``alphaagent.local.executor.DEFAULT_IDLE_S``)."""
+    value = float(os.environ.get("ALPHAAGENT_ZYGOTE_IDLE_S") or DEFAULT_IDLE_S)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"ALPHAAGENT_ZYGOTE_IDLE_S: a positive number of seconds, not {value:g}")
+    return value
 
 
 def turn_settings_from_env() -> TurnSettings:
@@ -115,7 +126,11 @@ class AlphaAgent(ScopeReads):
         self.bus.subscribe(Recorder(self.store).handle)
         # Runs must not see the other scopes under home, nor the supervisor's home directory.
         hidden = (str(Path.home()), str(self.home.resolve()))
-        self.executor = SandboxExecutor(sandbox or SandboxConfig(hidden_paths=hidden))
+        self.sandbox_config = sandbox or SandboxConfig(hidden_paths=hidden)
+        self.environments = LocalEnvironmentRegistry(self.store, builtin_local(self.sandbox_config.python))
+        self.executor = SandboxExecutor(
+            self.sandbox_config, environments=self.environments, idle_s=zygote_idle_s_from_env()
+        )
         self.coder = coder
         self.audit_trail = JsonLinesAudit(self.home / AUDIT_FILE)
         self.audit = self.audit_trail
@@ -126,6 +141,7 @@ class AlphaAgent(ScopeReads):
             workspace=self.workspace,
             bus=self.bus,
             executor=self.executor,
+            environments=self.environments,
             connectors=connectors,
             turns=turns or turn_settings_from_env(),
             audit=self.audit,
@@ -160,6 +176,35 @@ class AlphaAgent(ScopeReads):
             spec = json.dumps(spec)
         parsed = spec if isinstance(spec, Spec) else parse_spec(spec)
         return run_turn(self.backend, parsed, coder=self.coder, progress=progress, on_output=on_output)
+
+    # ------------------------------------------------------------------ environments
+
+    def add_environment(
+        self,
+        environment_id: str,
+        python: str,
+        *,
+        preload: tuple[str, ...] = (),
+        description: str = "",
+        limits: EnvironmentLimits | None = None,
+    ) -> Environment:
+        """Register a local execution environment after starting its zygote once (see
+        ``register_environment``); raises ``InvalidEnvironmentError`` naming the field, with
+        nothing registered."""
+        return register_environment(
+            self.environments,
+            self.sandbox_config,
+            environment_id=environment_id,
+            python=python,
+            preload=preload,
+            description=description,
+            limits=limits,
+        )
+
+    def remove_environment(self, environment_id: str) -> Environment:
+        """Remove an environment: specs naming it are refused from now on (exit 2, naming the
+        available ones); its record is kept. ``builtin`` cannot be removed."""
+        return self.environments.remove(environment_id)
 
     # ------------------------------------------------------------------ local-only reads
 

@@ -48,6 +48,7 @@ from alphaagent.terminal import LiveOutput, looks_binary
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
     from alphaagent.domain.turns import Coder
+    from alphaagent.environments import Environment
     from alphaagent.models.records import Turn, TurnResult
     from alphaagent.models.spec import Spec
 
@@ -633,6 +634,99 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ----------------------------------------------------------------------------- environments
+
+_ENV_FLAGS = {
+    "python": "--python",
+    "preload": "--preload",
+    "description": "--description",
+    "timeout_s": "--timeout",
+    "memory_mb": "--memory-mb",
+}
+"""The flag of ``env add`` that sets each field an ``InvalidEnvironmentError`` may name."""
+
+
+def _environment_lines(environment: Environment, *, full: bool = False) -> list[str]:
+    from alphaagent.environments import LocalStart
+
+    start = environment.start
+    where = start.python if isinstance(start, LocalStart) else start.function_name
+    lines = [f"{environment.environment_id:24} {environment.status:8} {where}"]
+    if environment.description:
+        lines.append(f"  {environment.description}")
+    if not full:
+        return lines
+    limits = environment.limits
+    lines.append(f"  preload:  {', '.join(environment.preload) or '(none)'}")
+    lines.append(
+        f"  limits:   timeout <= {limits.timeout_s:g} s, memory <= {limits.memory_mb} MiB,"
+        f" network {'on' if limits.network else 'off'}"
+    )
+    lines.append(f"  registered {environment.registered_at:%Y-%m-%d %H:%M:%S}")
+    if environment.removed_at is not None:
+        lines.append(f"  removed    {environment.removed_at:%Y-%m-%d %H:%M:%S}")
+    lines.append(f"  packages ({len(environment.packages)}): {', '.join(environment.packages) or '(none)'}")
+    return lines
+
+
+def cmd_env_add(args: argparse.Namespace) -> int:
+    """Register a local environment after starting its zygote once; every refusal is one line
+    naming the flag (exit 2) and registers nothing."""
+    from alphaagent.environments import EnvironmentLimits
+    from alphaagent.errors import InvalidEnvironmentError
+
+    preload = tuple(m.strip() for m in (args.preload or "").split(",") if m.strip())
+    ceilings: dict[str, Any] = {"network": args.network == "on"}
+    if args.timeout is not None:
+        ceilings["timeout_s"] = args.timeout
+    if args.memory_mb is not None:
+        ceilings["memory_mb"] = args.memory_mb
+    try:
+        limits = EnvironmentLimits(**ceilings)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0])
+        raise InvalidRequestError(f"{_ENV_FLAGS.get(field, field)}: {first['msg'].lower()}") from None
+    with _agent(args, writes=True) as agent:
+        try:
+            environment = agent.add_environment(
+                args.environment_id,
+                args.python,
+                preload=preload,
+                description=args.description or "",
+                limits=limits,
+            )
+        except InvalidEnvironmentError as exc:
+            raise InvalidRequestError(f"{_ENV_FLAGS.get(exc.field, exc.field)}: {exc.detail}") from None
+    packages = f"{len(environment.packages)} packages"
+    _emit(args, environment, [f"registered environment {environment.environment_id} ({packages})"])
+    return EXIT_OK
+
+
+def cmd_env_list(args: argparse.Namespace) -> int:
+    with _agent(args) as agent:
+        environments = agent.environments.list()
+    lines = [line for e in environments for line in _environment_lines(e)]
+    _emit(args, _dump(environments), lines)
+    return EXIT_OK
+
+
+def cmd_env_show(args: argparse.Namespace) -> int:
+    with _agent(args) as agent:
+        environment = agent.environments.get(args.environment_id)
+    if environment is None:
+        raise NotFoundError(f"environment {args.environment_id!r} is not registered")
+    _emit(args, environment, _environment_lines(environment, full=True))
+    return EXIT_OK
+
+
+def cmd_env_remove(args: argparse.Namespace) -> int:
+    with _agent(args, writes=True) as agent:
+        removed = agent.remove_environment(args.environment_id)
+    _emit(args, removed, [f"removed environment {removed.environment_id}; specs naming it are refused"])
+    return EXIT_OK
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -694,8 +788,23 @@ _EXAMPLES = {
     "serve": ["alphaagent serve --open", "alphaagent serve --backend aws --table $TABLE --bucket $BUCKET"],
     "mcp": ["alphaagent mcp", "alphaagent mcp --http 8766"],
     "export": ["alphaagent export --conversation penguins -o penguins.zip"],
+    "env": [
+        "alphaagent env add stats --python ~/envs/stats/bin/python --preload statsmodels.api",
+        "alphaagent env list --json",
+    ],
 }
 """What ``COMMAND --help`` shows under "examples"."""
+
+_ENV_EXAMPLES = {
+    "add": [
+        "alphaagent env add stats --python ~/envs/stats/bin/python --preload statsmodels.api,scipy",
+        "alphaagent env add web --python /usr/bin/python3.12 --network on --description 'fetches pages'",
+    ],
+    "list": ["alphaagent env list", "alphaagent env list --json"],
+    "show": ["alphaagent env show builtin --json"],
+    "remove": ["alphaagent env remove stats"],
+}
+"""What ``env SUBCOMMAND --help`` shows under "examples"."""
 
 _EXIT_STATUS = """exit status:
   0    done
@@ -705,13 +814,15 @@ _EXIT_STATUS = """exit status:
 with --json, an error is also {"error": {"message": ..., "exit_code": N}} on standard output"""
 
 
-def _describe_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _describe_commands(
+    sub: argparse._SubParsersAction[_Parser], examples: dict[str, list[str]] = _EXAMPLES
+) -> None:
     """Give every command a description (its one-line help), examples and the exit statuses."""
     helps = {action.dest: action.help for action in sub._choices_actions}
     for name, command in sub.choices.items():
         command.formatter_class = argparse.RawDescriptionHelpFormatter
         command.description = command.description or helps.get(name)
-        lines = [f"  {example}" for example in _EXAMPLES.get(name, [])]
+        lines = [f"  {example}" for example in examples.get(name, [])]
         command.epilog = ("examples:\n" + "\n".join(lines) + "\n\n" if lines else "") + _EXIT_STATUS
 
 
@@ -873,6 +984,40 @@ def build_parser() -> argparse.ArgumentParser:
     export = scoped("export", "export a scope's files as a zip (per-file ceiling 25 MiB)")
     export.add_argument("-o", "--output", required=True, metavar="FILE.zip", help="where to write the zip")
     export.set_defaults(handler=cmd_export)
+    env = sub.add_parser("env", help="the local execution environments: add, list, show, remove")
+    env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
+    env_add = env_sub.add_parser("add", help="register a Python interpreter as an environment")
+    env_add.add_argument("environment_id", metavar="ID", help="1-32 of a-z, 0-9, '-', starting with a letter")
+    env_add.add_argument("--python", required=True, metavar="PATH", help="its interpreter (Python >= 3.11)")
+    env_add.add_argument(
+        "--preload", metavar="MOD,...", help="modules its zygote imports once (each must import)"
+    )
+    env_add.add_argument("--description", metavar="TEXT", help="what it is for (at most 1000 characters)")
+    env_add.add_argument(
+        "--network", choices=("on", "off"), default="off", help="network access of its runs (default off)"
+    )
+    env_add.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="the most a run may ask for (default 900)"
+    )
+    env_add.add_argument(
+        "--memory-mb", type=int, metavar="N", help="the most memory a run may ask for (default 2048)"
+    )
+    env_add.add_argument("--json", action="store_true", help="print the environment as JSON")
+    env_add.set_defaults(handler=cmd_env_add)
+    env_list = env_sub.add_parser("list", help="the ready environments (builtin first)")
+    env_list.add_argument("--json", action="store_true", help="print JSON")
+    env_list.set_defaults(handler=cmd_env_list)
+    env_show = env_sub.add_parser("show", help="one environment: interpreter, preload, limits, packages")
+    env_show.add_argument("environment_id", metavar="ID")
+    env_show.add_argument("--json", action="store_true", help="print JSON")
+    env_show.set_defaults(handler=cmd_env_show)
+    env_remove = env_sub.add_parser("remove", help="remove an environment (its specs are refused)")
+    env_remove.add_argument("environment_id", metavar="ID")
+    env_remove.add_argument("--json", action="store_true", help="print JSON")
+    env_remove.set_defaults(handler=cmd_env_remove)
+    for command in env_sub.choices.values():
+        _add_home(command, argparse.SUPPRESS)
+    _describe_commands(env_sub, _ENV_EXAMPLES)
     # --home after the command name too (`alphaagent files --home DIR ...`), for every command.
     for command in sub.choices.values():
         _add_home(command, argparse.SUPPRESS)

@@ -10,12 +10,13 @@ anything is written (``check_environment``).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.common import EnvironmentId
@@ -29,6 +30,17 @@ FUNCTION_PREFIX = "alphaagent-env-"
 
 DEFAULT_STATE_MB = 512
 """Cap of a session's saved live state, per environment (DESIGN §4.7)."""
+
+MAX_PRELOAD = 64
+"""Most modules a zygote preloads: each costs start-up time and memory in every fork."""
+
+MAX_PACKAGES = 300
+"""Most distributions recorded in ``Environment.packages`` (the coder's prompt lists them)."""
+
+MAX_PACKAGE_CHARS = 200
+"""Longest ``name==version`` kept (PyPI names are short; a longer entry is not a package name)."""
+
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def function_name(environment_id: str) -> str:
@@ -83,17 +95,34 @@ class Environment(_Strict):
 
     ``packages`` names its main preinstalled distributions (``"pandas==2.2.3"``...), which the
     coder's prompt lists so the model does not try what is not there. ``status`` is ``removed``
-    once it was removed: its specs are refused, its record kept for the turns that used it.
+    once it was removed (at ``removed_at``): its specs are refused, its record kept for the turns
+    that used it. ``preload`` holds dotted module names (at most ``MAX_PRELOAD``); ``packages`` is cut
+    to its first ``MAX_PACKAGES`` entries of ``MAX_PACKAGE_CHARS`` characters.
     """
 
     environment_id: EnvironmentId
     description: str = Field("", max_length=1000)
     start: Annotated[LocalStart | LambdaStart, Field(discriminator="kind")]
-    preload: tuple[str, ...] = ()
+    preload: tuple[str, ...] = Field((), max_length=MAX_PRELOAD)
     packages: tuple[str, ...] = ()
     limits: EnvironmentLimits = EnvironmentLimits()
     status: Literal["ready", "removed"] = "ready"
     registered_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    removed_at: datetime | None = None
+
+    @field_validator("packages")
+    @classmethod
+    def _bounded(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # A descriptive list for the prompt: an image with more is cut, not refused.
+        return tuple(name[:MAX_PACKAGE_CHARS] for name in value[:MAX_PACKAGES])
+
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not _MODULE_NAME.match(name):
+                raise ValueError(f"{name!r} is not a module name (dotted Python identifiers)")
+        return value
 
 
 class EnvironmentRegistry(Protocol):

@@ -242,3 +242,14 @@ class EnvThrottledError(SandboxError, RetryableError):
 class EnvStartError(SandboxError):
     """The execution environment could not start (its interpreter or zygote failed during start-up):
     a platform failure, recorded as the run's ``RunFailed`` with this name."""
+
+
+class InvalidEnvironmentError(InvalidRequestError):
+    """An environment to register or remove broke a rule (DESIGN §4.9): ``field`` names what
+    (``environment_id``, ``python``, ``preload``, ``description``, ``limits``) and ``detail`` the rule,
+    so a command line can name its own flag for the field. Nothing was registered or removed."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail

@@ -537,16 +537,16 @@ def bench_concurrency(home: Path, n: int) -> tuple[dict[str, Any], dict[str, Any
 
 
 def sandbox_info(agent: AlphaAgent, first_turn: TurnTiming) -> dict[str, Any]:
-    """The isolation the warm agent's zygote established. ``AlphaAgent`` does not expose its sandbox,
-    so this reads the executor's (already started) one rather than starting a second zygote to ask."""
-    sandbox = agent.executor._sandbox
+    """The isolation the warm agent's builtin zygote established: the executor's (already started)
+    sandbox, rather than a second zygote started to ask."""
+    sandbox = agent.executor.sandbox()
     info = sandbox.info if sandbox is not None else {}
     phases = first_turn.phases()
     return {
-        "requested_isolation": agent.executor._config.isolation,
+        "requested_isolation": agent.executor.config.isolation,
         "isolation": info.get("isolation"),
         "isolation_detail": info.get("isolation_detail"),
-        "pool_size": agent.executor._config.pool_size,
+        "pool_size": agent.executor.config.pool_size,
         "preload_errors": info.get("preload_errors", {}),
         "first_turn_s": round(first_turn.total_ms / MS, 3),
         "first_turn_sandbox_overhead_ms": round(phases["sandbox_overhead"], 1) if phases else None,

@@ -45,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from alphaagent.environments import Environment
 from alphaagent.errors import StoreBusyError, StoreError, StoreSchemaError
 from alphaagent.models.encoding import (
     as_utc,
@@ -154,6 +155,16 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
     # Version 2: the digest of the spec a turn runs (a turn id is an idempotency key for one spec).
     ("ALTER TABLE turns ADD COLUMN spec_sha256 TEXT",),
+    # Version 3: the registered execution environments (``builtin`` is never stored: it is code).
+    # A removed one keeps its row, with its status, for the turns that used it.
+    (
+        """CREATE TABLE environments (
+            environment_id TEXT PRIMARY KEY,
+            status TEXT NOT NULL CHECK (status IN ('ready', 'removed')),
+            registered_at TEXT NOT NULL,
+            record TEXT NOT NULL
+        )""",
+    ),
 )
 """Schema migrations: entry ``i`` takes a database from version ``i`` to ``i + 1``. Append only."""
 
@@ -681,6 +692,56 @@ class SqliteStore:
                 "SELECT event FROM events WHERE turn_id = ? ORDER BY time, rowid", (turn_id,)
             )
         return [event_from_json(row["event"]) for row in rows]
+
+    # environments
+
+    def add_environment(self, environment: Environment) -> bool:
+        """Record a ready environment; False (nothing written) if one of that id is registered and
+        ready. A removed one of that id is replaced (its id is free again)."""
+        with self._write() as db:
+            written = db.execute(
+                "INSERT INTO environments (environment_id, status, registered_at, record) "
+                "VALUES (?, 'ready', ?, ?) ON CONFLICT (environment_id) DO UPDATE SET "
+                "status = 'ready', registered_at = excluded.registered_at, record = excluded.record "
+                "WHERE environments.status = 'removed'",
+                (
+                    environment.environment_id,
+                    iso_utc(environment.registered_at),
+                    environment.model_copy(update={"status": "ready"}).model_dump_json(),
+                ),
+            ).rowcount
+        return written == 1
+
+    def get_environment(self, environment_id: str) -> Environment | None:
+        """The environment (ready or removed), or None if it was never registered."""
+        row = self._read_one("SELECT record FROM environments WHERE environment_id = ?", (environment_id,))
+        return None if row is None else Environment.model_validate_json(row["record"])
+
+    def list_environments(self) -> list[Environment]:
+        """The ready environments, by id."""
+        rows = self._read_all(
+            "SELECT record FROM environments WHERE status = 'ready' ORDER BY environment_id", ()
+        )
+        return [Environment.model_validate_json(row["record"]) for row in rows]
+
+    def remove_environment(self, environment_id: str, now: datetime) -> Environment | None:
+        """Mark a ready environment removed at ``now``; the removed record, or None (nothing
+        written) if no ready environment has that id."""
+        with self._write() as db:
+            row = db.execute(
+                "SELECT record FROM environments WHERE environment_id = ? AND status = 'ready'",
+                (environment_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            removed = Environment.model_validate_json(row["record"]).model_copy(
+                update={"status": "removed", "removed_at": as_utc(now)}
+            )
+            db.execute(
+                "UPDATE environments SET status = 'removed', record = ? WHERE environment_id = ?",
+                (removed.model_dump_json(), environment_id),
+            )
+        return removed
 
     # connections and transactions
 
