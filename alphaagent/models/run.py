@@ -176,3 +176,8 @@ class RunResult(BaseModel):
     is no result at all: ``EnvStartError`` (on AWS, the run's ``RunFailed`` carries that name)."""
     environment_start_ms: int | None = None
     """Milliseconds the cold start took (0 when warm): part of the wait, never of ``duration_ms``."""
+    queued_ms: int = 0
+    """Milliseconds the run waited before its code could start: for a free run slot
+    (``SandboxConfig.max_concurrent_runs``, or exclusive mode's one run at a time) and for a spare
+    child of the zygote to be ready and take it. Never part of ``duration_ms`` nor of the run's
+    ``timeout_s``, which both start once a spare has the run. 0 in records made before it existed."""

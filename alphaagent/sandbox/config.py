@@ -53,6 +53,16 @@ class SandboxConfig(BaseModel):
       ``wipe_paths`` are emptied (except ``wipe_keep`` and the sandbox's own scratch root, which is
       reset instead to what it held when the zygote became ready).
     - ``pool_size``: children forked ahead of time (0 forks on demand).
+    - Serving spares (``bench/turn.py`` measures it): a run waits in the zygote's queue until a spare
+      is ready, and that wait is its ``queued_ms``, never part of its ``duration_ms`` or timeout.
+      ``max_preparing_spares``: spares being prepared at once (one is forked per waiting run, up to
+      this; their set-up mostly waits on the kernel, so a few overlap well on two cores).
+      ``spawn_timeout_s``: how long the zygote may take to acknowledge a request (past it, it is
+      stopped or wedged and is replaced), and a spare to become ready or to take the run it was
+      handed (past it, that spare is killed and replaced: no other run is touched).
+      ``queue_timeout_s``: how long a run may wait for a spare before it fails alone.
+      ``max_concurrent_runs``: runs of this sandbox in progress at once (0: no bound); a run over
+      it waits for a slot, and that wait is part of its ``queued_ms``.
     - ``returned_output_bytes`` / ``spill_bytes``: DESIGN §4.3 caps, per stream; a stream that passes
       ``spill_bytes`` kills the run (status ``killed``, reason ``output limit``). A stream is spilled
       to ``work/runs/{run_id}/`` only once it exceeds ``spill_threshold_bytes`` (the stored-history
@@ -103,6 +113,9 @@ class SandboxConfig(BaseModel):
     max_tree_entries: int = Field(100_000, ge=100)
     zygote_start_timeout_s: float = Field(120.0, gt=0)
     spawn_timeout_s: float = Field(15.0, gt=0)
+    queue_timeout_s: float = Field(300.0, gt=0)
+    max_preparing_spares: int = Field(8, ge=1, le=64)
+    max_concurrent_runs: int = Field(0, ge=0, le=4096)
     redact_env: tuple[str, ...] = DEFAULT_REDACT_ENV
     landlock: bool = True
     extra_env: dict[str, str] = {}

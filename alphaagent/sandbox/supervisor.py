@@ -102,6 +102,11 @@ class Sandbox:
         self._hash_cache = HashCache()
         self._cgroup: RunCgroups | None = None
         self._exclusive_lock = threading.Lock()
+        self._run_slots = (
+            threading.BoundedSemaphore(self.config.max_concurrent_runs)
+            if self.config.max_concurrent_runs
+            else None
+        )
         self._secrets = secrets_to_redact(self.config.redact_env)
 
     # ------------------------------------------------------------------ lifecycle
@@ -163,6 +168,8 @@ class Sandbox:
             "preload": list(self.config.preload),
             "warmup": self.config.warmup,
             "pool_size": self.config.pool_size,
+            "max_preparing": self.config.max_preparing_spares,
+            "spare_timeout_s": self.config.spawn_timeout_s,
             "isolation": self.config.isolation,
             "cgroup_parents": {c: str(p) for c, p in self._cgroup.parents.items()} if self._cgroup else {},
             "private_dev": self.config.private_dev,
@@ -318,10 +325,22 @@ class Sandbox:
             "environment_start_ms": round((time.monotonic() - started_at) * 1000) if cold else 0,
         }
         run_id = run_id or new_ulid()
-        if self.config.exclusive:
-            with self._exclusive_lock:
-                return self._run(source, workdir, limits, network, run_id, on_output).model_copy(update=start)
-        return self._run(source, workdir, limits, network, run_id, on_output).model_copy(update=start)
+        waiting_since = time.monotonic()
+        with self._run_slot():
+            slot_ms = round((time.monotonic() - waiting_since) * 1000)
+            result = self._run(source, workdir, limits, network, run_id, on_output)
+        return result.model_copy(update={**start, "queued_ms": result.queued_ms + slot_ms})
+
+    @contextlib.contextmanager
+    def _run_slot(self) -> Iterator[None]:
+        """One of the runs this sandbox lets progress at once: the only one in exclusive mode, one
+        of ``max_concurrent_runs`` when that is set; the wait is part of the run's ``queued_ms``."""
+        with contextlib.ExitStack() as held:
+            if self.config.exclusive:
+                held.enter_context(self._exclusive_lock)
+            if self._run_slots is not None:
+                held.enter_context(self._run_slots)
+            yield
 
     def _run(
         self,
@@ -366,7 +385,7 @@ class Sandbox:
         channel = _RunChannel()
         self._channels[run_id] = channel
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
-        started = time.monotonic()
+        asked = time.monotonic()
         started_ns = time.time_ns()  # before the spawn: what the run changes has a later ctime
         try:
             try:
@@ -385,7 +404,11 @@ class Sandbox:
                 for _, w in pipes:
                     os.close(w)
                 os.close(code_fd)
-            pid, cgroup, memory_cgroup = self._await_spawn(channel, run_id)
+            pid, cgroup, memory_cgroup, took_at = self._await_spawn(channel, run_id)
+            # The run started when a spare took it (the spare's own clock: CLOCK_MONOTONIC is the
+            # machine's); the wait for one is not the code's time, nor is the relay of the news.
+            started = min(max(took_at, asked), time.monotonic())
+            queued_ms = round((started - asked) * 1000)
             disk = ScopeDiskBudget(
                 workdir,
                 budget_bytes=limits.disk_mb * 2**20,
@@ -417,6 +440,7 @@ class Sandbox:
                 self._kill_run(pid, _Outcome(pid=pid, cgroup=cgroup))
                 _remove_path(scratch)
                 raise
+            outcome.memory_bound = memory_cgroup is not None
             if memory_cgroup:
                 # Read at once (the zygote removes the cgroup a while after the run): a process the
                 # kernel killed at the limit may not be the run's main one, which then reports.
@@ -456,6 +480,7 @@ class Sandbox:
             outcome=outcome,
             limits=limits,
             duration_ms=duration_ms,
+            queued_ms=queued_ms,
             changes=FileChangeReport(
                 created=list(changes.created),
                 modified=list(changes.modified),
@@ -478,16 +503,51 @@ class Sandbox:
             secrets=self._secrets,
         )
 
-    def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None, str | None]:
+    def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None, str | None, float]:
+        """Wait for a spare to take the run: (pid, pids cgroup, memory cgroup, when it took it as
+        ``time.monotonic()``).
+
+        The zygote acknowledges a request at once (``queued``); silence past ``spawn_timeout_s``
+        means the zygote itself is stopped or wedged, and it is replaced. The wait for a spare may be
+        long under load, and ends in this run's failure alone after ``queue_timeout_s`` (the request
+        is cancelled; a spare that took it in the meantime is killed)."""
         try:
             message = channel.events.get(timeout=self.config.spawn_timeout_s)
         except queue.Empty as exc:
             # Stopped (SIGSTOP by a run of the same uid) or wedged: replace it on the next run.
             self._abandon_zygote()
             raise SandboxError(f"run {run_id}: the zygote did not answer; it will be restarted") from exc
+        if message["event"] == "queued":
+            try:
+                message = channel.events.get(timeout=self.config.queue_timeout_s)
+            except queue.Empty:
+                message = self._cancel_spawn(channel, run_id)
         if message["event"] == "spawned":
-            return int(message["pid"]), message.get("cgroup"), message.get("memory_cgroup")
+            took_at = message.get("started_at")
+            return (
+                int(message["pid"]),
+                message.get("cgroup"),
+                message.get("memory_cgroup"),
+                float(took_at) if isinstance(took_at, int | float) else time.monotonic(),
+            )
         raise SandboxError(f"run {run_id}: {message.get('message', 'the zygote died')}")
+
+    def _cancel_spawn(self, channel: _RunChannel, run_id: str) -> dict[str, Any]:
+        """``queue_timeout_s`` passed with no spare: withdraw the request and fail this run only."""
+        waited = (
+            f"no spare took the run within {self.config.queue_timeout_s:g} s (queue_timeout_s): the"
+            " environment is overloaded, or its spares fail to start (see zygote.log)"
+        )
+        self._send({"op": "cancel", "id": run_id})
+        try:
+            answer = channel.events.get(timeout=self.config.spawn_timeout_s)
+        except queue.Empty:
+            answer = {"event": "spawn_failed"}
+        if answer["event"] == "spawned":  # taken just before the cancel arrived: end it unstarted
+            pid = int(answer["pid"])
+            self._kill_run(pid, _Outcome(pid=pid, cgroup=answer.get("cgroup")))
+            self._await_exit(channel)
+        return {"event": "spawn_failed", "message": waited}
 
     def _supervise(
         self,
@@ -594,6 +654,7 @@ class Sandbox:
         outcome.stderr = captures[err_fd].finish()
         outcome.stdout_spilled, outcome.stderr_spilled = spills[out_fd].opened, spills[err_fd].opened
         outcome.status_line = _parse_status(bytes(status_buf))
+        outcome.code_started = _code_started(bytes(status_buf))
         if outcome.status_line is None or outcome.kill_reason is not None:
             # No report from the child (it was killed, or is still exiting): the wait status decides.
             if outcome.kill_reason is not None:
@@ -717,6 +778,8 @@ class _Outcome:
     disk_over_after_run: bool = False
     stdout_spilled: bool = False
     stderr_spilled: bool = False
+    code_started: bool = False
+    memory_bound: bool = False
 
 
 def _sink_for(on_output: OutputSink, is_stdout: bool) -> Callable[[bytes], None]:
@@ -855,6 +918,31 @@ def _well_formed_done(message: dict[str, Any]) -> bool:
         and error_ok
         and numbers_ok
         and all(isinstance(message.get(k, False), bool) for k in ("memory_error", "interrupted"))
+    )
+
+
+def _code_started(data: bytes) -> bool:
+    """Whether the child wrote its ``started`` line (the first line of the status pipe, written
+    just before the code runs; only the child writes before it)."""
+    first = data.split(b"\n", 1)[0]
+    try:
+        return bool(json.loads(first).get("phase") == "started")
+    except (ValueError, AttributeError):
+        return False
+
+
+def _unexplained_sigkill(limits: RunLimits, *, memory_bound: bool) -> str:
+    """What a SIGKILL with no recorded cause says: none of this run's limits and none of the
+    sandbox's own kills (timeout, output, disk, memory cgroup, CPU) sent it."""
+    memory = (
+        "the memory cgroup counted no OOM kill"
+        if memory_bound
+        else "no memory cgroup watched the run (the machine's OOM killer may pick a run below"
+        f" {limits.memory_mb} MB; see dmesg)"
+    )
+    return (
+        f": not by a limit of this run nor by the sandbox (no timeout, output, disk or CPU limit was"
+        f" reached; {memory}); sent by the code itself or from outside the run"
     )
 
 
@@ -1095,6 +1183,7 @@ def _build_result(
     outcome: _Outcome,
     limits: RunLimits,
     duration_ms: int,
+    queued_ms: int,
     changes: FileChangeReport,
     isolation: IsolationReport,
     network: str,
@@ -1166,10 +1255,19 @@ def _build_result(
         ):
             reason = f"CPU time limit exceeded ({limits.effective_cpu_s()} s)"
             name = "CpuLimitExceeded"
+        elif not outcome.code_started:
+            # Its child died before it ran a line of the code: the platform lost the run.
+            raise SandboxError(
+                f"run {run_id}: its child was killed by {_signal_name(signum)} before the code started"
+                " (a platform failure, not the code's; see zygote.log)"
+            )
         else:
             reason = f"killed by {_signal_name(signum)}"
             if signum in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
                 reason += f" (possibly the memory limit of {limits.memory_mb} MB)"
+            elif signum == signal.SIGKILL:
+                # Every kill of the sandbox and every limit has a reason of its own above: say so.
+                reason += _unexplained_sigkill(limits, memory_bound=outcome.memory_bound)
             name = "Killed"
         error = RunError(name=name, value=reason, traceback="")
     elif wait_code is not None:
@@ -1194,6 +1292,7 @@ def _build_result(
         error=error,
         reason=reason,
         duration_ms=duration_ms,
+        queued_ms=queued_ms,
         files_changed=sorted({*changes.created, *changes.modified, *changes.deleted}),
         files=changes,
         limits={

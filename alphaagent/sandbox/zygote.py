@@ -14,14 +14,18 @@ supervisor -> zygote
     "request": {...}}`` with
     three descriptors attached (``SCM_RIGHTS``): the write ends of the run's stdout, stderr and status
     pipes. ``request`` is what the child applies before it runs the code (see ``_run_child``).
+    ``{"op": "cancel", "id": RUN_ID}`` drops a spawn request that still waits for a spare (answered
+    ``spawn_failed``; a request a spare has taken already is answered ``spawned`` before it).
     ``{"op": "sweep_uid", "id": RUN_ID}`` kills every process of this uid that is not the zygote, one of
     its ancestors (the supervisor and whatever started it) or one of its spares (exclusive mode).
 
 zygote -> supervisor
     ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "landlock_abi", "preloaded",
     "preload_errors"}``
-    ``{"event": "spawned", "id", "pid", "cgroup", "memory_cgroup"}`` (the run's pids and memory cgroup
-    directories, or null) / ``{"event": "spawn_failed", "id", "message"}``
+    ``{"event": "queued", "id"}`` at once for every spawn request, then, once a ready spare has taken
+    it, ``{"event": "spawned", "id", "pid", "cgroup", "memory_cgroup", "started_at"}`` (the run's pids
+    and memory cgroup directories, or null; the ``time.monotonic()`` at which the spare took it) /
+    ``{"event": "spawn_failed", "id", "message"}``
     ``{"event": "exited", "id", "pid", "exit_code", "maxrss_kb", "cpu_s", "oom_kills"}`` (negative:
     killed by signal; ``oom_kills``: processes the kernel killed at the memory cgroup's limit)
     ``{"event": "swept", "id", "killed"}``
@@ -34,6 +38,12 @@ Spares: the zygote keeps ``pool_size`` children forked ahead of time (and, with 
 inside their new user, mount, pid and network namespaces), so a run pays neither the fork of a large
 interpreter nor namespace creation. A spare has seen nothing of any run: it is forked from the
 zygote, which never runs user code.
+
+The zygote is a funnel that never blocks on one spare: a request waits in its queue until a spare
+says it is ready (prewarmed, waiting on its socket), one spare is forked per waiting request (up to
+``max_preparing`` being prepared at once, each preparing itself in its own process), and a spare
+that dies or stalls (``spare_timeout_s``) before it says ``took`` is killed and its request handed
+to another. The supervisor counts the wait as the run's ``queued_ms``, never as its run time.
 
 When the control socket closes (the supervisor exited), the zygote kills every run and spare and
 exits.
@@ -1011,7 +1021,10 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
 
 
 class Spare:
-    """A child forked ahead of time, waiting on its socket for a request."""
+    """A child forked ahead of time. On its socket it says, in either order, its pid (a namespaced
+    spare's helper, which forks it inside the new namespaces) and ``ready`` (it has prewarmed and
+    waits for a request); handed a request, it answers ``took`` (with the time it did) before it
+    does anything else."""
 
     def __init__(self, sock: socket.socket, pid: int | None, network: bool, helper_pid: int | None) -> None:
         self.sock = sock
@@ -1019,6 +1032,34 @@ class Spare:
         self.network = network
         self.helper_pid = helper_pid
         self.cgroups: dict[str, str] = {}  # controller -> the spare's cgroup directory
+        self.ready = False
+        self.since = time.monotonic()  # when it was forked; once handed a request, when it was
+
+
+class Request:
+    """A spawn request waiting in the zygote for a ready spare, with the four descriptors it came
+    with (kept open until a spare has taken them, so a spare that dies first costs nothing)."""
+
+    def __init__(self, message: dict[str, Any], fds: list[int], network: bool) -> None:
+        self.message = message
+        self.fds = fds
+        self.run_id = str(message["id"])
+        self.network = network
+        self.attempts = 0  # spares that died or stalled while being handed this request
+        self.memory_cgroup = False
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+
+MAX_HAND_OVER_ATTEMPTS = 3
+"""Spares a request may lose (died, or stalled past ``spare_timeout_s``, before saying ``took``)
+before its run fails: a platform failure, local to that run."""
 
 
 class Zygote:
@@ -1026,7 +1067,13 @@ class Zygote:
         self.ctl = socket.socket(fileno=config["control_fd"])
         self.pool_size = int(config.get("pool_size", 2))
         self.spares: list[Spare] = []
-        self.pending: dict[int, Spare] = {}  # helper fd -> namespaced spare whose pid is not known yet
+        self.pending: dict[int, Spare] = {}  # socket fd -> spare not ready yet (pid maybe unknown)
+        self.waiting: list[Request] = []  # requests in arrival order, until a ready spare takes one
+        self.handing: dict[int, tuple[Spare, Request]] = {}  # socket fd -> spare handed a request
+        # Spares being prepared at once: their set-up (namespaces, mounts) mostly waits on the kernel
+        # (RCU grace periods), so several overlap well; a burst never forks one per request at once.
+        self.max_preparing = max(1, int(config.get("max_preparing", 8)))
+        self.spare_timeout_s = float(config.get("spare_timeout_s", 15.0))
         self.runs: dict[int, str] = {}  # pid -> run id
         self.init_socks: dict[int, socket.socket] = {}  # namespaced run pid -> its init's socket
         self.reported: set[int] = set()  # namespaced runs whose exit was sent from the init's report
@@ -1080,11 +1127,11 @@ class Zygote:
         if self.namespaced:
             spare = Spare(parent_sock, None, network, helper_pid=pid)
             self.helpers.add(pid)
-            self.pending[parent_sock.fileno()] = spare
-            self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
         else:
             spare = Spare(parent_sock, pid, network, helper_pid=None)
         spare.cgroups = cgroups
+        self.pending[parent_sock.fileno()] = spare
+        self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
         return spare
 
     def _become_spare(
@@ -1099,6 +1146,12 @@ class Zygote:
                 spare.sock.close()
             for spare in self.pending.values():
                 spare.sock.close()
+            for spare, request in self.handing.values():
+                spare.sock.close()
+                request.close()
+            for request in self.waiting:
+                # Other runs' pipes: held here, they would keep those runs' output open after they end.
+                request.close()
             for init_sock in self.init_socks.values():
                 init_sock.close()
             signal.set_wakeup_fd(-1)
@@ -1118,10 +1171,16 @@ class Zygote:
                 # A spare must not outlive the zygote (pid namespaces give this for free).
                 _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             warm = _prewarm()
+            sock.send(b'{"ready": true}')
             message, fds = _recv(sock)
-            sock.close()
             if message is None or len(fds) != 4:
                 os._exit(0)
+            # Before anything else: from here on the run is this process's, and the zygote must not
+            # give its request to another spare. The time (CLOCK_MONOTONIC, the same in every
+            # process) is when the run starts: the relay of this message to the supervisor through
+            # two busy processes is not the code's time.
+            sock.send(json.dumps({"took": time.monotonic()}).encode())
+            sock.close()
             # Lift the received descriptors clear of 0-3 first, so no dup2 below overwrites another.
             high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
             message["source"] = _read_code(high[3])
@@ -1141,90 +1200,218 @@ class Zygote:
                 os._exit(126)
         _child_main(message, self.namespaced, warm)
 
-    def _take_spare(self, network: bool) -> Spare:
-        for i, spare in enumerate(self.spares):
-            if spare.network == network and spare.pid is not None:
-                return self.spares.pop(i)
-        # A spare already on its way is closer to ready than a new fork: take it.
-        spare = next((p for p in self.pending.values() if p.network == network), None) or self._fork_spare(
-            network
-        )
-        if spare.pid is None:  # namespaced: wait for the helper to tell us the inner pid
-            self.sel.unregister(spare.sock)
-            self.pending.pop(spare.sock.fileno(), None)
-            spare.sock.settimeout(10)
-            reply = spare.sock.recv(256)
-            spare.sock.settimeout(None)
-            if not reply:
-                raise RuntimeError("the new child died while entering its namespaces (see zygote.log)")
-            spare.pid = int(json.loads(reply)["pid"])
-        return spare
-
-    def _refill(self) -> None:
-        while len(self.spares) + len(self.pending) < self.pool_size:
-            spare = self._fork_spare(network=False)
-            if spare.pid is not None:
-                self.spares.append(spare)
-
-    def _on_spare_ready(self, sock: socket.socket) -> None:
-        """Learn a namespaced spare's pid from its helper; a no-op if it is not readable or known yet."""
-        pending = self.pending.get(sock.fileno())
-        if pending is None or pending.sock is not sock:
-            return  # a stale selector event: the pid was already read
-        sock.setblocking(False)
-        try:
-            data = sock.recv(256)
-        except BlockingIOError:
-            return
-        finally:
-            sock.setblocking(True)
-        spare = self.pending.pop(sock.fileno())
-        self.sel.unregister(sock)
-        try:
-            spare.pid = int(json.loads(data)["pid"])
+    def _on_spare_message(self, sock: socket.socket) -> None:
+        """Read what a spare not ready yet has said (its pid, ``ready``); a spare that closed its
+        socket, or whose init reported its end, died before it was ready and is dropped."""
+        spare = self.pending.get(sock.fileno())
+        if spare is None or spare.sock is not sock:
+            return  # a stale selector event: it is ready, or gone, already
+        while True:
+            try:
+                data = sock.recv(256, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            try:
+                said = json.loads(data) if data else None
+            except ValueError:
+                said = None
+            if not isinstance(said, dict) or "wait_status" in said:
+                self._drop_spare(spare, "died before it was ready (see the lines above)")
+                return
+            if "pid" in said:
+                spare.pid = int(said["pid"])
+            spare.ready = spare.ready or bool(said.get("ready"))
+        if spare.ready and spare.pid is not None:
+            del self.pending[sock.fileno()]
+            self.sel.unregister(sock)
             self.spares.append(spare)
-        except (OSError, ValueError, KeyError):
-            sock.close()
 
-    # -- requests --------------------------------------------------------------------------
+    def _drop_spare(self, spare: Spare, why: str | None = None) -> None:
+        """Forget ``spare``, kill it (with its namespace) and doom its cgroups; ``why`` is logged.
 
-    def _spawn(self, message: dict[str, Any], fds: list[int]) -> None:
-        run_id = message["id"]
+        Safe to kill: a spare still known here has not been reaped, so its pid is not reused."""
+        fd = spare.sock.fileno()
+        handed = self.handing.get(fd)
+        if fd >= 0 and (self.pending.get(fd) is spare or (handed is not None and handed[0] is spare)):
+            self.pending.pop(fd, None)
+            self.handing.pop(fd, None)
+            self.sel.unregister(spare.sock)
+        if spare in self.spares:
+            self.spares.remove(spare)
+        spare.sock.close()
+        victims = [p for p in (spare.pid,) if p] + [h for h in (spare.helper_pid,) if h in self.helpers]
+        _kill_all(victims)
+        self.doomed_cgroups.update(spare.cgroups.values())
+        if why:
+            sys.stderr.write(f"alphaagent zygote: spare {spare.pid or spare.helper_pid} {why}\n")
+
+    def _take_ready(self, network: bool) -> Spare | None:
+        for i, spare in enumerate(self.spares):
+            if spare.network == network:
+                return self.spares.pop(i)
+        return None
+
+    def _enqueue(self, message: dict[str, Any], fds: list[int]) -> None:
+        """A spawn request: acknowledged at once (``queued``), served as soon as a spare is ready."""
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            self._send({"event": "spawn_failed", "id": message["id"], "message": "malformed request"})
+            return
+        self.waiting.append(Request(message, fds, bool(message.get("network")) and self.namespaced))
+        self._send({"event": "queued", "id": message["id"]})
+
+    def _cancel(self, run_id: str) -> None:
+        """The supervisor gave up waiting: drop the request if it still waits (once a spare has it,
+        ``spawned`` is already on its way, and the supervisor ends that run itself)."""
+        for request in [r for r in self.waiting if r.run_id == run_id]:
+            self.waiting.remove(request)
+            request.close()
+            self._send({"event": "spawn_failed", "id": run_id, "message": "cancelled while queued"})
+
+    def _serve_waiting(self) -> None:
+        """Hand every waiting request for which a spare is ready to it, oldest first; then fork
+        what is missing (``_provision``)."""
+        for request in list(self.waiting):
+            spare = self._take_ready(request.network)
+            if spare is not None:
+                self.waiting.remove(request)
+                self._hand_over(request, spare)
+        self._provision()
+
+    def _provision(self) -> None:
+        """Fork spares: one per waiting request that no spare being prepared will serve, and the
+        pool back to ``pool_size``; at most ``max_preparing`` being prepared at once.
+
+        Forking competes for the CPU with the runs (two cores here, one in Lambda): with no request
+        waiting and a spare left, the pool is refilled only once no run is active; extra spares
+        left by a burst are stopped once the zygote is idle."""
+        refill = not self.runs or not self.spares
+        for network in (False, True):
+            waiting = sum(r.network == network for r in self.waiting)
+            preparing = sum(s.network == network for s in self.pending.values())
+            ready = sum(s.network == network for s in self.spares)
+            pool = self.pool_size if not network and refill else 0
+            need = waiting + pool - preparing - ready
+            while need > 0 and len(self.pending) < self.max_preparing:
+                self._fork_spare(network)
+                need -= 1
+        if not self.runs and not self.waiting and not self.handing:
+            extra = [s for s in self.spares if s.network] + [s for s in self.spares if not s.network]
+            for spare in extra[: max(0, len(self.spares) - self.pool_size)]:
+                self._drop_spare(spare)
+
+    def _hand_over(self, request: Request, spare: Spare) -> None:
+        """Set the spare's cgroup limits and send it the request; it is the run's once it says
+        ``took`` (``_on_took``). A spare that cannot be handed it is dropped and the request waits
+        for another one."""
+        assert spare.pid is not None
+        message = request.message
         try:
-            spare = self._take_spare(bool(message.get("network")) and self.namespaced)
-            assert spare.pid is not None
             cgroups = spare.cgroups
             if "pids" in cgroups:
                 _write(os.path.join(cgroups["pids"], "pids.max"), str(message["max_processes"]))
-            memory_cgroup = "memory" in cgroups and _limit_memory(
+            request.memory_cgroup = "memory" in cgroups and _limit_memory(
                 cgroups["memory"], message.get("memory_bytes")
             )
-            if cgroups:
-                self.cgroups[spare.pid] = cgroups
             spare.sock.sendmsg(
                 [json.dumps(message["request"]).encode()],
-                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", request.fds).tobytes())],
             )
-            if self.namespaced:
-                self.init_socks[spare.pid] = spare.sock  # the init's wait-status report comes here
-                self.sel.register(spare.sock, selectors.EVENT_READ, ("init", spare.pid))
-            else:
-                spare.sock.close()
-            self.runs[spare.pid] = run_id
-            self._send(
-                {
-                    "event": "spawned",
-                    "id": run_id,
-                    "pid": spare.pid,
-                    "cgroup": cgroups.get("pids"),
-                    "memory_cgroup": cgroups["memory"] if memory_cgroup else None,
-                }
+        except OSError as exc:
+            self._drop_spare(spare, f"could not be handed run {request.run_id}: {exc}")
+            self._retry(request, f"{type(exc).__name__}: {exc}")
+            return
+        spare.since = time.monotonic()
+        self.handing[spare.sock.fileno()] = (spare, request)
+        self.sel.register(spare.sock, selectors.EVENT_READ, "handing")
+
+    def _on_took(self, sock: socket.socket) -> None:
+        """A spare handed a request answered: ``took`` makes it the run (``spawned`` goes to the
+        supervisor); anything else (its end, its init's report) means it died first."""
+        entry = self.handing.get(sock.fileno())
+        if entry is None or entry[0].sock is not sock:
+            return
+        spare, request = entry
+        try:
+            data = sock.recv(256, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        try:
+            took = json.loads(data)["took"] if data else None
+        except (ValueError, KeyError, TypeError):
+            took = None  # its init's report: the spare ended before it took the request
+        if not isinstance(took, float):
+            self._drop_spare(spare, f"died before it took run {request.run_id}")
+            self._retry(request, "the spare died before it took the run")
+            return
+        del self.handing[sock.fileno()]
+        self.sel.unregister(sock)
+        assert spare.pid is not None
+        request.close()  # the spare has its own copies now
+        cgroups = spare.cgroups
+        if cgroups:
+            self.cgroups[spare.pid] = cgroups
+        if self.namespaced:
+            self.init_socks[spare.pid] = spare.sock  # the init's wait-status report comes here
+            self.sel.register(spare.sock, selectors.EVENT_READ, ("init", spare.pid))
+        else:
+            spare.sock.close()
+        self.runs[spare.pid] = request.run_id
+        self._send(
+            {
+                "event": "spawned",
+                "id": request.run_id,
+                "pid": spare.pid,
+                "cgroup": cgroups.get("pids"),
+                "memory_cgroup": cgroups["memory"] if request.memory_cgroup else None,
+                "started_at": took,
+            }
+        )
+
+    def _retry(self, request: Request, why: str) -> None:
+        """Put a request whose spare was lost back at the head of the queue, or fail its run (and
+        only its run) once ``MAX_HAND_OVER_ATTEMPTS`` spares were lost for it."""
+        request.attempts += 1
+        if request.attempts < MAX_HAND_OVER_ATTEMPTS:
+            self.waiting.insert(0, request)
+            return
+        request.close()
+        self._send(
+            {
+                "event": "spawn_failed",
+                "id": request.run_id,
+                "message": f"{request.attempts} spares were lost before one could start the run"
+                f" (last: {why}); see zygote.log",
+            }
+        )
+
+    def _expire_slow_spares(self) -> None:
+        """Kill spares not ready ``spare_timeout_s`` after their fork, or silent that long after
+        being handed a request (stopped, wedged): each is replaced, its request handed to another."""
+        now = time.monotonic()
+        for spare in [s for s in self.pending.values() if now - s.since > self.spare_timeout_s]:
+            self._drop_spare(
+                spare, f"not ready {now - spare.since:.1f} s after its fork (spare_timeout_s): killed"
             )
-        except Exception as exc:
-            self._send({"event": "spawn_failed", "id": run_id, "message": f"{type(exc).__name__}: {exc}"})
-        finally:
-            for fd in fds:
-                os.close(fd)
+        for spare, request in [e for e in self.handing.values() if now - e[0].since > self.spare_timeout_s]:
+            try:
+                answered = bool(spare.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except OSError:
+                answered = False
+            if answered:
+                self._on_took(spare.sock)  # it did answer, after the last select
+                continue
+            self._drop_spare(
+                spare,
+                f"did not take run {request.run_id} within {self.spare_timeout_s:g} s"
+                " (spare_timeout_s): killed",
+            )
+            self._retry(request, f"the spare did not take the run within {self.spare_timeout_s:g} s")
 
     def _sweep_uid(self, run_id: str) -> None:
         """Exclusive mode: kill every process of our uid that is not us, an ancestor or a spare.
@@ -1236,8 +1423,7 @@ class Zygote:
         if uid == 0:
             self._send({"event": "swept", "id": run_id, "killed": 0, "refused": "uid 0"})
             return
-        keep = {os.getpid()} | {s.pid for s in self.spares if s.pid} | self.helpers
-        keep |= {s.pid for s in self.pending.values() if s.pid}
+        keep = {os.getpid()} | self._spare_pids() | self.helpers
         pid = os.getpid()
         while pid > 1:
             pid = _parent_of(pid)
@@ -1269,6 +1455,10 @@ class Zygote:
     # -- children --------------------------------------------------------------------------
 
     def _reap(self) -> None:
+        for spare, _request in list(self.handing.values()):
+            # A run may take its request, run and exit between two selects: its ``took`` is read
+            # before its exit, or the exit would look like a spare dying before it took the run.
+            self._on_took(spare.sock)
         reaped_run = False
         while True:
             try:
@@ -1305,9 +1495,13 @@ class Zygote:
                     )
                 self.reported.discard(pid)
             else:
-                for spare in [s for s in self.spares if s.pid == pid]:
-                    self.spares.remove(spare)
-                    self.doomed_cgroups.update(spare.cgroups.values())
+                for spare in [s for s in self._all_spares() if s.pid == pid]:
+                    handed = next((r for sp, r in self.handing.values() if sp is spare), None)
+                    self._drop_spare(
+                        spare, "exited" if handed is None else f"exited before it took run {handed.run_id}"
+                    )
+                    if handed is not None:
+                        self._retry(handed, "the spare exited before it took the run")
         if reaped_run:
             self._kill_strays()
         self._remove_doomed_cgroups()
@@ -1345,16 +1539,26 @@ class Zygote:
                 continue  # still has members that are being killed; retried on the next wake-up
 
     def _kill_strays(self) -> None:
-        """Orphans of finished runs are reparented to us (a subreaper): kill them and their trees."""
+        """Orphans of finished runs are reparented to us (a subreaper): kill them and their trees.
+
+        Our children are listed first, the spares' pids read after: a namespaced spare becomes our
+        child only when its helper exits, which it does after sending the spare's pid. Read in the
+        other order, a helper finishing in between made a fresh spare look like a stray: it was
+        killed, then (its pid read a moment later) handed a run, which ended "killed by SIGKILL"
+        with no reason (the flake of issue 11)."""
+        children = _children(os.getpid())
         for spare in list(self.pending.values()):
-            # A namespaced spare is our child as soon as its helper exits, maybe before we have read
-            # its pid: learn every pid that has arrived, so no fresh spare is taken for a stray.
-            self._on_spare_ready(spare.sock)
-        known = set(self.runs) | {s.pid for s in self.spares if s.pid} | self.helpers
-        known |= {s.pid for s in self.pending.values() if s.pid}
-        for child in _children(os.getpid()):
+            self._on_spare_message(spare.sock)
+        known = set(self.runs) | self._spare_pids() | self.helpers
+        for child in children:
             if child not in known:
                 _kill_all([child, *_descendants(child)])
+
+    def _all_spares(self) -> list[Spare]:
+        return [*self.spares, *self.pending.values(), *(spare for spare, _ in self.handing.values())]
+
+    def _spare_pids(self) -> set[int]:
+        return {s.pid for s in self._all_spares() if s.pid}
 
     def _doom_all_cgroups(self) -> None:
         for parent in set(self.cgroup_parents.values()):
@@ -1370,7 +1574,7 @@ class Zygote:
     def _shutdown(self) -> None:
         """The supervisor is gone (or asked us to stop): kill every run and spare, remove their
         cgroups and the scratch root, exit. A supervisor that crashed leaves nothing behind."""
-        _kill_all(list(self.runs) + [s.pid for s in self.spares if s.pid] + list(self.helpers))
+        _kill_all(list(self.runs) + list(self._spare_pids()) + list(self.helpers))
         self._kill_strays()
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
@@ -1406,13 +1610,16 @@ class Zygote:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.sel.register(self.ctl, selectors.EVENT_READ, "ctl")
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
-        self._refill()
+        self._provision()
         self._send(ready | {"isolation": "namespaces" if self.namespaced else "process"})
         while True:
             idle_wake = (
                 0.05
                 if any(p not in self.keep_until for p in self.doomed_cgroups)
-                or len(self.spares) + len(self.pending) < self.pool_size
+                or self.pending
+                or self.handing
+                or self.waiting
+                or len(self.spares) < self.pool_size
                 else (0.5 if self.doomed_cgroups else None)  # only memory cgroups in their grace
             )
             for key, _ in self.sel.select(timeout=idle_wake):
@@ -1423,7 +1630,9 @@ class Zygote:
                         pass
                     self._reap()
                 elif key.data == "spare":
-                    self._on_spare_ready(key.fileobj)  # type: ignore[arg-type]
+                    self._on_spare_message(key.fileobj)  # type: ignore[arg-type]
+                elif key.data == "handing":
+                    self._on_took(key.fileobj)  # type: ignore[arg-type]
                 elif isinstance(key.data, tuple):  # ("init", run pid)
                     if key.data[1] in self.init_socks:
                         self._on_init_report(key.data[1])
@@ -1432,13 +1641,13 @@ class Zygote:
                     if message is None:
                         self._shutdown()
                     elif message.get("op") == "spawn":
-                        self._spawn(message, fds)
+                        self._enqueue(message, fds)
+                    elif message.get("op") == "cancel":
+                        self._cancel(str(message["id"]))
                     elif message.get("op") == "sweep_uid":
                         self._sweep_uid(message["id"])
-            # Forking a replacement competes for the CPU with the run that just started (two cores
-            # here, one in Lambda): while a spare is left, refill only once no run is active.
-            if not self.runs or not self.spares:
-                self._refill()
+            self._expire_slow_spares()
+            self._serve_waiting()
             self._remove_doomed_cgroups()
 
 
