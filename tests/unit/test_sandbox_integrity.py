@@ -124,7 +124,9 @@ def test_a_real_signal_wins_over_a_forged_report(box: Sandbox, scope: Path) -> N
 
     # Then the signal decides
     assert (result.status, result.exit_code) == ("killed", -9), result.reason
-    assert result.reason == "killed by SIGKILL"
+    assert result.reason is not None and result.reason.startswith(
+        "killed by SIGKILL: not by a limit of this run"
+    )
 
 
 @pytest.mark.parametrize("how", ["sys.exit(137)", "os._exit(137)"])
