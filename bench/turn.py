@@ -11,13 +11,19 @@ Prints, as Markdown tables (or one JSON object with ``--json``):
   conversation's marker, aggregate it with pandas into a dataset, write a report; both registered),
   submitted at the same instant from one thread each against ONE ``AlphaAgent``: wall time, throughput,
   turn latency, failures, and a cross-talk check of every conversation's files, artifacts and runs;
+- the concurrency table (issue 11, item 4): for ``TABLE_CONVERSATIONS`` (1, 5, 20, 40) conversations
+  at once, the same 3-step turns at the ``namespaces`` level and at the ``process`` level
+  (``SandboxConfig(isolation="process")``), one warm ``AlphaAgent`` per level, the levels alternated
+  within each row: turns/s side by side, and each run's wait for a spare (``queued_ms``) apart from
+  its run time (``duration_ms``) and from the step's whole wall time;
 - the machine and the sandbox isolation level in force.
 
 Usage, from the repository root::
 
-    .venv/bin/python bench/turn.py [--quick] [--json]
+    .venv/bin/python bench/turn.py [--quick] [--json] [--table-only]
 
-``--quick`` runs fewer turns (a CI smoke run); the figures are then noisier. Progress goes to stderr.
+``--quick`` runs fewer turns (a CI smoke run); the figures are then noisier. ``--table-only`` runs
+the concurrency table alone. Progress goes to stderr.
 Exit status 1 when a turn failed or the cross-talk check failed (those are correctness, not noise);
 slow figures never fail the run.
 """
@@ -25,6 +31,7 @@ slow figures never fail the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -53,11 +60,15 @@ from alphaagent.api import EXAMPLES_DIR, AlphaAgent  # noqa: E402
 from alphaagent.domain.backend import ConnectorSettings  # noqa: E402
 from alphaagent.errors import AlphaAgentError  # noqa: E402
 from alphaagent.models.common import ConversationScope  # noqa: E402
+from alphaagent.models.run import RunResult  # noqa: E402
+from alphaagent.sandbox.config import SandboxConfig  # noqa: E402
 
 DEMO_SPEC = EXAMPLES_DIR / "penguins" / "turn1.json"
 USER = "bench"
 
 CONVERSATIONS = 20
+TABLE_CONVERSATIONS = (1, 5, 20, 40)
+TABLE_LEVELS = ("namespaces", "process")
 ROWS = 10_000
 GROUPS = 10
 EXPECTED_TOTAL = sum(i * 3 % 101 for i in range(ROWS))
@@ -533,6 +544,141 @@ def bench_concurrency(home: Path, n: int) -> tuple[dict[str, Any], dict[str, Any
     return figures, check
 
 
+# ---------------------------------------------------------------------------------------- table
+
+
+@dataclass
+class RunLog:
+    """Every run result of one agent, with the wall time of its ``executor.run`` call (the whole
+    step in the sandbox: snapshots, the wait for a spare, the run), appended from many threads."""
+
+    runs: list[tuple[RunResult, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self) -> list[tuple[RunResult, float]]:
+        with self.lock:
+            taken, self.runs = self.runs, []
+        return taken
+
+
+def record_runs(agent: AlphaAgent) -> RunLog:
+    """Wrap the agent's executor so each run's result and step wall time land in a ``RunLog``."""
+    log = RunLog()
+    executor = agent.executor
+    inner = executor.run
+
+    def run(*args: Any, **kwargs: Any) -> RunResult:
+        started = time.perf_counter()
+        result = inner(*args, **kwargs)
+        with log.lock:
+            log.runs.append((result, (time.perf_counter() - started) * MS))
+        return result
+
+    executor.run = run  # type: ignore[method-assign]
+    return log
+
+
+def level_agent(home: Path, level: str) -> AlphaAgent:
+    """An ``AlphaAgent`` whose sandbox runs at ``level`` (``namespaces``: the default ``auto``)."""
+    isolation = "auto" if level == "namespaces" else "process"
+    hidden = (str(Path.home()), str(home.resolve()))
+    return AlphaAgent(
+        home,
+        connectors=ConnectorSettings(file_roots=(EXAMPLES_DIR,)),
+        sandbox=SandboxConfig(isolation=isolation, hidden_paths=hidden),  # type: ignore[arg-type]
+    )
+
+
+def table_row(agent: AlphaAgent, log: RunLog, n: int, level: str) -> dict[str, Any]:
+    """``n`` conversations at once on ``agent``: throughput, latency and where the steps' time went."""
+    conversations = [
+        Conversation(f"t{n}-{level[:2]}-{i:02d}-{secrets.token_hex(3)}", "m" + secrets.token_hex(8))
+        for i in range(n)
+    ]
+    log.take()
+    wall_s, cpu_busy = run_concurrently(agent, conversations)
+    runs = log.take()
+    timings = [c.timing for c in conversations if c.timing is not None]
+    queued = [float(getattr(r, "queued_ms", 0)) for r, _ in runs]  # 0 before issue 11
+    durations = [float(r.duration_ms) for r, _ in runs]
+    steps = [wall for _, wall in runs]
+    ok = [t.total_ms / MS for t in timings if t.status == "completed"]
+    failed = [t for t in timings if t.status != "completed"]
+    return {
+        "conversations": n,
+        "level": level,
+        "isolation": runs[0][0].isolation.level if runs else None,
+        "wall_s": round(wall_s, 3),
+        "turns_per_s": round(n / wall_s, 2),
+        "turn_p50_s": round(p50(ok), 3),
+        "runs": len(runs),
+        "queued_p50_ms": round(p50(queued), 1),
+        "queued_p95_ms": round(p95(queued), 1),
+        "duration_p50_ms": round(p50(durations), 1),
+        "step_p50_ms": round(p50(steps), 1),
+        "queued_share_percent": round(100 * sum(queued) / sum(steps), 1) if steps else math.nan,
+        "failures": len(failed),
+        "first_failure": failed[0].error if failed else None,
+        "system_cpu_busy_percent": cpu_busy,
+    }
+
+
+def bench_table(root: Path, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The concurrency table: every size at both levels, with one warm agent per level for the
+    whole table; within a row the level that goes first alternates, so the machine's load (shared,
+    and rising over a run) weighs on both alike."""
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        agents: dict[str, tuple[AlphaAgent, RunLog]] = {}
+        for level in TABLE_LEVELS:
+            agent = stack.enter_context(level_agent(root / f"table-{level}", level))
+            log = record_runs(agent)
+            first = timed_turn(
+                agent, concurrency_spec(fresh_id(f"warm-{level[:2]}"), "m" + secrets.token_hex(8))
+            )
+            progress(f"table: {level} warm-up turn {first.total_ms / MS:.2f} s, {first.status}")
+            agents[level] = (agent, log)
+        for index, n in enumerate(sizes):
+            order = TABLE_LEVELS if index % 2 == 0 else tuple(reversed(TABLE_LEVELS))
+            for level in order:
+                agent, log = agents[level]
+                row = table_row(agent, log, n, level)
+                progress(
+                    f"table: N={n} {level}: {row['turns_per_s']} turns/s, queued p50"
+                    f" {row['queued_p50_ms']} ms, {row['failures']} failures"
+                )
+                rows.append(row)
+    return rows
+
+
+def table_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The concurrency table, the two levels side by side, then the ratio per size."""
+    lines = [
+        "## Concurrency by level (3-step turns, all submitted at once; queueing apart from run time)",
+        "",
+        "| N | Level | Turns/s | Turn p50 s | Step p50 ms | Run p50 ms | Queued p50 / p95 ms "
+        "| Queued share of step time | Failures |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in sorted(rows, key=lambda r: (r["conversations"], TABLE_LEVELS.index(r["level"]))):
+        lines.append(
+            f"| {row['conversations']} | {row['level']} ({row['isolation']}) | {row['turns_per_s']} "
+            f"| {row['turn_p50_s']:.2f} | {_ms(row['step_p50_ms'])} | {_ms(row['duration_p50_ms'])} "
+            f"| {_ms(row['queued_p50_ms'])} / {_ms(row['queued_p95_ms'])} | {row['queued_share_percent']} % "
+            f"| {row['failures']} |"
+        )
+    for row in rows:
+        if row["failures"]:
+            lines.append(f"- N={row['conversations']} {row['level']}: first failure `{row['first_failure']}`")
+    lines += ["", "| N | namespaces turns/s ÷ process turns/s (target ≥ 0.75) |", "|---|---|"]
+    by = {(r["conversations"], r["level"]): r for r in rows}
+    for n in sorted({r["conversations"] for r in rows}):
+        ns, proc = by.get((n, "namespaces")), by.get((n, "process"))
+        if ns and proc and proc["turns_per_s"]:
+            lines.append(f"| {n} | {ns['turns_per_s'] / proc['turns_per_s']:.2f} |")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------- report
 
 
@@ -557,16 +703,23 @@ def _ms(value: float | None) -> str:
     return "" if value is None or math.isnan(value) else f"{value:,.0f}"
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown tables."""
-    m, s, conc, check = report["machine"], report["sandbox"], report["concurrency"], report["cross_talk"]
-    lines = [
+def machine_markdown(m: dict[str, Any]) -> list[str]:
+    """The machine's table."""
+    return [
         "## Machine",
         "",
         "| CPU | Cores | Memory | Kernel | Python | Root | Load 1m at start | Load 1m at end |",
         "|---|---|---|---|---|---|---|---|",
         f"| {m['cpu']} | {m['cores']} | {m['memory_gib']} GiB | {m['kernel']} | {m['python']} "
         f"| {'yes' if m['root'] else 'no'} | {m['load_1m_start']} | {m['load_1m_end']} |",
+    ]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown tables."""
+    s, conc, check = report["sandbox"], report["concurrency"], report["cross_talk"]
+    lines = [
+        *machine_markdown(report["machine"]),
         "",
         "## Sandbox",
         "",
@@ -641,6 +794,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "Failed turns:", ""]
         for row in failed:
             lines.append(f"- {row['mode']}: {row['failures']} failed; first: `{row['first_failure']}`")
+    lines += ["", *table_markdown(report["table"])]
     lines += ["", f"Benchmark wall time: {report['elapsed_s']} s."]
     return "\n".join(lines)
 
@@ -650,11 +804,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns (CI smoke)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--table-only", action="store_true", help="only the concurrency table by level")
     args = parser.parse_args(argv)
     n_cold, n_warm, n_conversations = (2, 3, 8) if args.quick else (5, 10, CONVERSATIONS)
+    sizes = (1, 5) if args.quick else TABLE_CONVERSATIONS
 
     started = time.perf_counter()
     load_at_start = os.getloadavg()[0]
+    if args.table_only:
+        with tempfile.TemporaryDirectory(prefix="alphaagent-bench-turn-") as root:
+            table = bench_table(Path(root), sizes)
+        report = {
+            "machine": machine(load_at_start),
+            "table": table,
+            "elapsed_s": round(time.perf_counter() - started, 1),
+        }
+        progress(f"done in {report['elapsed_s']} s")
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print("\n".join([*machine_markdown(report["machine"]), "", *table_markdown(table)]))
+            print(f"\nBenchmark wall time: {report['elapsed_s']} s.")
+        return 0 if not any(row["failures"] for row in table) else 1
     cold = bench_cold(n_cold)
     with tempfile.TemporaryDirectory(prefix="alphaagent-bench-turn-") as root:
         warm_home, concurrent_home = Path(root) / "warm", Path(root) / "concurrent"
@@ -662,8 +833,9 @@ def main(argv: list[str] | None = None) -> int:
             first, warm = bench_warm(agent, n_warm)
             sandbox = sandbox_info(agent, first)
         concurrency, check = bench_concurrency(concurrent_home, n_conversations)
+        table = bench_table(Path(root), sizes)
 
-    report: dict[str, Any] = {
+    report = {
         "machine": machine(load_at_start),
         "quick": args.quick,
         "sandbox": sandbox,
@@ -671,11 +843,13 @@ def main(argv: list[str] | None = None) -> int:
         "warm": latency_summary("warm", warm),
         "concurrency": concurrency,
         "cross_talk": check,
+        "table": table,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     progress(f"done in {report['elapsed_s']} s")
     print(json.dumps(report, indent=2) if args.json else markdown(report))
     failures = report["cold"]["failures"] + report["warm"]["failures"] + concurrency["latency"]["failures"]
+    failures += sum(row["failures"] for row in table)
     return 0 if failures == 0 and check["pass"] else 1
 
 

@@ -1047,6 +1047,7 @@ class Request:
         self.network = network
         self.attempts = 0  # spares that died or stalled while being handed this request
         self.memory_cgroup = False
+        self.cancelled = False
 
     def close(self) -> None:
         for fd in self.fds:
@@ -1056,6 +1057,9 @@ class Request:
                 pass
         self.fds = []
 
+
+DEMAND_MEMORY_S = 10.0
+"""How long the zygote remembers a peak of concurrent runs when it sizes its pool of spares."""
 
 MAX_HAND_OVER_ATTEMPTS = 3
 """Spares a request may lose (died, or stalled past ``spare_timeout_s``, before saying ``took``)
@@ -1074,6 +1078,8 @@ class Zygote:
         # (RCU grace periods), so several overlap well; a burst never forks one per request at once.
         self.max_preparing = max(1, int(config.get("max_preparing", 8)))
         self.spare_timeout_s = float(config.get("spare_timeout_s", 15.0))
+        self.demand_peak = 0  # most runs in progress (or waiting) at once lately, see _provision
+        self.demand_peak_at = 0.0
         self.runs: dict[int, str] = {}  # pid -> run id
         self.init_socks: dict[int, socket.socket] = {}  # namespaced run pid -> its init's socket
         self.reported: set[int] = set()  # namespaced runs whose exit was sent from the init's report
@@ -1228,10 +1234,11 @@ class Zygote:
             self.sel.unregister(sock)
             self.spares.append(spare)
 
-    def _drop_spare(self, spare: Spare, why: str | None = None) -> None:
-        """Forget ``spare``, kill it (with its namespace) and doom its cgroups; ``why`` is logged.
+    def _drop_spare(self, spare: Spare, why: str | None = None, *, reaped: bool = False) -> None:
+        """Forget ``spare``, kill it (with its namespace) unless it was ``reaped`` already, and doom
+        its cgroups; ``why`` is logged.
 
-        Safe to kill: a spare still known here has not been reaped, so its pid is not reused."""
+        Safe to kill: a spare still known here and not reaped keeps its pid (no reuse)."""
         fd = spare.sock.fileno()
         handed = self.handing.get(fd)
         if fd >= 0 and (self.pending.get(fd) is spare or (handed is not None and handed[0] is spare)):
@@ -1241,7 +1248,8 @@ class Zygote:
         if spare in self.spares:
             self.spares.remove(spare)
         spare.sock.close()
-        victims = [p for p in (spare.pid,) if p] + [h for h in (spare.helper_pid,) if h in self.helpers]
+        victims = [p for p in (spare.pid,) if p and not reaped]
+        victims += [h for h in (spare.helper_pid,) if h in self.helpers]
         _kill_all(victims)
         self.doomed_cgroups.update(spare.cgroups.values())
         if why:
@@ -1270,6 +1278,9 @@ class Zygote:
             self.waiting.remove(request)
             request.close()
             self._send({"event": "spawn_failed", "id": run_id, "message": "cancelled while queued"})
+        for _spare, request in self.handing.values():
+            if request.run_id == run_id:
+                request.cancelled = True  # should its spare be lost, the request is not retried
 
     def _serve_waiting(self) -> None:
         """Hand every waiting request for which a spare is ready to it, oldest first; then fork
@@ -1283,24 +1294,32 @@ class Zygote:
 
     def _provision(self) -> None:
         """Fork spares: one per waiting request that no spare being prepared will serve, and the
-        pool back to ``pool_size``; at most ``max_preparing`` being prepared at once.
+        pool back to its target; at most ``max_preparing`` being prepared at once.
 
-        Forking competes for the CPU with the runs (two cores here, one in Lambda): with no request
-        waiting and a spare left, the pool is refilled only once no run is active; extra spares
-        left by a burst are stopped once the zygote is idle."""
+        The target is ``pool_size``, or the most runs in progress at once over the last
+        ``DEMAND_MEMORY_S`` if that is more (up to ``max_preparing``): the next step of as many
+        conversations then finds its spare ready instead of waiting for one. Forking competes for
+        the CPU with the runs (two cores here, one in Lambda): with no request waiting and a spare
+        left, the pool is refilled only once no run is active; spares above the target are
+        stopped once the zygote is idle."""
+        now = time.monotonic()
+        demand = len(self.runs) + len(self.handing) + len(self.waiting)
+        if demand >= self.demand_peak or now - self.demand_peak_at > DEMAND_MEMORY_S:
+            self.demand_peak, self.demand_peak_at = demand, now
+        target = max(self.pool_size, min(self.demand_peak, self.max_preparing))
         refill = not self.runs or not self.spares
         for network in (False, True):
             waiting = sum(r.network == network for r in self.waiting)
             preparing = sum(s.network == network for s in self.pending.values())
             ready = sum(s.network == network for s in self.spares)
-            pool = self.pool_size if not network and refill else 0
+            pool = target if not network and refill else 0
             need = waiting + pool - preparing - ready
             while need > 0 and len(self.pending) < self.max_preparing:
                 self._fork_spare(network)
                 need -= 1
-        if not self.runs and not self.waiting and not self.handing:
+        if not self.runs and not self.waiting and not self.handing and len(self.spares) > target:
             extra = [s for s in self.spares if s.network] + [s for s in self.spares if not s.network]
-            for spare in extra[: max(0, len(self.spares) - self.pool_size)]:
+            for spare in extra[: len(self.spares) - target]:
                 self._drop_spare(spare)
 
     def _hand_over(self, request: Request, spare: Spare) -> None:
@@ -1377,7 +1396,7 @@ class Zygote:
         """Put a request whose spare was lost back at the head of the queue, or fail its run (and
         only its run) once ``MAX_HAND_OVER_ATTEMPTS`` spares were lost for it."""
         request.attempts += 1
-        if request.attempts < MAX_HAND_OVER_ATTEMPTS:
+        if request.attempts < MAX_HAND_OVER_ATTEMPTS and not request.cancelled:
             self.waiting.insert(0, request)
             return
         request.close()
@@ -1498,7 +1517,9 @@ class Zygote:
                 for spare in [s for s in self._all_spares() if s.pid == pid]:
                     handed = next((r for sp, r in self.handing.values() if sp is spare), None)
                     self._drop_spare(
-                        spare, "exited" if handed is None else f"exited before it took run {handed.run_id}"
+                        spare,
+                        "exited" if handed is None else f"exited before it took run {handed.run_id}",
+                        reaped=True,
                     )
                     if handed is not None:
                         self._retry(handed, "the spare exited before it took the run")
