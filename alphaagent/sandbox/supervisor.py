@@ -286,6 +286,9 @@ class Sandbox:
         if zygote is not None and zygote.poll() is None:
             with contextlib.suppress(OSError):
                 zygote.kill()
+            # Gone before the next run asks ``start()``, which would otherwise find it still alive.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                zygote.wait(timeout=_DEATH_WAIT_S)
 
     # ------------------------------------------------------------------ runs
 
@@ -507,19 +510,30 @@ class Sandbox:
         """Wait for a spare to take the run: (pid, pids cgroup, memory cgroup, when it took it as
         ``time.monotonic()``).
 
-        The zygote acknowledges a request at once (``queued``); silence past ``spawn_timeout_s``
-        means the zygote itself is stopped or wedged, and it is replaced. The wait for a spare may be
-        long under load, and ends in this run's failure alone after ``queue_timeout_s`` (the request
-        is cancelled; a spare that took it in the meantime is killed)."""
-        try:
-            message = channel.events.get(timeout=self.config.spawn_timeout_s)
-        except queue.Empty as exc:
-            # Stopped (SIGSTOP by a run of the same uid) or wedged: replace it on the next run.
-            self._abandon_zygote()
-            raise SandboxError(f"run {run_id}: the zygote did not answer; it will be restarted") from exc
-        if message["event"] == "queued":
+        The zygote acknowledges a request at once (``queued``). Silence past ``spawn_timeout_s``
+        from a zygote that is stopped (``SIGSTOP`` by a run of the same uid) or gone gets it
+        replaced; one that is merely slow (a machine so loaded that the zygote gets little CPU) is
+        waited for, as every run in progress depends on it. The wait for a spare may be long under
+        load, and ends in this run's failure alone after ``queue_timeout_s`` (the request is
+        cancelled; a spare that took it in the meantime is killed)."""
+        waiting_since = time.monotonic()
+        while True:
             try:
-                message = channel.events.get(timeout=self.config.queue_timeout_s)
+                message = channel.events.get(timeout=self.config.spawn_timeout_s)
+                break
+            except queue.Empty:
+                if not self._zygote_serving():
+                    self._abandon_zygote()
+                    raise SandboxError(
+                        f"run {run_id}: the zygote did not answer (stopped or gone); it will be restarted"
+                    ) from None
+                if time.monotonic() - waiting_since > self.config.queue_timeout_s:
+                    message = self._cancel_spawn(channel, run_id)
+                    break
+        if message["event"] == "queued":
+            left = self.config.queue_timeout_s - (time.monotonic() - waiting_since)
+            try:
+                message = channel.events.get(timeout=max(left, 0.001))
             except queue.Empty:
                 message = self._cancel_spawn(channel, run_id)
         if message["event"] == "spawned":
@@ -531,6 +545,14 @@ class Sandbox:
                 float(took_at) if isinstance(took_at, int | float) else time.monotonic(),
             )
         raise SandboxError(f"run {run_id}: {message.get('message', 'the zygote died')}")
+
+    def _zygote_serving(self) -> bool:
+        """Whether the zygote runs (or waits for the CPU or for events): not exited, not stopped."""
+        zygote = self._zygote
+        if zygote is None or zygote.poll() is not None:
+            return False
+        fields = _proc_stat(zygote.pid)
+        return fields is not None and fields[0] not in ("T", "t", "Z", "X")
 
     def _cancel_spawn(self, channel: _RunChannel, run_id: str) -> dict[str, Any]:
         """``queue_timeout_s`` passed with no spare: withdraw the request and fail this run only."""

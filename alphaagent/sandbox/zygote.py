@@ -1058,6 +1058,10 @@ class Request:
         self.fds = []
 
 
+FORKS_PER_TURN = 2
+"""Spares forked per turn of the zygote's loop at most (a fork of a large interpreter takes tens of
+milliseconds on a loaded machine): the loop goes back to its socket between them."""
+
 DEMAND_MEMORY_S = 10.0
 """How long the zygote remembers a peak of concurrent runs when it sizes its pool of spares."""
 
@@ -1314,9 +1318,12 @@ class Zygote:
             ready = sum(s.network == network for s in self.spares)
             pool = target if not network and refill else 0
             need = waiting + pool - preparing - ready
-            while need > 0 and len(self.pending) < self.max_preparing:
+            # A few forks per turn of the loop, so requests are acknowledged between them.
+            forks = FORKS_PER_TURN
+            while need > 0 and forks > 0 and len(self.pending) < self.max_preparing:
                 self._fork_spare(network)
                 need -= 1
+                forks -= 1
         if not self.runs and not self.waiting and not self.handing and len(self.spares) > target:
             extra = [s for s in self.spares if s.network] + [s for s in self.spares if not s.network]
             for spare in extra[: len(self.spares) - target]:

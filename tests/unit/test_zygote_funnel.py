@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from alphaagent.errors import SandboxError
 from alphaagent.models.run import RunLimits, RunResult
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
@@ -245,3 +246,18 @@ def test_a_spare_whose_helper_finishes_during_the_stray_sweep_is_not_killed(tmp_
     # run handed to it then ended "killed by SIGKILL" with no reason)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == '{"spare_known": true, "spare_alive": true, "ready": true}', done.stdout
+
+
+def test_a_stopped_zygote_is_replaced_and_the_next_run_works(tmp_path: Path) -> None:
+    # Given a warm sandbox whose zygote was stopped (SIGSTOP, as a run of the same uid could)
+    with Sandbox(SandboxConfig(isolation="process", pool_size=1, spawn_timeout_s=1.0, **LIGHT)) as box:
+        box.run("pass", cwd=tmp_path)
+        zygote = int(box.info["pid"])
+        os.kill(zygote, signal.SIGSTOP)
+        # When a run is submitted
+        with pytest.raises(SandboxError, match="the zygote did not answer"):
+            box.run("print(1)", cwd=tmp_path, limits=RunLimits(timeout_s=30))
+        # Then that run fails with the reason, and the next one runs in a new zygote
+        result = box.run("print(2)", cwd=tmp_path, limits=RunLimits(timeout_s=30))
+        assert (result.status, result.stdout) == ("ok", "2\n"), result.reason
+        assert int(box.info["pid"]) != zygote
