@@ -589,6 +589,23 @@ def level_agent(home: Path, level: str) -> AlphaAgent:
     )
 
 
+def zygote_cpu_ms(agent: AlphaAgent) -> float | None:
+    """CPU time of the agent's zygote and every process it reaped (spares, runs, namespace inits:
+    ``utime + stime + cutime + cstime`` of ``/proc/<zygote>/stat``), in milliseconds; None when the
+    sandbox is not running. Kernel work done elsewhere (a network namespace's teardown runs in a
+    kernel worker) is not in it."""
+    sandbox = getattr(agent.executor, "_sandbox", None)
+    pid = sandbox.info.get("pid") if sandbox is not None else None
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return sum(int(x) for x in fields[11:15]) * MS / os.sysconf("SC_CLK_TCK")
+
+
 def table_row(agent: AlphaAgent, log: RunLog, n: int, level: str) -> dict[str, Any]:
     """``n`` conversations at once on ``agent``: throughput, latency and where the steps' time went."""
     conversations = [
@@ -596,7 +613,10 @@ def table_row(agent: AlphaAgent, log: RunLog, n: int, level: str) -> dict[str, A
         for i in range(n)
     ]
     log.take()
+    cpu_before = zygote_cpu_ms(agent)
     wall_s, cpu_busy = run_concurrently(agent, conversations)
+    time.sleep(0.5)  # the last runs' processes reaped, so their CPU is counted
+    cpu_after = zygote_cpu_ms(agent)
     runs = log.take()
     timings = [c.timing for c in conversations if c.timing is not None]
     queued = [float(getattr(r, "queued_ms", 0)) for r, _ in runs]  # 0 before issue 11
@@ -617,6 +637,9 @@ def table_row(agent: AlphaAgent, log: RunLog, n: int, level: str) -> dict[str, A
         "duration_p50_ms": round(p50(durations), 1),
         "step_p50_ms": round(p50(steps), 1),
         "queued_share_percent": round(100 * sum(queued) / sum(steps), 1) if steps else math.nan,
+        "zygote_cpu_ms_per_run": round((cpu_after - cpu_before) / len(runs), 1)
+        if runs and cpu_before is not None and cpu_after is not None
+        else math.nan,
         "failures": len(failed),
         "first_failure": failed[0].error if failed else None,
         "system_cpu_busy_percent": cpu_busy,
@@ -657,15 +680,15 @@ def table_markdown(rows: list[dict[str, Any]]) -> list[str]:
         "## Concurrency by level (3-step turns, all submitted at once; queueing apart from run time)",
         "",
         "| N | Level | Turns/s | Turn p50 s | Step p50 ms | Run p50 ms | Queued p50 / p95 ms "
-        "| Queued share of step time | Failures |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Queued share of step time | Zygote-tree CPU ms per run | Failures |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in sorted(rows, key=lambda r: (r["conversations"], TABLE_LEVELS.index(r["level"]))):
         lines.append(
             f"| {row['conversations']} | {row['level']} ({row['isolation']}) | {row['turns_per_s']} "
             f"| {row['turn_p50_s']:.2f} | {_ms(row['step_p50_ms'])} | {_ms(row['duration_p50_ms'])} "
             f"| {_ms(row['queued_p50_ms'])} / {_ms(row['queued_p95_ms'])} | {row['queued_share_percent']} % "
-            f"| {row['failures']} |"
+            f"| {_ms(row['zygote_cpu_ms_per_run'])} | {row['failures']} |"
         )
     for row in rows:
         if row["failures"]:
