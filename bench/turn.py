@@ -580,13 +580,11 @@ def record_runs(agent: AlphaAgent) -> RunLog:
 
 def level_agent(home: Path, level: str) -> AlphaAgent:
     """An ``AlphaAgent`` whose sandbox runs at ``level`` (``namespaces``: the default ``auto``)."""
-    isolation = "auto" if level == "namespaces" else "process"
     hidden = (str(Path.home()), str(home.resolve()))
-    return AlphaAgent(
-        home,
-        connectors=ConnectorSettings(file_roots=(EXAMPLES_DIR,)),
-        sandbox=SandboxConfig(isolation=isolation, hidden_paths=hidden),  # type: ignore[arg-type]
-    )
+    config = SandboxConfig(hidden_paths=hidden)
+    if level == "process":
+        config = SandboxConfig(isolation="process", hidden_paths=hidden)
+    return AlphaAgent(home, connectors=ConnectorSettings(file_roots=(EXAMPLES_DIR,)), sandbox=config)
 
 
 def zygote_cpu_ms(agent: AlphaAgent) -> float | None:
@@ -594,7 +592,7 @@ def zygote_cpu_ms(agent: AlphaAgent) -> float | None:
     ``utime + stime + cutime + cstime`` of ``/proc/<zygote>/stat``), in milliseconds; None when the
     sandbox is not running. Kernel work done elsewhere (a network namespace's teardown runs in a
     kernel worker) is not in it."""
-    sandbox = getattr(agent.executor, "_sandbox", None)
+    sandbox = agent.executor.sandbox()
     pid = sandbox.info.get("pid") if sandbox is not None else None
     if pid is None:
         return None
@@ -837,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table_only:
         with tempfile.TemporaryDirectory(prefix="alphaagent-bench-turn-") as root:
             table = bench_table(Path(root), sizes)
-        report = {
+        report: dict[str, Any] = {
             "machine": machine(load_at_start),
             "table": table,
             "elapsed_s": round(time.perf_counter() - started, 1),
