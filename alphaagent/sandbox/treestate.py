@@ -128,6 +128,10 @@ class _Dir:
     trusted: _DirSig | None
     """(dev, ino, mtime_ns, ctime_ns) when the listing may be reused while they stay equal; None
     when the directory must be listed again (changed too close to its listing, or partly read)."""
+    stamps: list[tuple[int, int]]
+    """(ctime_ns, mtime_ns) of each name as last seen; (-1, -1) when it could not be lstat'ed."""
+    subdirs: list[tuple[str, Sig]]
+    """The subdirectories to enter (UTF-8 names, not excluded), in reverse order, as listed."""
 
 
 class _Watcher:
@@ -340,15 +344,7 @@ class TreeState:
 
     def _subdirs(self, rel: str) -> list[tuple[str, Sig]]:
         listing = self._dirs.get(rel)
-        if listing is None:
-            return []
-        found = []
-        prefix = f"{rel}/" if rel else ""
-        for name in reversed(listing.names):
-            sig = self.entries.get(prefix + name)
-            if sig is not None and stat.S_ISDIR(sig[0]):
-                found.append((name, sig))
-        return found
+        return list(listing.subdirs) if listing is not None else []
 
     def _mark_unreadable(self, rel: str) -> None:
         # What lies beneath stays as it was: never reported deleted for want of a listing.
@@ -373,18 +369,28 @@ class TreeState:
         prefix = f"{rel}/" if rel else ""
         entries, excluded = self.entries, self.exclude
         complete = True
+        stats: list[tuple[str, os.stat_result | None]] = []
         if listing is not None and listing.trusted == dir_sig:
+            # Unchanged directory: the same names on the same inodes (replacing or renaming an entry
+            # would have changed it), so an entry whose ctime and mtime are those of the last walk is
+            # unchanged (any write, chmod, truncate or utime moves the ctime); only the others are
+            # looked at further. The (c, m) stamps are kept per directory to make this test cheap.
             self.pruned += 1
-            names = listing.names
-            stats: list[tuple[str, os.stat_result | None]] = []
-            for name in names:
+            stamps = listing.stamps
+            for index, name in enumerate(listing.names):
                 try:
-                    stats.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+                    entry_st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
                     listing.trusted = None  # cannot happen with an unchanged directory; list it anew
                     return self._visit(fd, rel, st, changes)
                 except OSError:
                     stats.append((name, None))
+                    continue
+                stamp = stamps[index]
+                if entry_st.st_ctime_ns == stamp[0] and entry_st.st_mtime_ns == stamp[1]:
+                    continue
+                stamps[index] = (entry_st.st_ctime_ns, entry_st.st_mtime_ns)
+                stats.append((name, entry_st))
         else:
             self.listed += 1
             if self._watcher is not None:
@@ -395,7 +401,6 @@ class TreeState:
                     items = list(found)
             except OSError:
                 return False
-            stats = []
             for item in items:
                 try:
                     stats.append((item.name, item.stat(follow_symlinks=False)))
@@ -406,7 +411,16 @@ class TreeState:
             names = [name for name, _ in stats]
             trusted = dir_sig if st.st_ctime_ns < listed_at - RACY_NS else None
             old_names = listing.names if listing is not None else []
-            self._dirs[rel] = _Dir(names, trusted)
+            subdirs = [
+                (name, _sig(entry_st))
+                for name, entry_st in reversed(stats)
+                if entry_st is not None
+                and stat.S_ISDIR(entry_st.st_mode)
+                and _is_utf8(name)
+                and prefix + name not in excluded
+            ]
+            stamps = [(-1, -1) if entry_st is None else (entry_st.st_ctime_ns, entry_st.st_mtime_ns) for _, entry_st in stats]
+            self._dirs[rel] = _Dir(names, trusted, stamps, subdirs)
             if old_names:
                 now = set(names)
                 for name in old_names:
@@ -419,15 +433,7 @@ class TreeState:
             path = prefix + name
             if path in excluded:
                 continue
-            sig = (
-                entry_st.st_mode,
-                entry_st.st_size,
-                entry_st.st_mtime_ns,
-                entry_st.st_ctime_ns,
-                entry_st.st_ino,
-                entry_st.st_dev,
-                entry_st.st_blocks,
-            )
+            sig = _sig(entry_st)
             if not _is_utf8(name):
                 display = _display_path(rel, name)
                 self.invalid[display] = sig
@@ -579,6 +585,10 @@ class TreeStates:
     def __iter__(self) -> Iterator[TreeState]:
         with self._lock:
             return iter(list(self._states.values()))
+
+
+def _sig(st: os.stat_result) -> Sig:
+    return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, st.st_blocks)
 
 
 def _open_listed(parent_fd: int, name: str, listed: Sig) -> int:
