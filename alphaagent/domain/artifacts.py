@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 from typing import Any, BinaryIO, Final
 from urllib.parse import unquote
 
+from alphaagent.domain.profiling import profile_dataset
 from alphaagent.errors import ArtifactError, PathRuleError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ARTIFACT_FOLDERS as ARTIFACT_FOLDERS  # re-exported, as before
@@ -22,7 +23,6 @@ from alphaagent.models.common import (
     utcnow,
 )
 from alphaagent.models.records import ArtifactVersion
-from alphaagent.domain.profiling import profile_dataset
 from alphaagent.ports import Store, Workspace
 
 KIND_FOLDERS: dict[str, str] = {"dataset": "datasets", "chart": "charts", "report": "reports"}
@@ -142,14 +142,20 @@ def dataset_metadata(source: bytes | BinaryIO, suffix: str) -> dict[str, Any]:
             if first_group <= MAX_PARQUET_PREVIEW_GROUP_BYTES:  # decompressed size, from the footer
                 columns = parquet.schema_arrow.names[:MAX_PROFILE_COLUMNS]
                 # Row group 0 only: without it, the reader pre-buffers every row group (the whole file).
-                batch = next(parquet.iter_batches(batch_size=PREVIEW_ROWS, row_groups=[0], columns=columns), None)
+                batch = next(
+                    parquet.iter_batches(batch_size=PREVIEW_ROWS, row_groups=[0], columns=columns), None
+                )
                 rows = batch.to_pylist() if batch is not None else []
                 result["preview"] = json.loads(
                     json.dumps([{k: _clip(v) for k, v in r.items()} for r in rows], default=str)
                 )
             return result
         if suffix == ".csv":
-            data = source[: MAX_CSV_SAMPLE_BYTES + 1] if isinstance(source, bytes) else source.read(MAX_CSV_SAMPLE_BYTES + 1)
+            data = (
+                source[: MAX_CSV_SAMPLE_BYTES + 1]
+                if isinstance(source, bytes)
+                else source.read(MAX_CSV_SAMPLE_BYTES + 1)
+            )
             if len(data) > MAX_CSV_SAMPLE_BYTES:
                 data = data[: data.rfind(b"\n", 0, MAX_CSV_SAMPLE_BYTES) + 1]
                 sampled = len(data)

@@ -489,7 +489,9 @@ class Sandbox:
         """The scope's state before a run: its kept ``TreeState`` (brought up to date, usually without a
         walk) and its allocated bytes, or on the old path a full snapshot (``incremental_snapshot``)."""
         if not self.config.incremental_snapshot:
-            return None, take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+            return None, take_snapshot(
+                workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries
+            )
         tree = self._trees.checkout(workdir, exclude=[_SPILL_DIR])
         try:
             tree.prepare()
@@ -502,7 +504,9 @@ class Sandbox:
     def _tree_changes(self, tree: TreeState | None, before: TreeSnapshot | int, workdir: Path) -> FileChanges:
         """What the run changed in its scope, by the kept state's incremental walk or the old full diff."""
         if tree is not None:
-            return tree.update(report=True, max_reported=self.config.max_tree_entries, hash_cache=self._hash_cache)
+            return tree.update(
+                report=True, max_reported=self.config.max_tree_entries, hash_cache=self._hash_cache
+            )
         assert isinstance(before, TreeSnapshot)
         after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
         return diff_snapshots(before, after, hash_cache=self._hash_cache)

@@ -204,7 +204,10 @@ class TreeState:
     @property
     def allocated_bytes(self) -> int:
         """Bytes allocated on disk to every entry (``st_blocks`` * 512), as of the last walk."""
-        return sum(sig[6] for sig in self.entries.values()) * 512 + sum(sig[6] for sig in self.invalid.values()) * 512
+        return (
+            sum(sig[6] for sig in self.entries.values()) * 512
+            + sum(sig[6] for sig in self.invalid.values()) * 512
+        )
 
     def prepare(self) -> bool:
         """Bring the state up to date before a run without reporting anything; True if it walked.
@@ -213,9 +216,15 @@ class TreeState:
         no write since that walk. Otherwise a (pruned) walk folds what changed meanwhile into the
         state: those are not the run's changes. Raises ``OSError`` when the root cannot be listed.
         """
-        if self.walks and self._watcher is not None and self._watcher.complete and self._same_root():
-            if not self._watcher.drain():
-                return False
+        watcher = self._watcher
+        if (
+            self.walks
+            and watcher is not None
+            and watcher.complete
+            and self._same_root()
+            and not watcher.drain()
+        ):
+            return False
         self.update(report=False)
         return True
 
@@ -419,17 +428,21 @@ class TreeState:
                 and _is_utf8(name)
                 and prefix + name not in excluded
             ]
-            stamps = [(-1, -1) if entry_st is None else (entry_st.st_ctime_ns, entry_st.st_mtime_ns) for _, entry_st in stats]
+            stamps = [
+                (-1, -1) if entry_st is None else (entry_st.st_ctime_ns, entry_st.st_mtime_ns)
+                for _, entry_st in stats
+            ]
             self._dirs[rel] = _Dir(names, trusted, stamps, subdirs)
             if old_names:
                 now = set(names)
                 for name in old_names:
                     if name not in now:
                         self._remove(prefix + name, name, prefix, changes)
-        for name, entry_st in stats:
-            if entry_st is None:
+        for name, maybe_st in stats:
+            if maybe_st is None:
                 complete = False
                 continue
+            entry_st = maybe_st
             path = prefix + name
             if path in excluded:
                 continue
@@ -453,7 +466,9 @@ class TreeState:
                 current.trusted = None
         return True
 
-    def _remove(self, path: str, name: str, prefix: str, changes: dict[str, tuple[Sig | None, Sig | None]]) -> None:
+    def _remove(
+        self, path: str, name: str, prefix: str, changes: dict[str, tuple[Sig | None, Sig | None]]
+    ) -> None:
         if not _is_utf8(name):
             self.invalid.pop(_display_path(prefix.rstrip("/"), name), None)
             return
@@ -496,16 +511,24 @@ class TreeState:
             if is_file:
                 if not was_file:
                     created.append(path)
-                elif old is not None and new is not None and _content_changed(old, new, root / path, hash_cache):
+                elif (
+                    old is not None
+                    and new is not None
+                    and _content_changed(old, new, root / path, hash_cache)
+                ):
                     modified.append(path)
             elif was_file:
                 deleted.append(path)
             if new is not None and not is_file and not stat.S_ISDIR(new[0]) and new != old:
                 skipped.append(SkippedEntry(path, _skip_reason(new[0], root / path)))
-        skipped.extend(SkippedEntry(path, REASON_UNREADABLE_DIR) for path in self.unreadable - unreadable_before)
+        skipped.extend(
+            SkippedEntry(path, REASON_UNREADABLE_DIR) for path in self.unreadable - unreadable_before
+        )
         skipped.extend(SkippedEntry(path, REASON_TOO_DEEP) for path in self.too_deep)
         skipped.extend(
-            SkippedEntry(path, REASON_NOT_UTF8) for path, sig in self.invalid.items() if invalid_before.get(path) != sig
+            SkippedEntry(path, REASON_NOT_UTF8)
+            for path, sig in self.invalid.items()
+            if invalid_before.get(path) != sig
         )
         created.sort()
         modified.sort()
@@ -539,7 +562,9 @@ class TreeStates:
     recently used dropped first).
     """
 
-    def __init__(self, max_states: int = DEFAULT_MAX_STATES, max_entries: int = DEFAULT_MAX_KEPT_ENTRIES) -> None:
+    def __init__(
+        self, max_states: int = DEFAULT_MAX_STATES, max_entries: int = DEFAULT_MAX_KEPT_ENTRIES
+    ) -> None:
         self._lock = threading.Lock()
         self._states: OrderedDict[tuple[str, frozenset[str]], TreeState] = OrderedDict()
         self._max_states = max_states
@@ -564,7 +589,9 @@ class TreeStates:
                 dropped.append(previous)
             self._states[key] = state
             total = sum(len(kept.entries) for kept in self._states.values())
-            while len(self._states) > self._max_states or (total > self._max_entries and len(self._states) > 1):
+            while len(self._states) > self._max_states or (
+                total > self._max_entries and len(self._states) > 1
+            ):
                 _, oldest = self._states.popitem(last=False)
                 total -= len(oldest.entries)
                 dropped.append(oldest)
