@@ -8,9 +8,10 @@ import io
 import json
 import zipfile
 from pathlib import PurePosixPath
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 from urllib.parse import unquote
 
+from alphaagent.domain.profiling import profile_dataset
 from alphaagent.errors import ArtifactError, PathRuleError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ARTIFACT_FOLDERS as ARTIFACT_FOLDERS  # re-exported, as before
@@ -37,6 +38,9 @@ MAX_PARQUET_PROFILE_BYTES = 256 * 2**20
 """Parquet is described from its footer, but the blob is still read into memory to find it."""
 MAX_PARQUET_PREVIEW_GROUP_BYTES = 256 * 2**20
 """A parquet preview decompresses the first row group: only when its footer says it is this small."""
+MAX_CSV_SAMPLE_BYTES = 4 * 2**20
+"""A csv is parsed from its first 4 MiB only (cut at the last whole line): enough for the schema
+and the preview, bounded whatever the file's size; the row count is then not known."""
 MAX_PROFILE_COLUMNS = 200
 MAX_PREVIEW_CELL_CHARS = 200
 
@@ -107,20 +111,24 @@ def _clip(value: Any) -> Any:
     return value
 
 
-def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
+def dataset_metadata(source: bytes | BinaryIO, suffix: str) -> dict[str, Any]:
     """Schema (column -> dtype), row count and the first rows of a dataset, bounded in size.
 
-    The file comes from untrusted code and is read in the backend's own process, so: parquet is
-    described from its footer only (never decompressed: no decompression bomb); csv, json and xlsx
-    are parsed only up to ``MAX_DATASET_PROFILE_BYTES`` (an xlsx only if it unpacks to at most
-    ``MAX_XLSX_UNPACKED_BYTES``); at most ``MAX_PROFILE_COLUMNS`` columns and
-    ``PREVIEW_ROWS`` rows of cells clipped to ``MAX_PREVIEW_CELL_CHARS`` are kept.
+    ``source`` is the dataset's bytes or a binary reader of them (a seekable file is best: a parquet
+    footer is then read without reading the file). The file comes from untrusted code, so: parquet
+    is described from its footer only (never decompressed: no decompression bomb); a csv is parsed
+    from its first ``MAX_CSV_SAMPLE_BYTES`` (``row_count`` then absent, ``sampled_bytes`` present);
+    json and xlsx are parsed only up to ``MAX_DATASET_PROFILE_BYTES`` (an xlsx only if it unpacks to
+    at most ``MAX_XLSX_UNPACKED_BYTES``); at most ``MAX_PROFILE_COLUMNS`` columns and
+    ``PREVIEW_ROWS`` rows of cells clipped to ``MAX_PREVIEW_CELL_CHARS`` are kept. Large datasets
+    are profiled out of process by ``alphaagent.domain.profiling.profile_dataset``.
     """
+    sampled = 0
     try:
         if suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            parquet = pq.ParquetFile(io.BytesIO(data))
+            parquet = pq.ParquetFile(io.BytesIO(source) if isinstance(source, bytes) else source)
             meta = parquet.metadata
             result: dict[str, Any] = {
                 "profiled": True,
@@ -133,12 +141,26 @@ def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
             first_group = meta.row_group(0).total_byte_size if meta.num_row_groups else 0
             if first_group <= MAX_PARQUET_PREVIEW_GROUP_BYTES:  # decompressed size, from the footer
                 columns = parquet.schema_arrow.names[:MAX_PROFILE_COLUMNS]
-                batch = next(parquet.iter_batches(batch_size=PREVIEW_ROWS, columns=columns), None)
+                # Row group 0 only: without it, the reader pre-buffers every row group (the whole file).
+                batch = next(
+                    parquet.iter_batches(batch_size=PREVIEW_ROWS, row_groups=[0], columns=columns), None
+                )
                 rows = batch.to_pylist() if batch is not None else []
                 result["preview"] = json.loads(
                     json.dumps([{k: _clip(v) for k, v in r.items()} for r in rows], default=str)
                 )
             return result
+        if suffix == ".csv":
+            data = (
+                source[: MAX_CSV_SAMPLE_BYTES + 1]
+                if isinstance(source, bytes)
+                else source.read(MAX_CSV_SAMPLE_BYTES + 1)
+            )
+            if len(data) > MAX_CSV_SAMPLE_BYTES:
+                data = data[: data.rfind(b"\n", 0, MAX_CSV_SAMPLE_BYTES) + 1]
+                sampled = len(data)
+        else:
+            data = source if isinstance(source, bytes) else source.read(MAX_DATASET_PROFILE_BYTES + 1)
         if len(data) > MAX_DATASET_PROFILE_BYTES:
             return {"profiled": False, "reason": f"larger than {MAX_DATASET_PROFILE_BYTES // 2**20} MiB"}
         import pandas as pd
@@ -159,7 +181,7 @@ def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
         {str(k): _clip(v) for k, v in row.items()}
         for row in json.loads(head.to_json(orient="records", date_format="iso"))
     ]
-    return {
+    result = {
         "profiled": True,
         "schema": {
             str(col)[:200]: str(dtype) for col, dtype in list(frame.dtypes.items())[:MAX_PROFILE_COLUMNS]
@@ -170,6 +192,10 @@ def dataset_metadata(data: bytes, suffix: str) -> dict[str, Any]:
         },
         "preview": preview,
     }
+    if sampled:
+        del result["row_count"]  # only the sample was parsed: its row count is not the file's
+        result["sampled_bytes"] = sampled
+    return result
 
 
 def _parquet_nulls(meta: Any) -> dict[str, int]:
@@ -224,8 +250,13 @@ def register_artifact(
     metadata: dict[str, Any] = {}
     if kind == "dataset":
         suffix = PurePosixPath(normal).suffix.lower()
+        open_blob = getattr(workspace, "open_blob", None)
         limit = MAX_PARQUET_PROFILE_BYTES if suffix == ".parquet" else MAX_DATASET_PROFILE_BYTES
-        if size > limit:
+        if open_blob is not None:
+            # A seekable local blob: footer-only parquet, sampled csv, large ones out of process.
+            with open_blob(sha256) as reader:
+                metadata = profile_dataset(reader, size, suffix)
+        elif size > limit and suffix != ".csv":
             metadata = {"profiled": False, "reason": f"larger than {limit // 2**20} MiB"}
         else:
             metadata = dataset_metadata(workspace.read_blob(sha256), suffix)

@@ -276,6 +276,15 @@ class LocalWorkspace:
         with os.fdopen(fd, "rb") as reader:
             return reader.read()
 
+    def open_blob(self, sha256: str) -> BinaryIO:
+        """A seekable binary reader of the blob stored under ``sha256`` (so a parquet footer can be read
+        without reading the file); ``FileNotFoundError`` as for ``read_blob``."""
+        if not _SHA256_HEX.fullmatch(sha256):
+            raise FileNotFoundError(f"no blob stored under {sha256!r}")
+        with self._home() as home:
+            fd = safefs.open_regular(home, (BLOBS_DIR, "sha256", sha256[:2], sha256))
+        return os.fdopen(fd, "rb")
+
     # -- helpers -----------------------------------------------------------------------------------
 
     def _parts(self, scope: Scope, path: str) -> list[str]:

@@ -95,6 +95,9 @@ class FileChangeReport(BaseModel):
     deleted: list[str] = []
     skipped: list[SkippedPath] = []
     truncated: bool = False
+    unreported: int = 0
+    """Changed paths left out of this report because more changed than one result lists
+    (``SandboxConfig.max_tree_entries``); the next run in the same scope reports them."""
 
 
 class LandlockState(BaseModel):

@@ -82,6 +82,13 @@ class SandboxConfig(BaseModel):
     - ``disk_poll_s``: how often the supervisor checks the scope's filesystem for growth while a run
       runs (one ``statvfs``; the scope is walked only when the filesystem grew by more than what is
       left of the run's ``disk_mb``, and at most every 20 walk-durations, see ``ScopeDiskBudget``).
+    - ``max_tree_entries``: with ``incremental_snapshot``, the changed paths one run's result lists
+      (created + modified + deleted); past it the result says ``truncated`` with the ``unreported``
+      count, and those paths are reported by the next run (the walk itself records every entry). On
+      the old full-walk path, the entries a snapshot records before it stops.
+    - ``incremental_snapshot``: keep each scope's tree state between runs and walk only what changed
+      (``alphaagent.sandbox.treestate``). ``False`` restores the walk-before-and-after snapshot and
+      exists to measure the difference (``bench/scale.py``), not for production use.
     - ``hidden_paths``: directories a run must not see at the ``namespaces`` level (covered by an
       empty tmpfs): by default the supervisor's home (``~/.ssh``, ``~/.aws``...); the local backend
       adds its data directory, where the other conversations live.
@@ -111,6 +118,7 @@ class SandboxConfig(BaseModel):
     sized_tmp: bool = True
     disk_poll_s: float = Field(0.05, gt=0, le=10)
     max_tree_entries: int = Field(100_000, ge=100)
+    incremental_snapshot: bool = True
     zygote_start_timeout_s: float = Field(120.0, gt=0)
     spawn_timeout_s: float = Field(15.0, gt=0)
     queue_timeout_s: float = Field(300.0, gt=0)

@@ -57,15 +57,23 @@ def allocated_bytes(snapshot: TreeSnapshot) -> int:
 
 
 def scope_growth(
-    root: Path, before: TreeSnapshot, started_ns: int, *, platform_dir: str, own: str, max_entries: int
+    root: Path,
+    before: TreeSnapshot | int,
+    started_ns: int,
+    *,
+    platform_dir: str,
+    own: str,
+    max_entries: int,
 ) -> int:
-    """Bytes the scope ``root`` gained since ``before`` (a snapshot that left ``platform_dir`` out),
-    plus what was created or changed in ``platform_dir`` since ``started_ns`` (``time.time_ns()``),
-    except ``own`` (the run's own spill directory, a name inside ``platform_dir``).
+    """Bytes the scope ``root`` gained since ``before`` (a snapshot that left ``platform_dir`` out, or
+    its ``allocated_bytes``: what ``TreeState.allocated_bytes`` gives), plus what was created or
+    changed in ``platform_dir`` since ``started_ns`` (``time.time_ns()``), except ``own`` (the run's
+    own spill directory, a name inside ``platform_dir``).
 
     Raises ``OSError`` when ``root`` cannot be walked."""
+    before_bytes = before if isinstance(before, int) else allocated_bytes(before)
     now = allocated_bytes(take_snapshot(root, exclude=[platform_dir], max_entries=max_entries))
-    return now - allocated_bytes(before) + _changed_bytes(root / platform_dir, started_ns, own, max_entries)
+    return now - before_bytes + _changed_bytes(root / platform_dir, started_ns, own, max_entries)
 
 
 def _changed_bytes(top: Path, since_ns: int, skip: str, max_entries: int) -> int:

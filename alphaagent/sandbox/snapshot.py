@@ -34,8 +34,9 @@ from alphaagent.sandbox.pathsafe import MAX_WALK_DEPTH, walk_tree
 EntryKind = Literal["file", "dir", "symlink", "fifo", "socket", "device", "other"]
 """What an lstat of a path found; only ``file`` entries are ever reported as created/modified/deleted."""
 
-HashKey = tuple[int, int, int, int]
-"""``(dev, ino, size, mtime_ns)`` of one version of a regular file: the key of ``HashCache``."""
+HashKey = tuple[int, ...]
+"""``(dev, ino, size, mtime_ns)`` of one version of a regular file: the key of ``HashCache``
+(``treestate`` adds the ``ctime_ns``)."""
 
 DEFAULT_MAX_ENTRIES: Final = 100_000
 """Entries a snapshot records before it stops and sets ``truncated``; bounds time and memory."""
@@ -143,7 +144,10 @@ class FileChanges:
         deleted: sorted relative paths of regular files that are gone or are no longer a regular file.
         skipped: entries new or changed in the after-snapshot that are neither a regular file nor a
             directory, plus newly unreadable directories and names that are not UTF-8; sorted by path.
-        truncated: either snapshot was truncated, so the lists may be incomplete.
+        truncated: either snapshot was truncated, or (``treestate``) more paths changed than one
+            report may list, so the lists are incomplete.
+        unreported: changed paths left out of this report by ``treestate``'s cap; they are carried
+            into the next report (0 when ``diff_snapshots`` made it: it cannot tell).
     """
 
     created: tuple[str, ...]
@@ -151,6 +155,7 @@ class FileChanges:
     deleted: tuple[str, ...]
     skipped: tuple[SkippedEntry, ...]
     truncated: bool
+    unreported: int = 0
 
     @property
     def changed(self) -> tuple[str, ...]:

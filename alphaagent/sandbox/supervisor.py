@@ -50,7 +50,8 @@ from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.diskbudget import ScopeDiskBudget, scope_growth
 from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
 from alphaagent.sandbox.pathsafe import ThresholdSpill
-from alphaagent.sandbox.snapshot import HashCache, diff_snapshots, take_snapshot
+from alphaagent.sandbox.snapshot import FileChanges, HashCache, TreeSnapshot, diff_snapshots, take_snapshot
+from alphaagent.sandbox.treestate import TreeState, TreeStates
 
 ZYGOTE_PATH = Path(__file__).with_name("zygote.py")
 MAX_CODE_BYTES = 4 * 2**20
@@ -100,6 +101,7 @@ class Sandbox:
         self._scratch_root: Path | None = None
         self._scratch_baseline: _ScratchBaseline | None = None
         self._hash_cache = HashCache()
+        self._trees = TreeStates()
         self._cgroup: RunCgroups | None = None
         self._exclusive_lock = threading.Lock()
         self._run_slots = (
@@ -220,6 +222,7 @@ class Sandbox:
         """Stop the zygote (it kills every run and spare it has) and remove the scratch root."""
         with self._lock:
             self._teardown()
+        self._trees.close()
 
     def _teardown(self) -> None:
         self._kill_zygote()
@@ -358,8 +361,6 @@ class Sandbox:
         namespaced = self._ready.get("isolation") == "namespaces"
         scratch = self._scratch_root / run_id
         spill_rel = f"{_SPILL_DIR}/{run_id}"
-        # work/runs/ holds the platform's spill files: never reported as the code's changes.
-        before = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
         (scratch / "tmp").mkdir(parents=True, mode=0o700)
         code_fd = os.memfd_create(f"code-{run_id}", os.MFD_CLOEXEC)
         _write_all(code_fd, source.encode("utf-8"))
@@ -385,6 +386,9 @@ class Sandbox:
             "env": child_environment(self.config, tmp_dir=tmp_dir),
             "limits": _rlimits(limits),
         }
+        # work/runs/ holds the platform's spill files: never reported as the code's changes.
+        tree, before = self._tree_before(workdir)
+        before_walks = tree.walks if tree is not None else 0
         channel = _RunChannel()
         self._channels[run_id] = channel
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
@@ -455,7 +459,7 @@ class Sandbox:
                 self._exclusive_cleanup(run_id, channel)
             # The child reported, so it has ended its descendants: the tree is final, and the snapshot
             # runs while the child's exit (an address space to tear down) is on its way.
-            after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+            changes = self._tree_changes(tree, before, workdir)
             if outcome.kill_reason is None:
                 # A burst shorter than one poll (page cache takes GB/s) is caught here, after the run.
                 grown = disk.final()
@@ -466,7 +470,6 @@ class Sandbox:
                         f"the run added {_mib(grown)} to its scope, over its budget of"
                         f" {_mib(disk.budget_bytes)} (disk_mb; found when the run ended)"
                     )
-            changes = diff_snapshots(before, after, hash_cache=self._hash_cache)
             _remove_path(scratch)
             if outcome.exit_event is None:
                 # The wait status, always, even after a report: the status pipe is the code's to write
@@ -478,6 +481,9 @@ class Sandbox:
                 with contextlib.suppress(OSError):
                     os.close(r)
             self._channels.pop(run_id, None)
+            if tree is not None:
+                # Kept only when the run's after-walk brought it up to date; else walked afresh next time.
+                (self._trees.checkin if tree.walks > before_walks else self._trees.discard)(tree)
         return _build_result(
             run_id=run_id,
             outcome=outcome,
@@ -490,6 +496,7 @@ class Sandbox:
                 deleted=list(changes.deleted),
                 skipped=[SkippedPath(path=s.path, reason=s.reason) for s in changes.skipped],
                 truncated=changes.truncated,
+                unreported=changes.unreported,
             ),
             isolation=IsolationReport(
                 level="namespaces" if namespaced else "process",
@@ -505,6 +512,32 @@ class Sandbox:
             spill_rel=spill_rel,
             secrets=self._secrets,
         )
+
+    def _tree_before(self, workdir: Path) -> tuple[TreeState | None, TreeSnapshot | int]:
+        """The scope's state before a run: its kept ``TreeState`` (brought up to date, usually without a
+        walk) and its allocated bytes, or on the old path a full snapshot (``incremental_snapshot``)."""
+        if not self.config.incremental_snapshot:
+            return None, take_snapshot(
+                workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries
+            )
+        tree = self._trees.checkout(workdir, exclude=[_SPILL_DIR])
+        try:
+            tree.prepare()
+        except BaseException:
+            self._trees.discard(tree)
+            raise
+        tree.settle()
+        return tree, tree.allocated_bytes
+
+    def _tree_changes(self, tree: TreeState | None, before: TreeSnapshot | int, workdir: Path) -> FileChanges:
+        """What the run changed in its scope, by the kept state's incremental walk or the old full diff."""
+        if tree is not None:
+            return tree.update(
+                report=True, max_reported=self.config.max_tree_entries, hash_cache=self._hash_cache
+            )
+        assert isinstance(before, TreeSnapshot)
+        after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+        return diff_snapshots(before, after, hash_cache=self._hash_cache)
 
     def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None, str | None, float]:
         """Wait for a spare to take the run: (pid, pids cgroup, memory cgroup, when it took it as

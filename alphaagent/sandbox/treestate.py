@@ -1,0 +1,665 @@
+"""The state of a scope's tree kept between runs, so a run's change report costs what changed, not a
+second walk of the scope (issue 11, item 1).
+
+``take_snapshot`` + ``diff_snapshots`` walk the whole scope before and after every run. Here the
+after-state of one run is the before-state of the next, and the after-walk is incremental:
+
+- **Before a run: no walk.** An inotify watch on every directory of the tree tells whether anything
+  wrote to it since the last walk (the backend copying a dataset, registering an artifact, the user
+  editing a file). If nothing did, the kept state is reused as is; if something did (or inotify is
+  not available), a refresh walk folds those changes into the state *without* reporting them, so a
+  write by someone else is never passed off as the run's.
+- **After a run: directories are listed only when they changed.** A directory whose (dev, ino,
+  mtime_ns, ctime_ns) are those of its last listing has the same entries (adding, removing or
+  renaming an entry updates its mtime and ctime; ``utime`` can set the mtime back, never the ctime),
+  so its names are taken from the state and only lstat'ed. A file's content is another matter: a
+  write updates the file's own mtime/ctime and nothing of its directory, so **every entry is
+  lstat'ed after every run** (one ``fstatat`` each, relative to its directory's descriptor). Watching
+  the run with inotify instead would skip those lstats but miss writes through a shared mapping
+  (``numpy.memmap``) and writes through a hard link outside the watched directories, so it is not
+  trusted for the run's own changes. What is cheap: listing, diffing and hashing are proportional to
+  what changed; what is not: one lstat per entry (about 1-3 µs each here).
+- **Racy timestamps.** Where the kernel stamps files with a coarse clock (one jiffy, up to 10 ms,
+  before multigrain timestamps in Linux 6.13), a write in the same tick as a walk's lstat would leave
+  the same timestamps. ``settle()`` holds a run back until ``RACY_NS`` after the walk its state came
+  from started, so everything the run writes carries a later stamp; a directory whose ctime is within
+  ``RACY_NS`` of its listing is never trusted (listed again next time).
+- **No silent cap.** The walk records every entry. At most ``max_reported`` changed paths go in one
+  result (sorted, created before modified before deleted); the result then says ``truncated`` and how
+  many were left out, and those are carried into the next run's report, so no change is ever lost.
+- **Hashing.** A regular file present before and after is modified when its size differs (not
+  hashed); when only mtime, ctime, inode or device differ it is hashed, and unchanged only if the
+  digest of its before-version is known and equal. A file that is new or whose size changed is
+  never hashed.
+
+The walk keeps the security properties of ``pathsafe.walk_tree``: every directory is opened relative
+to its parent's descriptor with ``O_NOFOLLOW`` and checked against the (dev, ino) its parent listed,
+nothing else is ever opened (hashing opens with ``O_NOFOLLOW | O_NONBLOCK``), no symlink is followed,
+directories more than 512 levels down are reported, not listed, and names that are not UTF-8 are
+reported under an escaped display path. The collector is paused during a walk (it allocates ~one
+tuple per entry, which would otherwise trigger full collections of a large heap).
+
+Example::
+
+    states = TreeStates()
+    state = states.checkout(root, exclude=("work/runs",))   # before the run: usually no walk
+    state.settle()
+    ...  # the run
+    changes = state.update(report=True, max_reported=100_000, hash_cache=cache)
+    states.checkin(state)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import gc
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from alphaagent.sandbox.pathsafe import MAX_WALK_DEPTH
+from alphaagent.sandbox.snapshot import (
+    _KIND_REASONS,
+    REASON_NOT_UTF8,
+    REASON_SYMLINK,
+    REASON_SYMLINK_TO_DIR,
+    REASON_TOO_DEEP,
+    REASON_UNREADABLE_DIR,
+    FileChanges,
+    HashCache,
+    SkippedEntry,
+    _display_path,
+    _is_utf8,
+    _normalise_exclude,
+    sha256_file,
+)
+
+RACY_NS: Final = 20_000_000
+"""20 ms: more than one tick of the coarse clock Linux stamps files with (a jiffy: 10 ms at HZ=100,
+the slowest common setting); a timestamp closer than this to a walk may repeat after it."""
+
+DEFAULT_MAX_STATES: Final = 16
+"""Trees kept at once by a ``TreeStates``; each holds one inotify instance (the kernel's default
+``max_user_instances`` is 128 per user, shared with everything else the user runs)."""
+
+DEFAULT_MAX_KEPT_ENTRIES: Final = 2_000_000
+"""Entries kept over all trees of a ``TreeStates`` (about 200 bytes each: ~400 MiB at most);
+least recently used trees are dropped beyond it and walked afresh when next used."""
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ROOT_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# inotify(7): every event that means an entry of a watched directory was written, created, deleted,
+# renamed or had its attributes changed, or the directory itself went away.
+_IN_MODIFY, _IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+_IN_CREATE, _IN_DELETE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
+_IN_ONLYDIR, _IN_NONBLOCK, _IN_CLOEXEC = 0x01000000, os.O_NONBLOCK, os.O_CLOEXEC
+_WATCH_MASK: Final = (
+    _IN_MODIFY
+    | _IN_ATTRIB
+    | _IN_MOVED_FROM
+    | _IN_MOVED_TO
+    | _IN_CREATE
+    | _IN_DELETE
+    | _IN_DELETE_SELF
+    | _IN_MOVE_SELF
+    | _IN_ONLYDIR
+)
+
+Sig = tuple[int, int, int, int, int, int, int]
+"""``(st_mode, st_size, st_mtime_ns, st_ctime_ns, st_ino, st_dev, st_blocks)`` of one entry."""
+
+_DirSig = tuple[int, int, int, int]
+
+
+@dataclass(slots=True)
+class _Dir:
+    """What the last listing of one directory found: its names (excluded and non-UTF-8 names too,
+    so a pruned directory still accounts for them) and the signature that makes them reusable."""
+
+    names: list[str]
+    trusted: _DirSig | None
+    """(dev, ino, mtime_ns, ctime_ns) when the listing may be reused while they stay equal; None
+    when the directory must be listed again (changed too close to its listing, or partly read)."""
+    stamps: list[tuple[int, int]]
+    """(ctime_ns, mtime_ns) of each name as last seen; (-1, -1) when it could not be lstat'ed."""
+    subdirs: list[tuple[str, Sig]]
+    """The subdirectories to enter (UTF-8 names, not excluded), in reverse order, as listed."""
+
+
+class _Watcher:
+    """One inotify instance over the directories of one tree; says whether anything wrote to them."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._add = libc.inotify_add_watch
+        self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self.fd: int = fd
+        self.complete = True
+        """Every directory of the tree is watched (False after a watch could not be added)."""
+
+    def watch(self, dir_fd: int) -> None:
+        # Through the descriptor's magic link: the watch is on the directory that was opened and
+        # checked, whatever a path to it resolves to now.
+        if self._add(self.fd, f"/proc/self/fd/{dir_fd}".encode(), _WATCH_MASK) < 0:
+            self.complete = False  # ENOSPC (max_user_watches) or the like: refresh before each run
+
+    def drain(self) -> bool:
+        """Discard the queued events; True if there were any (an overflow counts as one)."""
+        seen = False
+        while True:
+            try:
+                if not os.read(self.fd, 1 << 16):
+                    return seen
+            except BlockingIOError:
+                return seen
+            except OSError:
+                return True
+            seen = True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+@dataclass
+class TreeState:
+    """Every entry under one scope root as of the last walk, and what is needed to walk it again cheaply.
+
+    Not thread-safe: a ``TreeStates`` hands one state to one run at a time (``checkout``/``checkin``).
+
+    Attributes:
+        root: the absolute path of the scope root (not resolved).
+        exclude: normalised workspace-relative prefixes left out (``"work/runs"``).
+        entries: relative POSIX path → ``Sig`` of every file, directory and special file.
+        walks, listed, pruned: walks made; directories listed / reused without listing by the last walk.
+    """
+
+    root: str
+    exclude: frozenset[str]
+    entries: dict[str, Sig] = field(default_factory=dict)
+    invalid: dict[str, Sig] = field(default_factory=dict)
+    unreadable: set[str] = field(default_factory=set)
+    too_deep: set[str] = field(default_factory=set)
+    walks: int = 0
+    listed: int = 0
+    pruned: int = 0
+    _dirs: dict[str, _Dir] = field(default_factory=dict)
+    _root_id: tuple[int, int] | None = None
+    _walk_started_ns: int = 0
+    _pending: dict[str, Sig | None] = field(default_factory=dict)
+    _watcher: _Watcher | None = None
+    _use_watcher: bool = True
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes allocated on disk to every entry (``st_blocks`` * 512), as of the last walk."""
+        return (
+            sum(sig[6] for sig in self.entries.values()) * 512
+            + sum(sig[6] for sig in self.invalid.values()) * 512
+        )
+
+    def prepare(self) -> bool:
+        """Bring the state up to date before a run without reporting anything; True if it walked.
+
+        No walk when the tree has been walked before, its root is the same directory, and inotify saw
+        no write since that walk. Otherwise a (pruned) walk folds what changed meanwhile into the
+        state: those are not the run's changes. Raises ``OSError`` when the root cannot be listed.
+        """
+        watcher = self._watcher
+        if (
+            self.walks
+            and watcher is not None
+            and watcher.complete
+            and self._same_root()
+            and not watcher.drain()
+        ):
+            return False
+        self.update(report=False)
+        return True
+
+    def settle(self) -> None:
+        """Wait, if needed, until ``RACY_NS`` after the last walk started (see the module docstring)."""
+        wait_ns = self._walk_started_ns + RACY_NS - time.time_ns()
+        if wait_ns > 0:
+            time.sleep(wait_ns / 1e9)
+
+    def update(
+        self, *, report: bool, max_reported: int | None = None, hash_cache: HashCache | None = None
+    ) -> FileChanges:
+        """Walk the tree (listing only directories that changed), update the state, and return what
+        changed since the previous walk plus what an earlier capped report carried over.
+
+        With ``report=False`` the changes are folded in silently (and carried ones stay carried).
+        ``max_reported`` caps created + modified + deleted in the result (None: no cap); the rest are
+        carried to the next report and counted in ``FileChanges.unreported``.
+
+        Raises:
+            OSError: the root cannot be opened and listed as a directory.
+        """
+        if self._watcher is not None:
+            self._watcher.drain()  # what happened so far is what this walk sees
+        elif self._use_watcher:
+            try:
+                self._watcher = _Watcher()
+            except OSError:
+                self._use_watcher = False
+        changes: dict[str, tuple[Sig | None, Sig | None]] = {}
+        invalid_before = dict(self.invalid)
+        unreadable_before = set(self.unreadable)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._walk(changes)
+        finally:
+            if collecting:
+                gc.enable()
+        self.walks += 1
+        if not report:
+            return FileChanges((), (), (), (), False)  # folded in; what was carried stays carried
+        for path, old_sig in self._pending.items():
+            new_sig = self.entries.get(path)
+            changes[path] = (old_sig, new_sig)
+        self._pending = {}
+        return self._classify(changes, invalid_before, unreadable_before, max_reported, hash_cache)
+
+    def close(self) -> None:
+        """Release the inotify instance (the state itself stays usable, without it)."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+    # ------------------------------------------------------------------ the walk
+
+    def _same_root(self) -> bool:
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._root_id
+
+    def _walk(self, changes: dict[str, tuple[Sig | None, Sig | None]]) -> None:
+        self._walk_started_ns = time.time_ns()
+        self.listed = self.pruned = 0
+        root_fd = os.open(self.root, _ROOT_FLAGS)
+        try:
+            st = os.fstat(root_fd)
+            if (st.st_dev, st.st_ino) != self._root_id:
+                # Another directory now: nothing listed before can be reused, all it held is gone.
+                changes.update((path, (sig, None)) for path, sig in self.entries.items())
+                self.entries.clear()
+                self.invalid.clear()
+                self.unreadable.clear()
+                self.too_deep.clear()
+                self._dirs.clear()
+                self._root_id = (st.st_dev, st.st_ino)
+            if not self._visit(root_fd, "", st, changes):
+                raise OSError(errno.EIO, f"cannot list {self.root}")
+            self._descend(root_fd, changes)
+        finally:
+            os.close(root_fd)
+
+    def _descend(self, root_fd: int, changes: dict[str, tuple[Sig | None, Sig | None]]) -> None:
+        # Depth first, like pathsafe.walk_tree: a parent's descriptor is closed once its last
+        # subdirectory is opened, so a deep chain holds two descriptors, no walk more than 513.
+        frames: list[tuple[int, str, int, list[tuple[str, Sig]]]] = []
+        subdirs = self._subdirs("")
+        if subdirs:
+            frames.append((os.dup(root_fd), "", 0, subdirs))
+        try:
+            while frames:
+                parent_fd, parent_rel, depth, pending = frames[-1]
+                name, listed = pending.pop()
+                if not pending:
+                    frames.pop()
+                rel = f"{parent_rel}/{name}" if parent_rel else name
+                try:
+                    if depth + 1 > MAX_WALK_DEPTH:
+                        self.too_deep.add(rel)
+                        continue
+                    fd = _open_listed(parent_fd, name, listed)
+                finally:
+                    if not pending:
+                        os.close(parent_fd)
+                if fd < 0:
+                    self._mark_unreadable(rel)
+                    continue
+                try:
+                    ok = self._visit(fd, rel, os.fstat(fd), changes)
+                except OSError:
+                    ok = False
+                if not ok:
+                    os.close(fd)
+                    self._mark_unreadable(rel)
+                    continue
+                child_dirs = self._subdirs(rel)
+                if child_dirs:
+                    frames.append((fd, rel, depth + 1, child_dirs))
+                else:
+                    os.close(fd)
+        finally:
+            for frame_fd, _, _, _ in frames:
+                os.close(frame_fd)
+
+    def _subdirs(self, rel: str) -> list[tuple[str, Sig]]:
+        listing = self._dirs.get(rel)
+        return list(listing.subdirs) if listing is not None else []
+
+    def _mark_unreadable(self, rel: str) -> None:
+        # What lies beneath stays as it was: never reported deleted for want of a listing.
+        self.unreadable.add(rel)
+        listing = self._dirs.get(rel)
+        if listing is not None:
+            listing.trusted = None
+
+    def _visit(
+        self,
+        fd: int,
+        rel: str,
+        st: os.stat_result,
+        changes: dict[str, tuple[Sig | None, Sig | None]],
+    ) -> bool:
+        """lstat every entry of the directory open at ``fd``; list it only if it changed. False if it
+        could not be listed at all."""
+        self.unreadable.discard(rel or ".")
+        self.too_deep.discard(rel)
+        dir_sig = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        listing = self._dirs.get(rel)
+        prefix = f"{rel}/" if rel else ""
+        entries, excluded = self.entries, self.exclude
+        complete = True
+        stats: list[tuple[str, os.stat_result | None]] = []
+        if listing is not None and listing.trusted == dir_sig:
+            # Unchanged directory: the same names on the same inodes (replacing or renaming an entry
+            # would have changed it), so an entry whose ctime and mtime are those of the last walk is
+            # unchanged (any write, chmod, truncate or utime moves the ctime); only the others are
+            # looked at further. The (c, m) stamps are kept per directory to make this test cheap.
+            self.pruned += 1
+            stamps = listing.stamps
+            for index, name in enumerate(listing.names):
+                try:
+                    entry_st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    listing.trusted = None  # cannot happen with an unchanged directory; list it anew
+                    return self._visit(fd, rel, st, changes)
+                except OSError:
+                    stats.append((name, None))
+                    continue
+                stamp = stamps[index]
+                if entry_st.st_ctime_ns == stamp[0] and entry_st.st_mtime_ns == stamp[1]:
+                    continue
+                stamps[index] = (entry_st.st_ctime_ns, entry_st.st_mtime_ns)
+                stats.append((name, entry_st))
+        else:
+            self.listed += 1
+            if self._watcher is not None:
+                self._watcher.watch(fd)  # before listing: a later write is seen by the next prepare()
+            listed_at = time.time_ns()
+            try:
+                with os.scandir(fd) as found:
+                    items = list(found)
+            except OSError:
+                return False
+            for item in items:
+                try:
+                    stats.append((item.name, item.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    continue  # removed since the listing: it is simply not there
+                except OSError:
+                    stats.append((item.name, None))
+            names = [name for name, _ in stats]
+            trusted = dir_sig if st.st_ctime_ns < listed_at - RACY_NS else None
+            old_names = listing.names if listing is not None else []
+            subdirs = [
+                (name, _sig(entry_st))
+                for name, entry_st in reversed(stats)
+                if entry_st is not None
+                and stat.S_ISDIR(entry_st.st_mode)
+                and _is_utf8(name)
+                and prefix + name not in excluded
+            ]
+            stamps = [
+                (-1, -1) if entry_st is None else (entry_st.st_ctime_ns, entry_st.st_mtime_ns)
+                for _, entry_st in stats
+            ]
+            self._dirs[rel] = _Dir(names, trusted, stamps, subdirs)
+            if old_names:
+                now = set(names)
+                for name in old_names:
+                    if name not in now:
+                        self._remove(prefix + name, name, prefix, changes)
+        for name, maybe_st in stats:
+            if maybe_st is None:
+                complete = False
+                continue
+            entry_st = maybe_st
+            path = prefix + name
+            if path in excluded:
+                continue
+            sig = _sig(entry_st)
+            if not _is_utf8(name):
+                display = _display_path(rel, name)
+                self.invalid[display] = sig
+                continue
+            old = entries.get(path)
+            if old != sig:
+                entries[path] = sig
+                if old is None or old[:6] != sig[:6]:
+                    earlier = changes.get(path)
+                    changes[path] = (earlier[0] if earlier is not None else old, sig)
+                if old is not None and stat.S_ISDIR(old[0]) and not stat.S_ISDIR(sig[0]):
+                    self._remove_below(path, changes)
+        if not complete:
+            self.unreadable.add(rel or ".")
+            current = self._dirs.get(rel)
+            if current is not None:
+                current.trusted = None
+        return True
+
+    def _remove(
+        self, path: str, name: str, prefix: str, changes: dict[str, tuple[Sig | None, Sig | None]]
+    ) -> None:
+        if not _is_utf8(name):
+            self.invalid.pop(_display_path(prefix.rstrip("/"), name), None)
+            return
+        old = self.entries.pop(path, None)
+        if old is None:
+            return
+        earlier = changes.get(path)
+        changes[path] = (earlier[0] if earlier is not None else old, None)
+        if stat.S_ISDIR(old[0]):
+            self._remove_below(path, changes)
+
+    def _remove_below(self, path: str, changes: dict[str, tuple[Sig | None, Sig | None]]) -> None:
+        listing = self._dirs.pop(path, None)
+        self.unreadable.discard(path)
+        self.too_deep.discard(path)
+        if listing is None:
+            return
+        prefix = f"{path}/"
+        for name in listing.names:
+            self._remove(prefix + name, name, prefix, changes)
+
+    # ------------------------------------------------------------------ the report
+
+    def _classify(
+        self,
+        changes: dict[str, tuple[Sig | None, Sig | None]],
+        invalid_before: dict[str, Sig],
+        unreadable_before: set[str],
+        max_reported: int | None,
+        hash_cache: HashCache | None,
+    ) -> FileChanges:
+        created: list[str] = []
+        modified: list[str] = []
+        deleted: list[str] = []
+        skipped: list[SkippedEntry] = []
+        root = Path(self.root)
+        for path, (old, new) in changes.items():
+            was_file = old is not None and stat.S_ISREG(old[0])
+            is_file = new is not None and stat.S_ISREG(new[0])
+            if is_file:
+                if not was_file:
+                    created.append(path)
+                elif (
+                    old is not None
+                    and new is not None
+                    and _content_changed(old, new, root / path, hash_cache)
+                ):
+                    modified.append(path)
+            elif was_file:
+                deleted.append(path)
+            if new is not None and not is_file and not stat.S_ISDIR(new[0]) and new != old:
+                skipped.append(SkippedEntry(path, _skip_reason(new[0], root / path)))
+        skipped.extend(
+            SkippedEntry(path, REASON_UNREADABLE_DIR) for path in self.unreadable - unreadable_before
+        )
+        skipped.extend(SkippedEntry(path, REASON_TOO_DEEP) for path in self.too_deep)
+        skipped.extend(
+            SkippedEntry(path, REASON_NOT_UTF8)
+            for path, sig in self.invalid.items()
+            if invalid_before.get(path) != sig
+        )
+        created.sort()
+        modified.sort()
+        deleted.sort()
+        unreported = 0
+        if max_reported is not None and len(created) + len(modified) + len(deleted) > max_reported:
+            ordered = [*created, *modified, *deleted]
+            for path in ordered[max_reported:]:
+                self._pending[path] = changes[path][0]
+            unreported = len(ordered) - max_reported
+            keep = set(ordered[:max_reported])
+            created = [p for p in created if p in keep]
+            modified = [p for p in modified if p in keep]
+            deleted = [p for p in deleted if p in keep]
+        return FileChanges(
+            created=tuple(created),
+            modified=tuple(modified),
+            deleted=tuple(deleted),
+            skipped=tuple(sorted(skipped, key=lambda item: (item.path, item.reason))),
+            truncated=unreported > 0,
+            unreported=unreported,
+        )
+
+
+class TreeStates:
+    """The ``TreeState`` of each scope root a sandbox ran in, handed to one run at a time; thread-safe.
+
+    A run takes its root's state with ``checkout`` (a new, empty one if none is kept or another run
+    in the same root holds it) and gives it back with ``checkin``; a run that failed midway calls
+    ``discard``. At most ``max_states`` trees and ``max_entries`` entries in all are kept (least
+    recently used dropped first).
+    """
+
+    def __init__(
+        self, max_states: int = DEFAULT_MAX_STATES, max_entries: int = DEFAULT_MAX_KEPT_ENTRIES
+    ) -> None:
+        self._lock = threading.Lock()
+        self._states: OrderedDict[tuple[str, frozenset[str]], TreeState] = OrderedDict()
+        self._max_states = max_states
+        self._max_entries = max_entries
+
+    def checkout(self, root: Path, *, exclude: Sequence[str] = ()) -> TreeState:
+        """The state of ``root`` with ``exclude`` (see ``take_snapshot``), now held by the caller.
+
+        Raises ``ValueError`` for an exclude prefix that is empty, absolute or contains ``..``."""
+        key = (os.path.abspath(root), frozenset(_normalise_exclude(prefix) for prefix in exclude))
+        with self._lock:
+            state = self._states.pop(key, None)
+        return state if state is not None else TreeState(root=key[0], exclude=key[1])
+
+    def checkin(self, state: TreeState) -> None:
+        """Keep ``state`` for the next run in its root (replacing one a concurrent run left)."""
+        key = (state.root, state.exclude)
+        dropped: list[TreeState] = []
+        with self._lock:
+            previous = self._states.pop(key, None)
+            if previous is not None:
+                dropped.append(previous)
+            self._states[key] = state
+            total = sum(len(kept.entries) for kept in self._states.values())
+            while len(self._states) > self._max_states or (
+                total > self._max_entries and len(self._states) > 1
+            ):
+                _, oldest = self._states.popitem(last=False)
+                total -= len(oldest.entries)
+                dropped.append(oldest)
+        for old in dropped:
+            old.close()
+
+    def discard(self, state: TreeState) -> None:
+        """Forget ``state`` (its run ended midway, so it may not describe the tree)."""
+        state.close()
+
+    def close(self) -> None:
+        """Release every kept state's inotify instance."""
+        with self._lock:
+            states, self._states = list(self._states.values()), OrderedDict()
+        for state in states:
+            state.close()
+
+    def __iter__(self) -> Iterator[TreeState]:
+        with self._lock:
+            return iter(list(self._states.values()))
+
+
+def _sig(st: os.stat_result) -> Sig:
+    return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, st.st_blocks)
+
+
+def _open_listed(parent_fd: int, name: str, listed: Sig) -> int:
+    """``name`` below ``parent_fd`` as a descriptor, if it is still the directory that was listed; else -1."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError:
+        return -1
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) == (listed[5], listed[4]):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return -1
+
+
+def _content_changed(old: Sig, new: Sig, path: Path, hash_cache: HashCache | None) -> bool:
+    """Whether a regular file present before and after changed; ``old[:6] != new[:6]`` is given."""
+    if old[1] != new[1] or hash_cache is None:
+        return True
+    # Keyed with the ctime too: a rewrite that set the mtime back keeps (dev, ino, size, mtime) but
+    # not the ctime, so the after-version is always hashed afresh, never looked up.
+    try:
+        after = sha256_file(path)
+    except OSError:
+        return True
+    before = hash_cache.get((old[5], old[4], old[1], old[2], old[3]))
+    hash_cache.put((new[5], new[4], new[1], new[2], new[3]), after)
+    return before != after
+
+
+def _skip_reason(mode: int, path: Path) -> str:
+    if stat.S_ISLNK(mode):
+        try:
+            points_at_dir = stat.S_ISDIR(os.stat(path).st_mode)
+        except (OSError, ValueError):
+            points_at_dir = False  # dangling, a loop, or unreachable: still just a symlink
+        return REASON_SYMLINK_TO_DIR if points_at_dir else REASON_SYMLINK
+    if stat.S_ISFIFO(mode):
+        return _KIND_REASONS["fifo"]
+    if stat.S_ISSOCK(mode):
+        return _KIND_REASONS["socket"]
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return _KIND_REASONS["device"]
+    return _KIND_REASONS["other"]
