@@ -22,9 +22,11 @@ For one ``EnvRequest`` it
    uploads the spill files ``work/runs/{run_id}/stdout.txt``/``stderr.txt`` if the sandbox wrote them;
 5. writes the full run result as the claim check ``work/runs/{run_id}/result.json`` LAST: its existence
    means the run is completely synced (``LambdaExecutor`` waits for it);
-6. then, off the caller's path, removes the claim marker, and returns ``EnvPointer`` (``{"run_id",
-   "status", "result_key"}``), which the OnSuccess destination carries to the recorder. The working
-   copy stays for the scope's next run; after a platform failure it is forgotten and removed.
+6. sends the run's notice to the invoking coder process's queue (``notice_queue_url``,
+   ``alphaagent.aws.notices``: "look now"; also on a platform failure), then, off the caller's path,
+   removes the claim marker, and returns ``EnvPointer`` (``{"run_id", "status", "result_key"}``),
+   which the OnSuccess destination carries to the recorder. The working copy stays for the scope's
+   next run; after a platform failure it is forgotten and removed.
 
 A failure of user code is data (status ``error``, ``timeout``, ``killed``) and still returns a pointer.
 A platform failure (a sync error, the sandbox failing) raises, so the OnFailure destination reports the
@@ -58,6 +60,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.aws import sdk
+from alphaagent.aws.notices import RunNotice, send_notice
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.sync import WorkingCopies, client_config
 from alphaagent.aws.sync import wipe_tree as wipe_tree  # where it lived before the sync module
@@ -219,6 +222,14 @@ def get_workspace() -> S3Workspace:
 
 
 @functools.cache
+def get_sqs() -> Any:
+    """The SQS client for run notices (created on first use), with short timeouts and one retry: a
+    notice is a hint, and an unreachable SQS (a VPC without an SQS endpoint) must not hold the
+    function for botocore's default minute per attempt."""
+    return sdk.client("sqs", config={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2}})
+
+
+@functools.cache
 def working_copies(workspace: S3Workspace) -> WorkingCopies:
     """The working copies of ``workspace`` for the life of this process: what each local file was
     downloaded as, so the next run of the same scope downloads only what changed (DESIGN §3 step 6)."""
@@ -276,15 +287,23 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     logger.append_keys(run_id=request.run_id, turn_id=request.turn_id, scope=request.scope.key)
     check_tenant(request, getattr(context, "tenant_id", None))
     workspace = get_workspace()
-    pointer = run_request(
-        request,
-        workspace=workspace,
-        copies=working_copies(workspace),
-        store=get_store(),
-        sandbox=get_sandbox(),
-        max_sync_bytes=get_env_settings().ENV_SYNC_MAX_BYTES,
-        time_left_s=lambda: context.get_remaining_time_in_millis() / 1000,
-    )
+    tell = functools.partial(send_notice, get_sqs(), request.notice_queue_url)
+    try:
+        pointer = run_request(
+            request,
+            workspace=workspace,
+            copies=working_copies(workspace),
+            store=get_store(),
+            sandbox=get_sandbox(),
+            max_sync_bytes=get_env_settings().ENV_SYNC_MAX_BYTES,
+            time_left_s=lambda: context.get_remaining_time_in_millis() / 1000,
+            notify=tell,
+        )
+    except Exception:
+        # The failure record comes through the OnFailure destination and the recorder; the notice
+        # tells the coder to watch for it closely.
+        tell(RunNotice(run_id=request.run_id, status="failed"))
+        raise
     logger.info("run finished", status=pointer.status)
     return pointer.model_dump()
 
@@ -317,13 +336,15 @@ def run_request(
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
     copies: WorkingCopies | None = None,
+    notify: Callable[[RunNotice], None] = lambda notice: None,
 ) -> EnvPointer:
     """Claim, sync down, run, sync up, write the claim check: the whole invocation but the parsing.
 
     ``max_sync_bytes``: the sync cap, in bytes (a larger scope is refused). ``time_left_s``: seconds
     the invocation has left (read after the sync down; the run gets that minus ``SYNC_MARGIN_S``, at
     most its own ``limits.timeout_s``). ``copies``: the process's working copies
-    (``working_copies``); None syncs a fresh copy that is not kept.
+    (``working_copies``); None syncs a fresh copy that is not kept. ``notify``: called with the run's
+    ``RunNotice`` right after its claim check is written, before the claim marker is removed.
 
     Lambda delivers an asynchronous event at least once, and the code must never run twice on its own
     (DESIGN §3 step 6), so a request may arrive again:
@@ -370,6 +391,7 @@ def run_request(
             sandbox,
             max_sync_bytes,
             time_left_s,
+            notify,
         )
     if pointer is not None:
         return pointer
@@ -454,6 +476,7 @@ def _run_locked(
     sandbox: Sandbox,
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
+    notify: Callable[[RunNotice], None],
 ) -> EnvPointer | None:
     """The run under the working-copy lock; None when another delivery holds the claim (nothing run)."""
     scope, key = request.scope, run_result_key(request.run_id)
@@ -514,7 +537,8 @@ def _run_locked(
         # What the run left is not known to match S3: the next run of the scope starts cold.
         copies.forget(scope)
         raise
-    release_claim(workspace, scope, request.run_id)
+    notify(RunNotice(run_id=request.run_id, status=result.status))
+    release_claim(workspace, scope, request.run_id)  # after the caller heard: off its path
     return EnvPointer(run_id=result.run_id, status=result.status, result_key=key)
 
 

@@ -22,6 +22,7 @@ import pytest
 from botocore.exceptions import ClientError
 from iam import Iam, Physical
 from moto import mock_aws
+from pydantic import ValidationError
 
 from alphaagent.aws import env_function
 from alphaagent.aws.executor import (
@@ -31,6 +32,7 @@ from alphaagent.aws.executor import (
     THROTTLE_BASE_S,
     LambdaExecutor,
 )
+from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.aws.sync import WorkingCopies
 from alphaagent.aws.workspace import S3Workspace
@@ -1344,3 +1346,113 @@ def test_a_request_for_a_scope_that_is_not_the_invocations_tenant_runs_nothing(
     with pytest.raises(InvalidRequestError, match="tenant id 'conversations/c-other' is not"):
         invoke("open('reports/ran.md', 'w').write('ran')", context)
     assert scope_objects(aws) == {}
+
+
+# ------------------------------------------------- run notices instead of polling (issue 11 item 3)
+
+
+def notified_executor(
+    client: FakeLambda, workspace: S3Workspace, store: DynamoStore, notices: RunNotices, fallback_s: float
+) -> LambdaExecutor:
+    return LambdaExecutor(
+        lambda_client=client,
+        workspace=workspace,
+        store=store,
+        tenant_isolation=False,
+        startup_margin_s=30.0,
+        notices=notices,
+        fallback_poll_s=fallback_s,
+    )
+
+
+def result_reads(s3: Any) -> list[str]:
+    """Keys of the GetObject calls the client makes from now on."""
+    keys: list[str] = []
+    s3.meta.events.register(
+        "before-call.s3.GetObject", lambda params, **_: keys.append(params.get("url_path", ""))
+    )
+    return keys
+
+
+def test_the_executor_learns_of_the_result_from_the_notice_without_polling(
+    aws: Any, workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given a coder process's notice queue, and an env function that writes the claim check after
+    # 0.5 s and then sends the notice, as the real one does
+    sqs = boto3.client("sqs", region_name=REGION)
+    notices = RunNotices(sqs)
+    sent: list[float] = []
+
+    def the_function(request: EnvRequest) -> None:
+        time.sleep(0.5)
+        workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+        with _IAM[0].acting_as("EnvBuiltinFunction"):
+            send_notice(
+                env_function.get_sqs(), request.notice_queue_url, RunNotice(run_id=RUN_ID, status="ok")
+            )
+        sent.append(time.monotonic())
+
+    # When a run is awaited with a fallback poll far longer than the run takes
+    reads = result_reads(workspace.client)
+    with _IAM[0].acting_as("CoderTaskRole"):
+        executor = notified_executor(FakeLambda(the_function), workspace, store, notices, fallback_s=60.0)
+        result = executor.run(
+            Path("/unused"), "print(1)", limits=RunLimits(timeout_s=5), run_id=RUN_ID, origin=ORIGIN
+        )
+        woke = time.monotonic()
+        notices.close()
+
+    # Then the result came with the notice, after one look before and one after it: no poll ladder
+    assert result == a_result()
+    assert sent and woke - sent[0] < 5
+    assert len(reads) == 2, reads
+
+
+def test_a_lost_notice_falls_back_to_a_slow_poll(
+    aws: Any, workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given an env function that writes the claim check but whose notice never arrives
+    notices = RunNotices(boto3.client("sqs", region_name=REGION))
+
+    def the_function(request: EnvRequest) -> None:
+        time.sleep(0.2)
+        workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+
+    # When a run is awaited with a 0.5 s fallback poll
+    with _IAM[0].acting_as("CoderTaskRole"):
+        executor = notified_executor(FakeLambda(the_function), workspace, store, notices, fallback_s=0.5)
+        started = time.monotonic()
+        result = executor.run(
+            Path("/unused"), "print(1)", limits=RunLimits(timeout_s=5), run_id=RUN_ID, origin=ORIGIN
+        )
+        notices.close()
+
+    # Then the claim check, the source of truth, is found by the fallback look
+    assert result == a_result()
+    assert time.monotonic() - started < 10
+
+
+def test_the_env_function_sends_the_notice_after_the_claim_check(aws: Any, workspace: S3Workspace) -> None:
+    # Given the notice queue of the coder process that invokes
+    sqs = boto3.client("sqs", region_name=REGION)
+    with _IAM[0].acting_as("CoderTaskRole"):
+        url = RunNotices(sqs).queue_url
+    # When the env function runs a request naming it
+    invoke("print('hello')", notice_queue_url=url)
+
+    # Then the queue holds one notice naming the run and its status, and the claim check exists
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get(
+        "Messages", []
+    )
+    assert [RunNotice.model_validate_json(m["Body"]) for m in messages] == [
+        RunNotice(run_id=RUN_ID, status="ok")
+    ]
+    assert stored_result(workspace).stdout == "hello\n"
+
+
+def test_a_notice_queue_that_is_not_a_run_notice_queue_is_refused() -> None:
+    # Given a request naming another queue of the account (a forged or mistaken caller)
+    event = {**EVENT, "notice_queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/SpecQueue"}
+    # Then it is not a request: nothing would be sent there
+    with pytest.raises(ValidationError, match="notice_queue_url"):
+        EnvRequest.model_validate(event)
