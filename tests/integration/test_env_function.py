@@ -111,6 +111,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    env_function.get_sqs.cache_clear()  # a client is bound to the moto account it was made in
     # invoke() runs the handler with the env function's role from template.yaml (tests/iam.py).
     iam = Iam((ROOT / "template.yaml").read_text(), Physical(REGION, ACCOUNT, names={"StateTable": TABLE}))
     with mock_aws():
@@ -128,6 +129,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             _IAM.clear()
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    env_function.get_sqs.cache_clear()
     assert not iam.denied, iam.report()
 
 
@@ -1312,6 +1314,19 @@ def test_a_file_deleted_in_s3_by_another_path_disappears_from_the_warm_copy(
     # Then the next run does not see it, nor its empty folder
     assert stored_result(workspace, "01JDQ8ZA0000000000000000R2").stdout == "False False\n"
     assert local_files(workspace) == {"datasets/keep.csv": b"k\n"}
+
+
+def test_files_a_run_deletes_leave_the_bucket_in_one_batch(aws: Any, workspace: S3Workspace) -> None:
+    # Given three files in the scope
+    for name in ("a", "b", "c"):
+        workspace.write_bytes(SCOPE, f"reports/{name}.md", b"x")
+    # When a run deletes them
+    calls = s3_calls(aws)
+    invoke("import os\nfor name in 'abc':\n    os.remove(f'reports/{name}.md')")
+    # Then they are gone from the bucket, through one DeleteObjects call
+    assert not [path for path in scope_objects(aws) if path.startswith("reports/")]
+    assert calls.count("DeleteObjects") == 1
+    assert stored_result(workspace).files.deleted == ["reports/a.md", "reports/b.md", "reports/c.md"]
 
 
 def test_a_run_of_another_scope_never_sees_the_kept_copy(aws: Any, workspace: S3Workspace) -> None:

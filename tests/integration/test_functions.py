@@ -21,7 +21,7 @@ from iam import Iam, Physical
 from moto import mock_aws
 from pydantic import BaseModel
 
-from alphaagent.aws.backend import get_backend, get_event_bus, get_stepfunctions_client
+from alphaagent.aws.backend import get_backend, get_event_bus, get_stepfunctions_client, notice_sqs
 from alphaagent.aws.notices import RunNotice
 from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import create_table
@@ -165,13 +165,13 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         )["stateMachineArn"]
         monkeypatch.setenv("STATE_MACHINE_ARN", machine)
         monkeypatch.setenv("CODER_QUEUE_URL", coder_queue)
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
             getter.cache_clear()
         try:
             yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
         finally:
             iam.uninstall()
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
             getter.cache_clear()
     assert not iam.denied, iam.report()
 
