@@ -253,3 +253,9 @@ class InvalidEnvironmentError(InvalidRequestError):
         super().__init__(f"{field}: {detail}")
         self.field = field
         self.detail = detail
+
+
+class EnvScopeTooLargeError(SandboxError):
+    """The scope's files add up to more than the env function's sync cap (``ENV_SYNC_MAX_BYTES``): the
+    run is refused before anything is downloaded or run, and recorded as ``RunFailed`` with this name.
+    The message names the scope, its size and the cap."""

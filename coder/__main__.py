@@ -47,6 +47,9 @@ def main() -> int:
             from alphaagent.aws.backend import coder_backend
 
             backend = coder_backend()
+            notices = getattr(backend.executor, "notices", None)
+            if notices is not None:  # the process's run-notice queue goes with the process
+                resources.callback(notices.close)
         else:
             backend = resources.enter_context(AlphaAgent()).backend
         worker = CoderWorker(

@@ -521,7 +521,10 @@ def _sqs(operation: str, p: dict[str, Any], region: str, account: str) -> list[N
         "ChangeMessageVisibility": "ChangeMessageVisibility",
         "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
         "GetQueueAttributes": "GetQueueAttributes",
+        "DeleteQueue": "DeleteQueue",
     }
+    if operation == "CreateQueue":
+        return [Need("sqs:CreateQueue", f"arn:aws:sqs:{region}:{account}:{p['QueueName']}")]
     if operation == "GetQueueUrl":
         return [
             Need(

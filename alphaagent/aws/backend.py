@@ -18,6 +18,7 @@ from typing import Any
 from alphaagent.aws import sdk
 from alphaagent.aws.bus import BusLimits, EventBridgeBus, event_from_eventbridge
 from alphaagent.aws.executor import LambdaExecutor
+from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
 from alphaagent.aws.settings import LambdaSettings, get_lambda_settings
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
@@ -86,7 +87,8 @@ def coder_backend() -> Backend:
     functions' adapters, with ``run_in_env`` as asynchronous invocations of the env functions
     (``LambdaExecutor``; always with the scope as the tenant id: the template creates every env
     function in tenant isolation mode), the connector allowlists of the stack, and the scope lease
-    renewed with the same ``LOCK_LEASE_S`` the AcquireLock step grants.
+    renewed with the same ``LOCK_LEASE_S`` the AcquireLock step grants. With ``RUN_NOTICES`` the
+    executor learns of results from the process's notice queue (``alphaagent.aws.notices``).
 
     Raises:
         MissingSettingError: ``STATE_TABLE_NAME``, ``WORKSPACES_BUCKET_NAME`` or ``EVENT_BUS_NAME``
@@ -95,7 +97,8 @@ def coder_backend() -> Backend:
     settings = get_lambda_settings()
     workspace = S3Workspace(settings.required("WORKSPACES_BUCKET_NAME"))
     store = DynamoStore(settings.required("STATE_TABLE_NAME"))
-    executor = LambdaExecutor(workspace=workspace, store=store, tenant_isolation=True)
+    notices = RunNotices() if settings.RUN_NOTICES else None
+    executor = LambdaExecutor(workspace=workspace, store=store, tenant_isolation=True, notices=notices)
     return Backend(
         store=store,
         workspace=workspace,
@@ -238,12 +241,24 @@ def record_destination(record: DestinationRecord) -> Event:
     """Persist a destination record as a run record and an event-log entry; returns the event.
 
     The event is recorded, not published again: on AWS the recorder is the bus's only consumer of
-    run events, so a republished copy would only come back to it.
+    run events, so a republished copy would only come back to it. A failure is then notified to the
+    invoking coder process (``notice_queue_url``): a function that crashed or timed out sent none.
     """
     backend = get_backend()
     event = run_event_of(backend, record, record.request_context.request_id)
     Recorder(backend.store).handle(event)
+    if not record.succeeded:  # the coder watches for this record: tell it it is there
+        run_id = record.request_payload.run_id
+        send_notice(
+            notice_sqs(), record.request_payload.notice_queue_url, RunNotice(run_id=run_id, status="failed")
+        )
     return event
+
+
+@functools.cache
+def notice_sqs() -> Any:
+    """The recorder's SQS client for run notices (``alphaagent.aws.notices``), created on first use."""
+    return sdk.client("sqs", config={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2}})
 
 
 def record_eventbridge(message: dict[str, Any]) -> Event:

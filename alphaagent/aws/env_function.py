@@ -9,18 +9,24 @@ For one ``EnvRequest`` it
    created the claim runs the code, and the other waits for the first one's claim check and returns
    the same pointer (user code never runs twice on its own, DESIGN §3 step 6). The marker is removed
    once the claim check exists (step 6), and kept if the run ends without one;
-2. wipes the local working copies (nothing of an earlier invocation is visible to this one);
-3. syncs the scope's files down into ``S3Workspace.local_root(scope)`` under ``/tmp`` (every folder
-   but ``work/runs/``, the spill files and claim checks of earlier runs), within ``ENV_SYNC_MAX_BYTES``
-   (default 2 GiB of the function's 4 GiB ephemeral storage, leaving room for what the run writes);
-4. runs the code in the process's warm ``Sandbox`` with the working copy as its working directory, the
+2. at once, looks for an earlier delivery's claim check, reads the scope's lease and reconciles the
+   working copy under ``/tmp`` with the scope's listing (``alphaagent.aws.sync``): an execution
+   environment serves one scope (tenant isolation), so the copy the last run left is kept and only
+   what differs from S3 is downloaded (every folder but ``work/runs/``, the spill files and claim
+   checks of earlier runs); a scope over ``ENV_SYNC_MAX_BYTES`` (default 2 GiB of the function's 4 GiB
+   ephemeral storage, leaving room for what the run writes) is refused, naming its size and the cap;
+   every other scope's copy is removed (nothing of another scope is visible to this run);
+3. runs the code in the process's warm ``Sandbox`` with the working copy as its working directory, the
    wall clock cut to what the invocation has left minus ``SYNC_MARGIN_S`` for the upload;
-5. uploads the files the run created or modified, deletes in S3 the ones it deleted, uploads the spill
-   files ``work/runs/{run_id}/stdout.txt``/``stderr.txt`` if the sandbox wrote them;
-6. writes the full run result as the claim check ``work/runs/{run_id}/result.json`` LAST: its existence
-   means the run is completely synced (``LambdaExecutor`` waits for it); then removes the claim marker;
-7. wipes the working copy and returns ``EnvPointer`` (``{"run_id", "status", "result_key"}``), which
-   the OnSuccess destination carries to the recorder.
+4. uploads the files the run created or modified (in parallel), deletes in S3 the ones it deleted,
+   uploads the spill files ``work/runs/{run_id}/stdout.txt``/``stderr.txt`` if the sandbox wrote them;
+5. writes the full run result as the claim check ``work/runs/{run_id}/result.json`` LAST: its existence
+   means the run is completely synced (``LambdaExecutor`` waits for it);
+6. sends the run's notice to the invoking coder process's queue (``notice_queue_url``,
+   ``alphaagent.aws.notices``: "look now"; also on a platform failure), then, off the caller's path,
+   removes the claim marker, and returns ``EnvPointer`` (``{"run_id", "status", "result_key"}``),
+   which the OnSuccess destination carries to the recorder. The working copy stays for the scope's
+   next run; after a platform failure it is forgotten and removed.
 
 A failure of user code is data (status ``error``, ``timeout``, ``killed``) and still returns a pointer.
 A platform failure (a sync error, the sandbox failing) raises, so the OnFailure destination reports the
@@ -41,10 +47,10 @@ import functools
 import json
 import os
 import re
-import shutil
-import stat
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -53,12 +59,15 @@ from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field
 
+from alphaagent.aws import sdk
+from alphaagent.aws.notices import RunNotice, send_notice
 from alphaagent.aws.store import DynamoStore
+from alphaagent.aws.sync import WorkingCopies, client_config
+from alphaagent.aws.sync import wipe_tree as wipe_tree  # where it lived before the sync module
 from alphaagent.aws.workspace import (
     SKIP_LOCAL_UNSAFE,
     SKIP_NOT_READABLE,
     SKIP_NOT_REGULAR,
-    SKIP_OVER_BUDGET,
     SKIP_PATH_RULE,
     S3Workspace,
     SkippedFile,
@@ -73,7 +82,7 @@ from alphaagent.errors import (
     PathRuleError,
 )
 from alphaagent.models.aws import EnvPointer, EnvRequest, run_result_key
-from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
+from alphaagent.models.common import Scope, check_workspace_path
 from alphaagent.models.run import LandlockState, RunLimits, RunResult, SkippedPath
 from alphaagent.ports import Store
 from alphaagent.sandbox.config import SandboxConfig
@@ -144,8 +153,7 @@ minus these, so user code cannot exhaust what the platform needs to report the r
 _RUN_ID: Final = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 _DOWN_REASONS: Final = {
-    SKIP_OVER_BUDGET: "not synced down: over the input budget of {budget} bytes (ENV_SYNC_MAX_BYTES)",
-    SKIP_LOCAL_UNSAFE: "not synced down: the local path is blocked",
+    SKIP_LOCAL_UNSAFE: "not synced down: the local path is taken by another key (a file and a folder)",
     SKIP_PATH_RULE: "not synced down: the key breaks a workspace path rule (DESIGN §4.2)",
 }
 
@@ -207,8 +215,25 @@ def get_store() -> Store:
 
 @functools.cache
 def get_workspace() -> S3Workspace:
-    """The workspaces bucket with working copies under ``LOCAL_DIR`` (S3 client created on first use)."""
-    return S3Workspace(get_env_settings().WORKSPACES_BUCKET_NAME, local_dir=LOCAL_DIR)
+    """The workspaces bucket with working copies under ``LOCAL_DIR``; its S3 client has a connection
+    pool as large as the sync's transfer pool (``alphaagent.aws.sync.client_config``)."""
+    client = sdk.client("s3", config=client_config())
+    return S3Workspace(get_env_settings().WORKSPACES_BUCKET_NAME, client=client, local_dir=LOCAL_DIR)
+
+
+@functools.cache
+def get_sqs() -> Any:
+    """The SQS client for run notices (created on first use), with short timeouts and one retry: a
+    notice is a hint, and an unreachable SQS (a VPC without an SQS endpoint) must not hold the
+    function for botocore's default minute per attempt."""
+    return sdk.client("sqs", config={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2}})
+
+
+@functools.cache
+def working_copies(workspace: S3Workspace) -> WorkingCopies:
+    """The working copies of ``workspace`` for the life of this process: what each local file was
+    downloaded as, so the next run of the same scope downloads only what changed (DESIGN §3 step 6)."""
+    return WorkingCopies(workspace)
 
 
 def lambda_sandbox_config(local_dir: Path) -> SandboxConfig:
@@ -254,21 +279,52 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
 
     Raises:
         pydantic.ValidationError: the event is not an ``EnvRequest``.
-        InvalidRequestError: the run id or the code breaks a rule (nothing runs).
+        InvalidRequestError: the run id or the code breaks a rule, or the scope is not the invocation's
+            tenant (nothing runs).
         SandboxError, botocore errors: a platform failure (the OnFailure destination records it).
     """
     request = EnvRequest.model_validate(event)
     logger.append_keys(run_id=request.run_id, turn_id=request.turn_id, scope=request.scope.key)
-    pointer = run_request(
-        request,
-        workspace=get_workspace(),
-        store=get_store(),
-        sandbox=get_sandbox(),
-        max_sync_bytes=get_env_settings().ENV_SYNC_MAX_BYTES,
-        time_left_s=lambda: context.get_remaining_time_in_millis() / 1000,
-    )
+    check_tenant(request, getattr(context, "tenant_id", None))
+    workspace = get_workspace()
+    tell = functools.partial(send_notice, get_sqs(), request.notice_queue_url)
+    try:
+        pointer = run_request(
+            request,
+            workspace=workspace,
+            copies=working_copies(workspace),
+            store=get_store(),
+            sandbox=get_sandbox(),
+            max_sync_bytes=get_env_settings().ENV_SYNC_MAX_BYTES,
+            time_left_s=lambda: context.get_remaining_time_in_millis() / 1000,
+            notify=tell,
+        )
+    except Exception:
+        # The failure record comes through the OnFailure destination and the recorder; the notice
+        # tells the coder to watch for it closely.
+        tell(RunNotice(run_id=request.run_id, status="failed"))
+        raise
     logger.info("run finished", status=pointer.status)
     return pointer.model_dump()
+
+
+def check_tenant(request: EnvRequest, tenant_id: str | None) -> None:
+    """Refuse a request whose scope is not the invocation's tenant (``context.tenant_id``).
+
+    Under tenant isolation (template.yaml) Lambda gives each tenant id its own execution environments,
+    and the coder invokes with ``TenantId = scope.key`` (``LambdaExecutor``): the working copy kept in
+    this environment is then only ever the scope's own. A request for another scope under the same
+    tenant would break that, so it runs nothing. ``tenant_id`` None (a function made without tenant
+    isolation) is accepted: the sync removes every other scope's copy before each run instead.
+
+    Raises:
+        InvalidRequestError: ``tenant_id`` is set and is not ``request.scope.key``.
+    """
+    if tenant_id is not None and tenant_id != request.scope.key:
+        raise InvalidRequestError(
+            f"scope: the invocation's tenant id {tenant_id!r} is not the request's scope"
+            f" {request.scope.key!r}; an execution environment serves only its own scope"
+        )
 
 
 def run_request(
@@ -279,12 +335,16 @@ def run_request(
     sandbox: Sandbox,
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
+    copies: WorkingCopies | None = None,
+    notify: Callable[[RunNotice], None] = lambda notice: None,
 ) -> EnvPointer:
-    """Sync down, run, sync up, write the claim check, wipe: the whole invocation but the parsing.
+    """Claim, sync down, run, sync up, write the claim check: the whole invocation but the parsing.
 
-    ``max_sync_bytes``: input budget of the sync down, in bytes. ``time_left_s``: seconds the invocation
-    has left (read after the sync down; the run gets that minus ``SYNC_MARGIN_S``, at most its own
-    ``limits.timeout_s``).
+    ``max_sync_bytes``: the sync cap, in bytes (a larger scope is refused). ``time_left_s``: seconds
+    the invocation has left (read after the sync down; the run gets that minus ``SYNC_MARGIN_S``, at
+    most its own ``limits.timeout_s``). ``copies``: the process's working copies
+    (``working_copies``); None syncs a fresh copy that is not kept. ``notify``: called with the run's
+    ``RunNotice`` right after its claim check is written, before the claim marker is removed.
 
     Lambda delivers an asynchronous event at least once, and the code must never run twice on its own
     (DESIGN §3 step 6), so a request may arrive again:
@@ -295,8 +355,14 @@ def run_request(
       creates the marker ``work/runs/{run_id}/claim.json`` (``claim_key``; a conditional PutObject, so
       exactly one does) runs the code. Another one runs nothing and waits for the claim check
       (``await_claim_check``) outside the working-copy lock, then returns the same pointer. The
-      marker is removed once the claim check exists (``release_claim``), and kept when the run ends
-      without one, so that run's code is not run again by a later delivery either.
+      marker is removed once the claim check exists (``release_claim``, after the caller was told),
+      and kept when the run ends without one, so that run's code is not run again by a later
+      delivery either.
+
+    Only one look at the claim check is needed, and it must come after the claim: a delivery that
+    creates the marker and then finds no claim check is the only one running the code, since every
+    delivery writes its claim check before it removes its marker. That look, the lease read and the
+    scope's listing go out together, so the fixed cost before the run is two round trips.
 
     The marker is in ``work/runs/``, which is never synced down to a run nor uploaded from one, so run
     code can neither create it in advance nor remove it.
@@ -310,12 +376,23 @@ def run_request(
             be the next turn's, so nothing (more) is run or kept.
         EnvDuplicateDeliveryError: another delivery claimed the run and its claim check did not appear
             in time (nothing was run here).
-        SandboxError: the sandbox failed; botocore errors: S3 failed. The working copy is wiped anyway.
+        EnvScopeTooLargeError: the scope's files exceed ``max_sync_bytes`` (nothing was run).
+        SandboxError: the sandbox failed; botocore errors: S3 failed. The working copy is then
+            forgotten (the next run downloads it again).
     """
     if not _RUN_ID.fullmatch(request.run_id):
         raise InvalidRequestError(f"run_id: {request.run_id!r} is not 1-64 of [0-9A-Za-z_-]")
     with one_invocation_at_a_time(workspace.local_dir):
-        pointer = _run_locked(request, workspace, store, sandbox, max_sync_bytes, time_left_s)
+        pointer = _run_locked(
+            request,
+            workspace,
+            copies or WorkingCopies(workspace),
+            store,
+            sandbox,
+            max_sync_bytes,
+            time_left_s,
+            notify,
+        )
     if pointer is not None:
         return pointer
     # The working copies are not needed to wait, so the lock is released first.
@@ -394,45 +471,48 @@ def _existing_pointer(request: EnvRequest, workspace: S3Workspace) -> EnvPointer
 def _run_locked(
     request: EnvRequest,
     workspace: S3Workspace,
+    copies: WorkingCopies,
     store: Store,
     sandbox: Sandbox,
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
+    notify: Callable[[RunNotice], None],
 ) -> EnvPointer | None:
     """The run under the working-copy lock; None when another delivery holds the claim (nothing run)."""
     scope, key = request.scope, run_result_key(request.run_id)
-    # A late duplicate of a run that succeeded answers with that run's result, not a failure: a
-    # failure destination would record the run failed after it completed.
-    existing = _existing_pointer(request, workspace)
-    if existing is not None:
-        logger.warning("duplicate delivery: the run has a result already; not run again")
-        return existing
-    if request.not_after is not None and now() > request.not_after:
-        raise EnvRequestExpiredError(
-            f"run {request.run_id}: the caller stopped waiting before the invocation started; not run"
-        )
-    check_in_time = _deadline_check(request, store)
-    check_in_time()  # a turn that no longer holds its scope runs nothing there
     marker = json.dumps({"run_id": request.run_id, "claimed_at": time.time()}).encode("utf-8")
     if not workspace.create_exclusive(scope, claim_key(request.run_id), marker):
-        return None
-    # A delivery that ended between the look above and the claim wrote its result before it removed
-    # its marker (see release_claim), so the result is visible now and the code must not run again.
-    existing = _existing_pointer(request, workspace)
+        return None  # await_claim_check looks for the result at once: a late duplicate gets it
+    check_in_time = _deadline_check(request, store)
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="claimed") as pool:
+        looked = pool.submit(_existing_pointer, request, workspace)
+        leased = pool.submit(check_in_time)
+        synced = pool.submit(copies.sync_down, scope, max_bytes=max_sync_bytes, exclude=[RUNS_FOLDER])
+    # Leaving the pool waited for all three.
+    # A delivery that ended before the claim wrote its result before it removed its marker (see
+    # release_claim), so the result is visible now and the code must not run again. It answers with
+    # that result, not a failure: a failure destination would record the run failed after it completed.
+    existing = looked.result()
     if existing is not None:
         logger.warning("duplicate delivery: the run has a result already; not run again")
         release_claim(workspace, scope, request.run_id)
         return existing
-    # All working copies, not only this scope's: one left by an invocation that Lambda stopped (timeout,
-    # out of memory) must not be readable by the next run, which may be another scope's.
-    wipe_tree(workspace.local_dir)
     try:
-        down = workspace.sync_down(scope, [""], max_sync_bytes, exclude=[RUNS_FOLDER])
+        if request.not_after is not None and now() > request.not_after:
+            raise EnvRequestExpiredError(
+                f"run {request.run_id}: the caller stopped waiting before the invocation started; not run"
+            )
+        leased.result()  # a turn that no longer holds its scope runs nothing there
+        down = synced.result()
         root = workspace.local_root(scope)
-        for folder in SCOPE_FOLDERS:  # S3 has no folders; the code expects the six of DESIGN §4.2
-            with contextlib.suppress(FileExistsError):
-                (root / folder).mkdir()
-        logger.info("synced down", files=len(down.transferred), bytes=down.bytes_transferred)
+        logger.info(
+            "synced down",
+            files=len(down.transferred),
+            bytes=down.bytes_transferred,
+            kept=down.kept,
+            removed=len(down.removed),
+            cold=down.cold,
+        )
         seconds_left = time_left_s()
         if request.not_after is not None:
             seconds_left = min(seconds_left, request.not_after - now())
@@ -448,13 +528,17 @@ def _run_locked(
             )
         check_in_time()
         result = settle_run_names(root, result, key_prefix=f"{scope.key}/")
-        result = sync_result(workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time)
+        result = sync_result(
+            workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time, copies=copies
+        )
         check_in_time()
         workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))
-        release_claim(workspace, scope, request.run_id)
-    finally:
-        with contextlib.suppress(OSError):
-            wipe_tree(workspace.local_dir)
+    except BaseException:
+        # What the run left is not known to match S3: the next run of the scope starts cold.
+        copies.forget(scope)
+        raise
+    notify(RunNotice(run_id=request.run_id, status=result.status))
+    release_claim(workspace, scope, request.run_id)  # after the caller heard: off its path
     return EnvPointer(run_id=result.run_id, status=result.status, result_key=key)
 
 
@@ -463,8 +547,10 @@ def _deadline_check(request: EnvRequest, store: Store) -> Callable[[], None]:
     request's ``not_after`` has passed (the caller stopped waiting), and ``EnvLeaseLostError`` when the
     request's turn no longer holds its scope's lease: its execution failed, timed out or was aborted
     and released the scope, which may be the next turn's now. The lease is read at most every
-    ``LEASE_CHECK_INTERVAL_S`` seconds (one strongly consistent GetItem)."""
+    ``LEASE_CHECK_INTERVAL_S`` seconds (one strongly consistent GetItem). Thread-safe: the parallel
+    uploads call it from their threads."""
     checked_at: list[float] = []
+    one_read = threading.Lock()  # uploads run in parallel; one lease read serves them all
 
     def check() -> None:
         if request.not_after is not None and now() > request.not_after:
@@ -472,16 +558,17 @@ def _deadline_check(request: EnvRequest, store: Store) -> Callable[[], None]:
                 f"run {request.run_id}: the caller stopped waiting before the run was synced; what was"
                 " not uploaded by then was dropped, and there is no result"
             )
-        moment = time.monotonic()
-        if checked_at and moment - checked_at[0] < LEASE_CHECK_INTERVAL_S:
-            return
-        holder = store.lock_holder(request.scope.key, datetime.now(UTC))
-        if not holds_lease(holder, request.turn_id):
-            raise EnvLeaseLostError(
-                f"run {request.run_id}: turn {request.turn_id} no longer holds {request.scope.key};"
-                " nothing (more) of the run is kept"
-            )
-        checked_at[:] = [moment]
+        with one_read:
+            moment = time.monotonic()
+            if checked_at and moment - checked_at[0] < LEASE_CHECK_INTERVAL_S:
+                return
+            holder = store.lock_holder(request.scope.key, datetime.now(UTC))
+            if not holds_lease(holder, request.turn_id):
+                raise EnvLeaseLostError(
+                    f"run {request.run_id}: turn {request.turn_id} no longer holds {request.scope.key};"
+                    " nothing (more) of the run is kept"
+                )
+            checked_at[:] = [moment]
 
     return check
 
@@ -492,12 +579,6 @@ def holds_lease(holder: str | None, turn_id: str) -> bool:
     return holder is not None and (holder == turn_id or holder.startswith(f"{turn_id}/"))
 
 
-def _checked(paths: Iterable[str], check_in_time: Callable[[], None]) -> Iterator[str]:
-    for path in paths:
-        check_in_time()
-        yield path
-
-
 def sync_result(
     workspace: S3Workspace,
     scope: Scope,
@@ -506,13 +587,15 @@ def sync_result(
     max_sync_bytes: int,
     *,
     check_in_time: Callable[[], None] = lambda: None,
+    copies: WorkingCopies | None = None,
 ) -> RunResult:
     """Bring the scope in S3 up to date with what the run did; return the result as it is now true.
 
     ``check_in_time`` is called before each upload and delete; it raises to stop the sync (the
     request's ``not_after`` passed), and the exception propagates.
 
-    Uploads the created and modified regular files, deletes the deleted ones, uploads the spill files.
+    Uploads the created and modified regular files (in parallel, through ``copies``: the working copy
+    then knows them as synced), deletes the deleted ones, uploads the spill files.
     A file that is not uploaded (its name breaks a path rule, or it stopped being a regular file) is
     taken out of ``files.created``/``modified`` and ``files_changed`` and listed in ``files.skipped``,
     as is every file ``down`` left out; a spill file that is not uploaded is no longer named in
@@ -532,7 +615,8 @@ def sync_result(
             canonical.append(path)
         else:
             skipped.append(SkippedPath(path=path, reason=_UP_REASONS[SKIP_PATH_RULE]))
-    up = workspace.sync_up(scope, _checked(canonical, check_in_time))
+    copies = copies or WorkingCopies(workspace)
+    up = copies.sync_up(scope, canonical, check=check_in_time)
     skipped += [_skipped(item, _UP_REASONS, max_sync_bytes, scope) for item in up.skipped]
     uploaded = set(up.transferred)
     deleted = [path for path in files.deleted if _canonical(scope, path) and not platform_owned(path)]
@@ -541,10 +625,11 @@ def sync_result(
         for path in files.deleted
         if platform_owned(path)
     ]
-    for path in _checked(deleted, check_in_time):
-        workspace.delete(scope, path)
+    if deleted:
+        check_in_time()
+        copies.delete(scope, deleted)
     spills = [path for path in (result.stdout_path, result.stderr_path) if path]
-    spilled = workspace.sync_up(scope, _checked(spills, check_in_time))
+    spilled = copies.sync_up(scope, spills, check=check_in_time)
     skipped += [_skipped(item, _UP_REASONS, max_sync_bytes) for item in spilled.skipped]
     created = [path for path in files.created if path in uploaded]
     modified = [path for path in files.modified if path in uploaded]
@@ -577,10 +662,11 @@ def lock_path(local_dir: Path) -> Path:
 def one_invocation_at_a_time(local_dir: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock_path(local_dir)`` for the body.
 
-    Every invocation wipes all of ``local_dir``; the lock makes that safe wherever processes or threads
-    share it. Lambda runs one invocation at a time per execution environment, so there it never waits;
-    in-process simulations and concurrent test runs sharing ``/tmp`` take turns instead of wiping each
-    other's working copies. The lock is released when the process dies, so it never outlives a crash.
+    Every invocation rewrites ``local_dir`` (the working copies); the lock makes that safe wherever
+    processes or threads share it. Lambda runs one invocation at a time per execution environment, so
+    there it never waits; in-process simulations and concurrent test runs sharing ``/tmp`` take turns
+    instead of rewriting each other's working copies. The lock is released when the process dies, so
+    it never outlives a crash.
     """
     local_dir.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path(local_dir), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -589,31 +675,6 @@ def one_invocation_at_a_time(local_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def wipe_tree(path: Path) -> None:
-    """Remove ``path`` and everything below it, whatever the last run left there: a symlink is
-    unlinked (never followed), and directories the run made unreadable (``chmod 000``) are made
-    accessible to the owner first. A missing path is fine.
-
-    Raises:
-        OSError: something could not be removed.
-    """
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(mode):
-        path.unlink()
-        return
-    os.chmod(path, 0o700)
-    for parent, dirnames, _ in os.walk(path):
-        for name in dirnames:  # os.walk lists a symlink to a directory here but never enters it
-            child = os.path.join(parent, name)
-            if not os.path.islink(child):
-                with contextlib.suppress(OSError):
-                    os.chmod(child, 0o700)
-    shutil.rmtree(path)
 
 
 def lambda_quota_limits(limits: RunLimits) -> tuple[RunLimits, str]:

@@ -3,12 +3,18 @@ the result as soon as it exists (DESIGN §3 step 6).
 
 The invocation is ``InvocationType="Event"``: the function's ``MaximumRetryAttempts: 0`` then means
 user code never runs twice on its own, and its destinations record every run on the bus. The executor
-does not wait for those hops; it polls, with backoff, for whichever comes first:
+does not wait for those hops; it looks for whichever comes first:
 
 - the claim-check object ``work/runs/{run_id}/result.json`` in the scope, which the env function writes
   after every file of the run is synced: the ``RunResult``;
 - a run record with status ``failed`` in the store, which the recorder writes from the OnFailure
   destination (the function crashed, timed out or ran out of memory): ``EnvFunctionError``.
+
+With ``notices`` (``alphaagent.aws.notices.RunNotices``, the coder's per-process SQS queue), it looks
+once after the invoke and then only when the env function's notice arrives (a long poll, no request
+per look), or every ``FALLBACK_POLL_S`` seconds if none comes; after a ``failed`` notice it polls the
+failure record on the ladder below until the recorder has written it. Without, it polls from
+``poll_start_s`` to ``poll_max_s`` (two requests per look).
 
 Example::
 
@@ -25,13 +31,16 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from alphaagent.aws import sdk
+from alphaagent.aws.notices import FALLBACK_POLL_S, RunNotices
 from alphaagent.errors import (
     EnvFunctionError,
     EnvInvokeError,
@@ -74,6 +83,8 @@ THROTTLE_MAX_S: Final = 8.0
 """Backoff between throttled attempts: a random delay in ``[0, min(THROTTLE_MAX_S, THROTTLE_BASE_S *
 2 ** attempt)]`` seconds (full jitter), about 7.5 s at most over five attempts."""
 
+logger = logging.getLogger(__name__)
+
 _THROTTLE_CODES: Final = frozenset({"TooManyRequestsException", "ThrottlingException"})
 """Error codes of a throttled Invoke (HTTP 429): concurrency or request-rate limits."""
 
@@ -99,6 +110,8 @@ class LambdaExecutor:
             ``random.uniform`` (the backoff's jitter); injected by tests. The request's ``not_after``
             is ``wall()`` plus the time the executor waits, so the function never changes the scope
             after the executor gave up on the run.
+        notices: the process's notice queue (``RunNotices``), or None to poll.
+        fallback_poll_s: with notices, seconds between two looks while no notice came.
     """
 
     publishes_run_events = True
@@ -118,6 +131,8 @@ class LambdaExecutor:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         jitter: Callable[[float, float], float] = random.uniform,
+        notices: RunNotices | None = None,
+        fallback_poll_s: float = FALLBACK_POLL_S,
     ) -> None:
         self._lambda = lambda_client
         self.workspace = workspace
@@ -131,6 +146,8 @@ class LambdaExecutor:
         self._clock = clock
         self._wall = wall
         self._jitter = jitter
+        self.notices = notices
+        self.fallback_poll_s = fallback_poll_s
 
     @property
     def lambda_client(self) -> Any:
@@ -172,6 +189,7 @@ class LambdaExecutor:
         if origin is None:
             raise MissingOriginError("origin: the Lambda executor needs the run's turn, user and scope")
         waited_s = limits.timeout_s + self.startup_margin_s
+        notice = self._expect(run_id)
         request = EnvRequest.of(
             origin,
             run_id=run_id,
@@ -179,6 +197,7 @@ class LambdaExecutor:
             limits=limits,
             network=network,
             not_after=self._wall() + waited_s,
+            notice_queue_url=None if notice is None or self.notices is None else self.notices.queue_url,
         )
         payload = request.model_dump_json().encode("utf-8")
         # Measured as ASCII-escaped JSON, the longest spelling a re-serialised record may use.
@@ -190,9 +209,23 @@ class LambdaExecutor:
                 " event; write large inputs to files in the scope and read them from shorter code"
             )
         function = f"{self.function_prefix}{origin.environment_id}"
-        self._invoke(function, payload, origin)
-        deadline = self._clock() + waited_s
-        return self._await_result(function, origin, run_id, deadline)
+        try:
+            self._invoke(function, payload, origin)
+            deadline = self._clock() + waited_s
+            return self._await_result(function, origin, run_id, deadline, notice)
+        finally:
+            if notice is not None and self.notices is not None:
+                self.notices.settle(run_id)
+
+    def _expect(self, run_id: str) -> threading.Event | None:
+        """The event a notice of ``run_id`` sets, or None to poll (no notices, or no queue)."""
+        if self.notices is None:
+            return None
+        try:
+            return self.notices.expect(run_id)
+        except sdk.sdk_errors() as error:  # e.g. CreateQueue refused: polling still finds the result
+            logger.warning("run notices unavailable; polling for the result: %s", error)
+            return None
 
     def _invoke(self, function: str, payload: bytes, origin: RunOrigin) -> None:
         arguments: dict[str, Any] = {"FunctionName": function, "InvocationType": "Event", "Payload": payload}
@@ -216,10 +249,19 @@ class LambdaExecutor:
         if status != 202:  # what Lambda answers an accepted asynchronous invocation
             raise EnvInvokeError(f"invoking {function} failed: status {status}, expected 202")
 
-    def _await_result(self, function: str, origin: RunOrigin, run_id: str, deadline: float) -> RunResult:
+    def _await_result(
+        self,
+        function: str,
+        origin: RunOrigin,
+        run_id: str,
+        deadline: float,
+        notice: threading.Event | None = None,
+    ) -> RunResult:
         key = run_result_key(run_id)
         delay = self.poll_start_s
         while True:
+            if notice is not None:
+                notice.clear()  # set again by a notice that arrives from now on
             try:
                 return RunResult.model_validate_json(self.workspace.read_bytes(origin.scope, key))
             except FileNotFoundError:
@@ -234,6 +276,10 @@ class LambdaExecutor:
                     f"{function}: no result for run {run_id} within its timeout plus"
                     f" {self.startup_margin_s:g} s; it may still finish and be recorded"
                 )
+            failed = self.notices is not None and self.notices.heard(run_id) == "failed"
+            if notice is not None and not failed:
+                notice.wait(min(self.fallback_poll_s, left))
+                continue
             self._sleep(min(delay, left))
             delay = min(delay * 2, self.poll_max_s)
 

@@ -24,9 +24,13 @@ def boto3() -> Any:
     return importlib.import_module("boto3")
 
 
-def client(service: str, region: str | None = None) -> Any:
-    """A boto3 client for ``service``; ``region`` None means the environment's or profile's."""
-    return boto3().client(service, region_name=region)
+def client(service: str, region: str | None = None, *, config: dict[str, Any] | None = None) -> Any:
+    """A boto3 client for ``service``; ``region`` None means the environment's or profile's.
+    ``config``: arguments of a ``botocore.config.Config`` (``max_pool_connections``...), or None."""
+    if config is None:
+        return boto3().client(service, region_name=region)
+    settings = importlib.import_module("botocore.config").Config(**config)
+    return boto3().client(service, region_name=region, config=settings)
 
 
 @functools.cache

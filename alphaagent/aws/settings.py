@@ -75,6 +75,10 @@ class LambdaSettings(BaseModel):
     the account and Region accept larger events (see ``alphaagent.aws.bus``)."""
     CONNECTOR_HTTP_HOSTS: tuple[str, ...] = ()
     CONNECTOR_S3_PREFIXES: tuple[str, ...] = ()
+    RUN_NOTICES: bool = False
+    """The coder learns of run results from its own SQS notice queue (``alphaagent.aws.notices``)
+    instead of polling; template.yaml turns it on unless the env functions run in a VPC (which has no
+    route to SQS without an interface endpoint)."""
 
     @field_validator("CONNECTOR_HTTP_HOSTS", "CONNECTOR_S3_PREFIXES", mode="before")
     @classmethod

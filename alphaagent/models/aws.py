@@ -234,6 +234,10 @@ class EnvRequest(_Ours):
     ``not_after`` (UNIX time, seconds) is when the caller stops waiting for the result: an invocation
     that starts later does not run, and a run that ends later changes nothing in the scope (no upload,
     no claim check): by then the turn may have failed and released its scope to the next turn.
+
+    ``notice_queue_url`` is the invoking coder process's notice queue (``alphaagent.aws.notices``):
+    the function sends a ``RunNotice`` there once the claim check exists, so the coder looks at once
+    instead of polling. None: no notice (the coder polls).
     """
 
     run_id: str
@@ -246,6 +250,16 @@ class EnvRequest(_Ours):
     network: bool = False
     environment_id: str = "builtin"
     not_after: float | None = None
+    notice_queue_url: str | None = Field(None, max_length=256)
+
+    @field_validator("notice_queue_url")
+    @classmethod
+    def _notice_queue(cls, url: str | None) -> str | None:
+        from alphaagent.aws.notices import QUEUE_URL  # the scheme lives with the notices
+
+        if url is not None and not QUEUE_URL.fullmatch(url):
+            raise ValueError("must be the URL of an alphaagent-runs-* SQS queue (alphaagent.aws.notices)")
+        return url
 
     @classmethod
     def of(
@@ -257,9 +271,10 @@ class EnvRequest(_Ours):
         limits: RunLimits,
         network: bool,
         not_after: float | None = None,
+        notice_queue_url: str | None = None,
     ) -> EnvRequest:
         """The request for one run of ``code`` on behalf of ``origin`` (turn, session, user, scope
-        and environment); ``not_after``: see the class."""
+        and environment); ``not_after`` and ``notice_queue_url``: see the class."""
         return cls(
             run_id=run_id,
             turn_id=origin.turn_id,
@@ -271,6 +286,7 @@ class EnvRequest(_Ours):
             network=network,
             environment_id=origin.environment_id,
             not_after=not_after,
+            notice_queue_url=notice_queue_url,
         )
 
 

@@ -9,6 +9,7 @@ Lambda client that plays the env function's part (writes the claim check, or not
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ import pytest
 from botocore.exceptions import ClientError
 from iam import Iam, Physical
 from moto import mock_aws
+from pydantic import ValidationError
 
 from alphaagent.aws import env_function
 from alphaagent.aws.executor import (
@@ -30,7 +32,9 @@ from alphaagent.aws.executor import (
     THROTTLE_BASE_S,
     LambdaExecutor,
 )
+from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
 from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.aws.sync import WorkingCopies
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.errors import (
     EnvDuplicateDeliveryError,
@@ -40,6 +44,7 @@ from alphaagent.errors import (
     EnvPayloadTooLargeError,
     EnvRequestExpiredError,
     EnvResultTimeoutError,
+    EnvScopeTooLargeError,
     EnvThrottledError,
     InvalidRequestError,
     MissingOriginError,
@@ -106,6 +111,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    env_function.get_sqs.cache_clear()  # a client is bound to the moto account it was made in
     # invoke() runs the handler with the env function's role from template.yaml (tests/iam.py).
     iam = Iam((ROOT / "template.yaml").read_text(), Physical(REGION, ACCOUNT, names={"StateTable": TABLE}))
     with mock_aws():
@@ -123,6 +129,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             _IAM.clear()
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
+    env_function.get_sqs.cache_clear()
     assert not iam.denied, iam.report()
 
 
@@ -158,6 +165,16 @@ def scope_objects(s3: Any) -> dict[str, bytes]:
             if not path.endswith("/"):
                 found[path] = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
     return found
+
+
+def local_files(workspace: S3Workspace, scope: ConversationScope = SCOPE) -> dict[str, bytes]:
+    """The regular files of the scope's local working copy: workspace path -> bytes."""
+    root = workspace.local_root(scope)
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
 
 
 def stored_result(workspace: S3Workspace, run_id: str = RUN_ID) -> RunResult:
@@ -197,8 +214,10 @@ def test_a_run_reads_synced_files_and_its_changes_reach_the_bucket(aws: Any, wor
     )
     assert result.files_changed == ["datasets/old.csv", "datasets/x.csv", "reports/gone.md"]
     assert answer == EnvPointer(run_id=RUN_ID, status="ok", result_key=RESULT_KEY).model_dump()
-    # And the local working copy is wiped
-    assert not workspace.local_dir.exists()
+    # And the working copy is kept for the scope's next run, holding the scope's files and no more
+    assert local_files(workspace) == {
+        path: data for path, data in objects.items() if not path.startswith("work/runs/")
+    }
 
 
 def test_links_and_rule_breaking_names_are_not_uploaded_and_are_reported(
@@ -362,26 +381,27 @@ def test_an_error_in_user_code_is_a_result_with_a_pointer(workspace: S3Workspace
     assert result.error is not None and result.error.name == "ZeroDivisionError"
 
 
-def test_files_over_the_sync_budget_are_not_downloaded_and_are_reported(
+def test_a_scope_over_the_sync_cap_is_refused_naming_its_size_and_the_cap(
     aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a 100-byte sync budget and a scope with a small and a large file
+    # Given a 100-byte sync cap and a scope of 1,010 bytes
     monkeypatch.setenv("ENV_SYNC_MAX_BYTES", "100")
     env_function.get_env_settings.cache_clear()
     workspace.write_bytes(SCOPE, "docs/small.txt", b"s" * 10)
     workspace.write_bytes(SCOPE, "datasets/big.bin", b"b" * 1000)
 
-    # When a run looks for both
-    invoke("import os\nprint(os.path.exists('docs/small.txt'), os.path.exists('datasets/big.bin'))")
-
-    # Then only the small one was there, the large one is reported, and it is untouched in the bucket
-    result = stored_result(workspace)
-    assert result.stdout == "True False\n"
-    assert [(s.path, s.reason) for s in result.files.skipped] == [
-        ("datasets/big.bin", "not synced down: over the input budget of 100 bytes (ENV_SYNC_MAX_BYTES)")
-    ]
-    assert result.files.deleted == []
-    assert scope_objects(aws)["datasets/big.bin"] == b"b" * 1000
+    # When a run is asked for, Then it fails with a message naming the scope, its size and the cap
+    with pytest.raises(EnvScopeTooLargeError) as raised:
+        invoke("open('reports/ran.md', 'w').write('ran')")
+    assert str(raised.value).startswith(
+        f"scope {SCOPE.key}: its files are 1,010 bytes (0.0 MiB) in 2 files, over the sync cap of 100 bytes"
+    )
+    assert "ENV_SYNC_MAX_BYTES" in str(raised.value)
+    # And nothing ran: no result, no file, the bucket untouched, no working copy left
+    objects = scope_objects(aws)
+    assert RESULT_KEY not in objects and "reports/ran.md" not in objects
+    assert objects["datasets/big.bin"] == b"b" * 1000
+    assert not workspace.local_root(SCOPE).exists()
 
 
 def test_the_run_sees_no_aws_variables(workspace: S3Workspace) -> None:
@@ -446,7 +466,7 @@ def test_a_request_that_cannot_run_raises_and_leaves_no_result(aws: Any, workspa
 
     # Then there is no claim check and no working copy left
     assert RESULT_KEY not in scope_objects(aws)
-    assert not workspace.local_dir.exists()
+    assert not workspace.local_root(SCOPE).exists()
 
 
 def test_a_run_id_that_is_not_one_path_segment_is_refused(workspace: S3Workspace) -> None:
@@ -461,7 +481,7 @@ def test_the_lambda_sandbox_is_exclusive_and_keeps_the_working_copies() -> None:
 
 
 def test_invocations_sharing_the_working_copies_take_turns(tmp_path: Path) -> None:
-    # Given one invocation holding the working copies (each invocation wipes all of them)
+    # Given one invocation holding the working copies (each invocation rewrites them)
     local_dir = tmp_path / "working-copies"
     entered = threading.Event()
 
@@ -642,7 +662,7 @@ def test_a_run_that_ends_after_its_caller_gave_up_changes_nothing_in_the_scope(
     # Then neither the run's files nor a claim check reached the scope, and the working copy is gone
     assert "reports/zombie.md" not in scope_objects(aws)
     assert RESULT_KEY not in scope_objects(aws)
-    assert not workspace.local_dir.exists()
+    assert not workspace.local_root(SCOPE).exists()
 
 
 def test_tenant_isolation_passes_the_scope_key_as_tenant_id(
@@ -845,26 +865,33 @@ def test_the_executor_needs_the_origin(workspace: S3Workspace, store: DynamoStor
 def test_the_sync_stops_once_the_caller_gave_up_and_writes_no_result(
     aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a run that writes 20 files, and a clock that passes the request's not_after after the
-    # first five uploads (a slow S3, many files: the executor gives up while the sync is going on)
+    # Given a run that writes 20 files, and a clock that passes the request's not_after once five
+    # uploads are done (a slow S3, many files: the executor gives up while the sync is going on)
     start = time.time()
-    real_upload = workspace.client.upload_fileobj
-    uploads: list[str] = []
+    real_put = workspace.client.put_object
+    done: list[str] = []
+    late: list[str] = []
 
-    def upload_fileobj(reader: Any, bucket: str, key: str, **kwargs: Any) -> None:
-        uploads.append(key)
-        real_upload(reader, bucket, key, **kwargs)
+    def clock() -> float:
+        return start + (3600 if len(done) >= 5 else 0)
 
-    monkeypatch.setattr(workspace.client, "upload_fileobj", upload_fileobj)
-    monkeypatch.setattr(env_function, "now", lambda: start + (3600 if len(uploads) >= 5 else 0))
+    def put_object(**kwargs: Any) -> Any:
+        if kwargs["Key"].startswith(f"{SCOPE.key}/datasets/") and clock() > start + 600:
+            late.append(kwargs["Key"])
+        answer = real_put(**kwargs)
+        done.append(kwargs["Key"])
+        return answer
+
+    monkeypatch.setattr(workspace.client, "put_object", put_object)
+    monkeypatch.setattr(env_function, "now", clock)
     code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
 
     # When the env function runs it
     with pytest.raises(EnvRequestExpiredError, match="before the run was synced"):
         invoke(code, not_after=start + 600)
 
-    # Then no upload happened after not_after, and there is no claim check (the run has no result)
-    assert len(uploads) == 5
+    # Then no upload started after not_after, and there is no claim check (the run has no result)
+    assert late == []
     assert RESULT_KEY not in scope_objects(aws)
 
 
@@ -884,20 +911,25 @@ def test_a_run_whose_turn_loses_the_scope_stops_syncing(
     aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a run that writes 20 files, and the turn's lease taken over after the third upload (its
-    # execution was aborted and the next turn started), with every lease check reading the table
+    # execution was aborted and the next turn started), with every lease check reading the table and
+    # one upload at a time (so "after the third" is exact)
     monkeypatch.setattr(env_function, "LEASE_CHECK_INTERVAL_S", 0.0)
-    store, real_upload = DynamoStore(TABLE), workspace.client.upload_fileobj
+    monkeypatch.setattr(env_function, "working_copies", lambda ws: WorkingCopies(ws, pool_size=1))
+    store, real_put = DynamoStore(TABLE), workspace.client.put_object
     uploads: list[str] = []
 
-    def upload_fileobj(reader: Any, bucket: str, key: str, **kwargs: Any) -> None:
-        uploads.append(key)
-        real_upload(reader, bucket, key, **kwargs)
+    def put_object(**kwargs: Any) -> Any:
+        answer = real_put(**kwargs)
+        if not kwargs["Key"].startswith(f"{SCOPE.key}/datasets/"):
+            return answer
+        uploads.append(kwargs["Key"])
         if len(uploads) == 3:
             with _IAM[0].acting_as(None):  # the next turn's steps, not the env function
                 store.release_lock(SCOPE.key, TURN)
                 store.acquire_lock(SCOPE.key, "01NEXTTURN0000000000000000", datetime.now(UTC), 3600)
+        return answer
 
-    monkeypatch.setattr(workspace.client, "upload_fileobj", upload_fileobj)
+    monkeypatch.setattr(workspace.client, "put_object", put_object)
     code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
 
     # When the env function runs it
@@ -1196,3 +1228,246 @@ def test_the_run_result_says_whether_the_runtime_api_was_out_of_reach(
     in_force = landlock.abi_version() >= landlock.NET_ABI
     assert result.landlock.in_force is in_force, result.landlock.detail
     assert result.stdout.strip() == ("denied" if in_force else "reached")
+
+
+# ------------------------------------------------- the working copy kept between runs (issue 11)
+
+
+def s3_calls(s3: Any) -> list[str]:
+    """The S3 operations the client makes from now on, in order (botocore's ``before-call`` hook)."""
+    calls: list[str] = []
+    s3.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+    return calls
+
+
+READ_ALL = (
+    "import os\n"
+    "for parent, _, names in sorted(os.walk('.')):\n"
+    "    for name in sorted(names):\n"
+    "        path = os.path.join(parent, name)[2:]\n"
+    "        if not path.startswith('work/runs/'):\n"
+    "            print(path, open(path).read())\n"
+)
+
+
+def test_a_warm_run_downloads_only_what_changed_in_the_scope(aws: Any, workspace: S3Workspace) -> None:
+    # Given a scope of 20 files, synced by a first run in this execution environment
+    for number in range(20):
+        workspace.write_bytes(SCOPE, f"datasets/part-{number:02}.csv", f"v\n{number}\n".encode())
+    invoke("print('first')")
+    # And one file changed in S3 since, by another path (the prepare step, another writer)
+    workspace.write_bytes(SCOPE, "datasets/part-07.csv", b"v\nchanged\n")
+
+    # When the next run of the scope comes to the same execution environment
+    calls = s3_calls(aws)
+    invoke(READ_ALL, run_id="01JDQ8ZA0000000000000000R2")
+    made = list(calls)
+
+    # Then it saw the changed content and every other file
+    result = stored_result(workspace, "01JDQ8ZA0000000000000000R2")
+    assert "datasets/part-07.csv v\nchanged\n" in result.stdout
+    assert result.stdout.count("datasets/part-") == 20
+    # And only that file was downloaded, with no HeadObject per file (one look for a claim check)
+    assert made.count("GetObject") == 1 and made.count("HeadObject") == 1, made
+    assert made.count("ListObjectsV2") == 1, made
+
+
+def test_a_warm_copy_that_diverged_from_s3_is_repaired(aws: Any, workspace: S3Workspace) -> None:
+    # Given a synced working copy
+    workspace.write_bytes(SCOPE, "docs/brief.txt", b"the bucket's bytes")
+    workspace.write_bytes(SCOPE, "docs/other.txt", b"untouched")
+    invoke("print('first')")
+    # And a local change that never reached S3 (a run modified it and its upload failed), made to
+    # look like the original: same size, same modification time
+    local = workspace.local_root(SCOPE) / "docs" / "brief.txt"
+    before = local.stat()
+    local.write_bytes(b"a forged version!!")
+    os.utime(local, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert local.stat().st_size == before.st_size
+    # And a file a run left locally that S3 never had
+    (workspace.local_root(SCOPE) / "reports" / "stray.md").write_text("not in the bucket")
+
+    # When the next run reads them
+    invoke(READ_ALL, run_id="01JDQ8ZA0000000000000000R2")
+
+    # Then it saw the bucket's bytes and not the stray file
+    stdout = stored_result(workspace, "01JDQ8ZA0000000000000000R2").stdout
+    assert stdout == "docs/brief.txt the bucket's bytes\ndocs/other.txt untouched\n"
+    assert local_files(workspace) == {"docs/brief.txt": b"the bucket's bytes", "docs/other.txt": b"untouched"}
+
+
+def test_a_file_deleted_in_s3_by_another_path_disappears_from_the_warm_copy(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given a synced working copy with two files
+    workspace.write_bytes(SCOPE, "datasets/keep.csv", b"k\n")
+    workspace.write_bytes(SCOPE, "datasets/nested/gone.csv", b"g\n")
+    invoke("print('first')")
+    assert "datasets/nested/gone.csv" in local_files(workspace)
+    # When one is deleted in S3 by another path (a user, the console, another writer)
+    aws.delete_object(Bucket=BUCKET, Key=f"{SCOPE.key}/datasets/nested/gone.csv")
+    invoke(
+        "import os\nprint(os.path.exists('datasets/nested/gone.csv'), os.path.exists('datasets/nested'))",
+        run_id="01JDQ8ZA0000000000000000R2",
+    )
+
+    # Then the next run does not see it, nor its empty folder
+    assert stored_result(workspace, "01JDQ8ZA0000000000000000R2").stdout == "False False\n"
+    assert local_files(workspace) == {"datasets/keep.csv": b"k\n"}
+
+
+def test_files_a_run_deletes_leave_the_bucket_in_one_batch(aws: Any, workspace: S3Workspace) -> None:
+    # Given three files in the scope
+    for name in ("a", "b", "c"):
+        workspace.write_bytes(SCOPE, f"reports/{name}.md", b"x")
+    # When a run deletes them
+    calls = s3_calls(aws)
+    invoke("import os\nfor name in 'abc':\n    os.remove(f'reports/{name}.md')")
+    # Then they are gone from the bucket, through one DeleteObjects call
+    assert not [path for path in scope_objects(aws) if path.startswith("reports/")]
+    assert calls.count("DeleteObjects") == 1
+    assert stored_result(workspace).files.deleted == ["reports/a.md", "reports/b.md", "reports/c.md"]
+
+
+def test_a_run_of_another_scope_never_sees_the_kept_copy(aws: Any, workspace: S3Workspace) -> None:
+    # Given a kept working copy of one scope
+    workspace.write_bytes(SCOPE, "docs/secret.txt", b"scope one's")
+    invoke("print('first')")
+    assert workspace.local_root(SCOPE).exists()
+    # When the same process serves a run of another scope (a function made without tenant isolation)
+    other = ConversationScope(conversation_id="c-other")
+    DynamoStore(TABLE).acquire_lock(other.key, TURN, datetime.now(UTC), 3600)
+    invoke(
+        "import os\nprint(sorted(os.listdir('..')))",
+        run_id="01JDQ8ZA0000000000000000R2",
+        scope=other.model_dump(),
+    )
+
+    # Then the first scope's copy is gone before the run, which sees only its own
+    assert not workspace.local_root(SCOPE).exists()
+    stdout = RunResult.model_validate_json(
+        workspace.read_bytes(other, "work/runs/01JDQ8ZA0000000000000000R2/result.json")
+    ).stdout
+    assert stdout == "['c-other']\n"
+
+
+def test_a_request_for_a_scope_that_is_not_the_invocations_tenant_runs_nothing(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given an invocation whose tenant id is another scope's
+    context = Context()
+    context.tenant_id = "conversations/c-other"  # type: ignore[attr-defined]
+    # When the request arrives, Then it is refused before anything is claimed or run
+    with pytest.raises(InvalidRequestError, match="tenant id 'conversations/c-other' is not"):
+        invoke("open('reports/ran.md', 'w').write('ran')", context)
+    assert scope_objects(aws) == {}
+
+
+# ------------------------------------------------- run notices instead of polling (issue 11 item 3)
+
+
+def notified_executor(
+    client: FakeLambda, workspace: S3Workspace, store: DynamoStore, notices: RunNotices, fallback_s: float
+) -> LambdaExecutor:
+    return LambdaExecutor(
+        lambda_client=client,
+        workspace=workspace,
+        store=store,
+        tenant_isolation=False,
+        startup_margin_s=30.0,
+        notices=notices,
+        fallback_poll_s=fallback_s,
+    )
+
+
+def result_reads(s3: Any) -> list[str]:
+    """Keys of the GetObject calls the client makes from now on."""
+    keys: list[str] = []
+    s3.meta.events.register(
+        "before-call.s3.GetObject", lambda params, **_: keys.append(params.get("url_path", ""))
+    )
+    return keys
+
+
+def test_the_executor_learns_of_the_result_from_the_notice_without_polling(
+    aws: Any, workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given a coder process's notice queue, and an env function that writes the claim check after
+    # 0.5 s and then sends the notice, as the real one does
+    sqs = boto3.client("sqs", region_name=REGION)
+    notices = RunNotices(sqs)
+    sent: list[float] = []
+
+    def the_function(request: EnvRequest) -> None:
+        time.sleep(0.5)
+        workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+        with _IAM[0].acting_as("EnvBuiltinFunction"):
+            send_notice(
+                env_function.get_sqs(), request.notice_queue_url, RunNotice(run_id=RUN_ID, status="ok")
+            )
+        sent.append(time.monotonic())
+
+    # When a run is awaited with a fallback poll far longer than the run takes
+    reads = result_reads(workspace.client)
+    with _IAM[0].acting_as("CoderTaskRole"):
+        executor = notified_executor(FakeLambda(the_function), workspace, store, notices, fallback_s=60.0)
+        result = executor.run(
+            Path("/unused"), "print(1)", limits=RunLimits(timeout_s=5), run_id=RUN_ID, origin=ORIGIN
+        )
+        woke = time.monotonic()
+        notices.close()
+
+    # Then the result came with the notice, after one look before and one after it: no poll ladder
+    assert result == a_result()
+    assert sent and woke - sent[0] < 5
+    assert len(reads) == 2, reads
+
+
+def test_a_lost_notice_falls_back_to_a_slow_poll(
+    aws: Any, workspace: S3Workspace, store: DynamoStore
+) -> None:
+    # Given an env function that writes the claim check but whose notice never arrives
+    notices = RunNotices(boto3.client("sqs", region_name=REGION))
+
+    def the_function(request: EnvRequest) -> None:
+        time.sleep(0.2)
+        workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
+
+    # When a run is awaited with a 0.5 s fallback poll
+    with _IAM[0].acting_as("CoderTaskRole"):
+        executor = notified_executor(FakeLambda(the_function), workspace, store, notices, fallback_s=0.5)
+        started = time.monotonic()
+        result = executor.run(
+            Path("/unused"), "print(1)", limits=RunLimits(timeout_s=5), run_id=RUN_ID, origin=ORIGIN
+        )
+        notices.close()
+
+    # Then the claim check, the source of truth, is found by the fallback look
+    assert result == a_result()
+    assert time.monotonic() - started < 10
+
+
+def test_the_env_function_sends_the_notice_after_the_claim_check(aws: Any, workspace: S3Workspace) -> None:
+    # Given the notice queue of the coder process that invokes
+    sqs = boto3.client("sqs", region_name=REGION)
+    with _IAM[0].acting_as("CoderTaskRole"):
+        url = RunNotices(sqs).queue_url
+    # When the env function runs a request naming it
+    invoke("print('hello')", notice_queue_url=url)
+
+    # Then the queue holds one notice naming the run and its status, and the claim check exists
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get(
+        "Messages", []
+    )
+    assert [RunNotice.model_validate_json(m["Body"]) for m in messages] == [
+        RunNotice(run_id=RUN_ID, status="ok")
+    ]
+    assert stored_result(workspace).stdout == "hello\n"
+
+
+def test_a_notice_queue_that_is_not_a_run_notice_queue_is_refused() -> None:
+    # Given a request naming another queue of the account (a forged or mistaken caller)
+    event = {**EVENT, "notice_queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/SpecQueue"}
+    # Then it is not a request: nothing would be sent there
+    with pytest.raises(ValidationError, match="notice_queue_url"):
+        EnvRequest.model_validate(event)

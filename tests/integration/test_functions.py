@@ -21,7 +21,8 @@ from iam import Iam, Physical
 from moto import mock_aws
 from pydantic import BaseModel
 
-from alphaagent.aws.backend import get_backend, get_event_bus, get_stepfunctions_client
+from alphaagent.aws.backend import get_backend, get_event_bus, get_stepfunctions_client, notice_sqs
+from alphaagent.aws.notices import RunNotice
 from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
@@ -164,13 +165,13 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         )["stateMachineArn"]
         monkeypatch.setenv("STATE_MACHINE_ARN", machine)
         monkeypatch.setenv("CODER_QUEUE_URL", coder_queue)
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
             getter.cache_clear()
         try:
             yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
         finally:
             iam.uninstall()
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus):
+        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
             getter.cache_clear()
     assert not iam.denied, iam.report()
 
@@ -596,6 +597,26 @@ def test_a_destination_failure_record_becomes_a_failed_run(aws: dict[str, Any]) 
     run = get_backend().store.get_run(USER, RUN_ID)
     assert run is not None and run.status == "failed"
     assert run.error is not None and run.error.name == "Sandbox.Timedout"
+
+
+def test_a_failed_run_is_notified_to_the_coder_process_that_waits_for_it(aws: dict[str, Any]) -> None:
+    # Given a coder process's run-notice queue named in the failed invocation's request (the function
+    # timed out: it sent no notice of its own)
+    sqs = boto3.client("sqs", region_name=REGION)
+    url = sqs.create_queue(QueueName="alphaagent-runs-" + "0" * 32)["QueueUrl"]
+    event = load("destination_failure.json")
+    event["detail"]["requestPayload"]["notice_queue_url"] = url
+
+    # When the recorder records the failure
+    record_event.lambda_handler(event, Context())
+
+    # Then the record exists and the queue says "look now" for that run
+    run = get_backend().store.get_run(USER, RUN_ID)
+    assert run is not None and run.status == "failed"
+    messages = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", [])
+    assert [RunNotice.model_validate_json(m["Body"]) for m in messages] == [
+        RunNotice(run_id=RUN_ID, status="failed")
+    ]
 
 
 def test_registration_events_are_recorded(aws: dict[str, Any]) -> None:

@@ -1,0 +1,546 @@
+"""The env function's working copy of a scope, kept between invocations and reconciled with S3 (issue
+11: the cost of a run follows what changed, not the size of the scope).
+
+Lambda's tenant isolation (``TenancyConfig: PER_TENANT``, template.yaml) gives every scope its own
+execution environments: the coder invokes with ``TenantId = scope.key`` (``LambdaExecutor``), so an
+environment serves one scope's runs, one after the other. Its ``/tmp`` survives between invocations
+(the exclusive sandbox empties ``/tmp`` after each run except the working copies, ``wipe_keep``), so the
+copy the last run left is reused instead of being wiped and downloaded again:
+
+1. **list** the scope (ListObjectsV2, 1,000 keys a call; a page that ends inside an excluded folder
+   such as ``work/runs/`` jumps over it with ``StartAfter``, so the platform's growing run records
+   cost at most one call);
+2. **reconcile** the local tree with the listing: a local file is kept only when its S3 object still
+   has the ETag it was downloaded (or uploaded) as *and* the file is exactly as it was then (inode,
+   size, mtime and ctime: a run cannot set a ctime back, so a change whose upload failed or was
+   refused is noticed); everything else local is removed (files gone from S3, files a run left that
+   were never uploaded, links, FIFOs, empty folders);
+3. **download** what is missing or differs, in parallel (``POOL_SIZE`` threads), one GetObject per file
+   with the size from the listing (no HeadObject): objects of ``multipart_bytes`` or more go through
+   boto3's managed transfer (ranged GETs);
+4. after the run, **upload** the files it created or modified in parallel (one PutObject each; its
+   ETag is remembered) and delete the ones it deleted (DeleteObjects, 1,000 keys a call).
+
+What was downloaded as which ETag is kept in this process's memory, never on disk where run code could
+forge it: a process that starts on a ``/tmp`` it did not fill (Lambda restarted the runtime) has no
+record, so it wipes the copy and downloads it again. A copy is never visible to another scope's run:
+before each sync every other scope's copy under ``local_dir`` is removed (tenant isolation already
+prevents it; this keeps it true for a function made without it).
+
+A scope larger than the sync cap is refused before anything is downloaded (``EnvScopeTooLargeError``
+names its size and the cap): a run on part of its files would be a run on a scope that does not exist.
+
+Example::
+
+    copies = WorkingCopies(workspace)
+    down = copies.sync_down(scope, max_bytes=2 * 2**30, exclude=["work/runs"])
+    ...  # run code in workspace.local_root(scope)
+    up = copies.sync_up(scope, ["reports/summary.md"])
+    copies.delete(scope, ["datasets/old.csv"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from alphaagent.aws import sdk
+from alphaagent.aws.workspace import (
+    SKIP_LOCAL_UNSAFE,
+    SKIP_NOT_READABLE,
+    SKIP_NOT_REGULAR,
+    SKIP_PATH_RULE,
+    S3Workspace,
+    SkippedFile,
+    SyncReport,
+)
+from alphaagent.errors import EnvScopeTooLargeError, PathRuleError
+from alphaagent.local import safefs
+from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
+
+POOL_SIZE: Final = 32
+"""Transfers in flight at once. 32 connections keep a 100 KB GetObject pipeline near the bandwidth of
+a Lambda function at ~20 ms per request; the threads exist only while a sync runs (they would otherwise
+count against Lambda's 1,024 processes/threads quota beside the run's own). The S3 client's connection
+pool must be at least this large (``client_config``)."""
+
+DELETE_BATCH: Final = 1000
+"""Keys per DeleteObjects call: S3's maximum."""
+
+LIST_PAGE_KEYS: Final = 1000
+"""Keys per ListObjectsV2 call: S3's maximum (and default)."""
+
+_LAST_KEY_CHAR: Final = "\U0010ffff"
+"""The largest code point: ``{folder}/`` followed by it sorts after every key S3 can list in the folder
+that a workspace path can name (S3 lists in UTF-8 byte order)."""
+
+
+def client_config() -> dict[str, Any]:
+    """botocore ``Config`` arguments for the env function's S3 client: a connection pool as large as the
+    transfer pool (botocore's default of 10 would drop connections under ``POOL_SIZE`` threads)."""
+    return {"max_pool_connections": POOL_SIZE}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What one local file was when it last matched S3: the object's ETag and the file's identity.
+
+    ``ctime_ns`` is what makes a change visible whatever the run did: write, chmod, utime and rename all
+    set it to now, and no system call sets it back."""
+
+    etag: str
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, etag: str, info: os.stat_result) -> Entry:
+        """The entry of a file with lstat ``info`` that holds the bytes of the object ``etag``."""
+        return cls(etag, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+    def matches(self, info: os.stat_result) -> bool:
+        """Whether the file with lstat ``info`` is still the one this entry describes."""
+        return stat.S_ISREG(info.st_mode) and (
+            info.st_ino,
+            info.st_size,
+            info.st_mtime_ns,
+            info.st_ctime_ns,
+        ) == (self.ino, self.size, self.mtime_ns, self.ctime_ns)
+
+
+@dataclass
+class DownReport(SyncReport):
+    """A ``SyncReport`` of a sync down, with what the reconciliation kept and removed locally."""
+
+    kept: int = 0
+    removed: list[str] = field(default_factory=list)
+    cold: bool = True
+
+
+class WorkingCopies:
+    """Working copies of scopes under ``workspace.local_dir``, reconciled with S3 on every sync.
+
+    One instance lives as long as the process (the env function's cached getter); it holds the record
+    of what each local file was downloaded as. Not for use by two threads at once (the env function
+    holds its working-copy lock around every sync).
+
+    Args:
+        workspace: the workspaces bucket and where the copies live (``local_root``).
+        pool_size: transfers in flight at once (``POOL_SIZE``).
+    """
+
+    def __init__(self, workspace: S3Workspace, *, pool_size: int = POOL_SIZE) -> None:
+        self.workspace = workspace
+        self.pool_size = pool_size
+        self._entries: dict[str, dict[str, Entry]] = {}
+
+    # -- down --------------------------------------------------------------------------------------
+
+    def sync_down(self, scope: Scope, *, max_bytes: int, exclude: Iterable[str] = ()) -> DownReport:
+        """Make ``local_root(scope)`` hold exactly the scope's files in S3, below no folder of
+        ``exclude`` (folder paths, matched by whole components), and the six scope folders.
+
+        Keys no method could address (not NFC, breaking a rule of DESIGN §4.2) are reported as
+        ``path_rule``; a key whose local path is taken by another key (S3 may hold both ``a`` and
+        ``a/b``) as ``local_path_unsafe``.
+
+        Raises:
+            EnvScopeTooLargeError: the files to sync add up to more than ``max_bytes`` bytes (nothing
+                is downloaded; the message names both).
+            PathRuleError: an excluded folder breaks a rule, or the copy's root is blocked.
+            botocore errors: S3 failed (the copy is then forgotten: the next sync starts cold).
+        """
+        self._drop_other_scopes(scope)
+        excluded = tuple(
+            check_workspace_path(folder.rstrip("/"), prefix=f"{scope.key}/") + "/" for folder in exclude
+        )
+        report = DownReport()
+        remote, unaddressable = self._listing(scope, excluded)
+        report.skipped.extend(SkippedFile(path, SKIP_PATH_RULE) for path in sorted(unaddressable))
+        total = sum(size for _, size in remote.values())
+        if total > max_bytes:
+            self.forget(scope)
+            raise EnvScopeTooLargeError(
+                f"scope {scope.key}: its files are {total:,} bytes ({_mib(total)}) in {len(remote):,}"
+                f" files, over the sync cap of {max_bytes:,} bytes ({_mib(max_bytes)},"
+                " ENV_SYNC_MAX_BYTES); nothing was run: delete or move files to run code here"
+            )
+        root = self.workspace.local_root(scope)
+        known = self._entries.get(scope.key)
+        if known is None:  # no record of what is on disk: nothing local can be trusted
+            wipe_tree(root)
+            known = {}
+        else:
+            report.cold = False
+        entries = self._entries[scope.key] = {}
+        try:
+            self._open_root(scope)
+            os.chmod(root, 0o700)  # a run may have taken its working directory's permissions away
+            for path, info in _scan(root).items():
+                entry, wanted = known.get(path), remote.get(path)
+                same = entry is not None and wanted is not None and entry.etag == wanted[0]
+                if same and entry is not None and entry.matches(info):
+                    entries[path] = entry
+                    report.kept += 1
+                    continue
+                os.unlink(root / path)  # gone from S3, changed in S3, or changed here since
+                if wanted is None:
+                    report.removed.append(path)
+            _prune_empty(root)
+            missing = sorted(path for path in remote if path not in entries)
+            for path, outcome in self._parallel(missing, functools.partial(self._download, scope, remote)):
+                if isinstance(outcome, Entry):
+                    entries[path] = outcome
+                    report.transferred.append(path)
+                    report.bytes_transferred += outcome.size
+                else:
+                    report.skipped.append(SkippedFile(path, SKIP_LOCAL_UNSAFE))
+            for folder in SCOPE_FOLDERS:  # S3 has no folders; the code expects the six of DESIGN §4.2
+                with contextlib.suppress(FileExistsError):
+                    (root / folder).mkdir()
+        except BaseException:
+            self.forget(scope)
+            raise
+        report.transferred.sort()
+        return report
+
+    # -- up ----------------------------------------------------------------------------------------
+
+    def sync_up(
+        self, scope: Scope, paths: Iterable[str], *, check: Callable[[], None] = lambda: None
+    ) -> SyncReport:
+        """Upload ``paths`` (workspace-relative) from the working copy, in parallel, and remember each
+        uploaded file as the object's new ETag (the next sync keeps it).
+
+        Regular files only, opened without following a link at any component (case PATH-01): others
+        are ``not_regular_file``, unreadable ones ``not_readable``, rule-breaking names ``path_rule``.
+        ``check`` is called right before each upload starts (from the transfer threads: it must be
+        thread-safe); what it raises stops the sync and propagates.
+
+        Raises:
+            botocore errors: S3 failed (the copy is forgotten: the next sync starts cold).
+        """
+        report = SyncReport()
+        entries = self._entries.setdefault(scope.key, {})
+        todo: list[str] = []
+        for raw in paths:
+            try:
+                path = check_workspace_path(raw, prefix=f"{scope.key}/")
+            except PathRuleError:
+                report.skipped.append(SkippedFile(raw, SKIP_PATH_RULE))
+                continue
+            entries.pop(path, None)
+            todo.append(path)
+        try:
+            for path, outcome in self._parallel(todo, lambda path: self._upload(scope, path), check=check):
+                if isinstance(outcome, Entry):
+                    entries[path] = outcome
+                    report.transferred.append(path)
+                    report.bytes_transferred += outcome.size
+                else:
+                    report.skipped.append(SkippedFile(path, outcome))
+        except BaseException:
+            self.forget(scope)
+            raise
+        report.transferred.sort()
+        return report
+
+    def delete(self, scope: Scope, paths: Iterable[str]) -> None:
+        """Delete the objects of ``paths`` (already checked workspace paths) with DeleteObjects, 1,000
+        keys a call (in a versioned bucket, delete markers); a missing one is not an error.
+
+        Raises:
+            botocore errors: S3 failed, or refused a key (the first refusal's code is raised).
+        """
+        keys = [f"{scope.key}/{path}" for path in paths]
+        entries = self._entries.get(scope.key, {})
+        for path in paths:
+            entries.pop(path, None)
+        client = self.workspace.client
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = keys[start : start + DELETE_BATCH]
+            if len(batch) == 1:
+                client.delete_object(Bucket=self.workspace.bucket, Key=batch[0])
+                continue
+            answer = client.delete_objects(
+                Bucket=self.workspace.bucket,
+                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+            )
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise sdk.client_error()(
+                    {"Error": {"Code": first.get("Code", ""), "Message": first.get("Message", "")}},
+                    "DeleteObjects",
+                )
+
+    def forget(self, scope: Scope) -> None:
+        """Forget what the copy of ``scope`` holds and remove it: the next sync starts cold."""
+        self._entries.pop(scope.key, None)
+        with contextlib.suppress(OSError):
+            wipe_tree(self.workspace.local_root(scope))
+
+    def known(self, scope: Scope) -> int:
+        """How many local files of ``scope`` are recorded as matching S3 (0 for a cold copy)."""
+        return len(self._entries.get(scope.key, {}))
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _listing(
+        self, scope: Scope, excluded: tuple[str, ...]
+    ) -> tuple[dict[str, tuple[str, int]], set[str]]:
+        """``{path: (etag, size)}`` of the scope's addressable files outside ``excluded``, and the
+        paths of unaddressable keys (folder markers left out)."""
+        prefix = f"{scope.key}/"
+        skip = tuple(prefix + folder for folder in excluded)
+        remote: dict[str, tuple[str, int]] = {}
+        unaddressable: set[str] = set()
+        bucket = self.workspace.bucket
+        arguments: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": LIST_PAGE_KEYS}
+        while True:
+            page = self.workspace.client.list_objects_v2(**arguments)
+            contents = page.get("Contents", [])
+            for item in contents:
+                key: str = item["Key"]
+                if key.startswith(skip):
+                    continue
+                path = key[len(prefix) :]
+                if _addressable(path, prefix):
+                    remote[path] = (str(item["ETag"]), int(item["Size"]))
+                elif not _folder_marker(path):
+                    unaddressable.add(path)
+            if not page.get("IsTruncated") or not contents:
+                return remote, unaddressable
+            last = contents[-1]["Key"]
+            inside = next((folder for folder in skip if last.startswith(folder)), None)
+            arguments = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": LIST_PAGE_KEYS}
+            if inside is not None:  # the rest of that folder is never synced: jump over it
+                arguments["StartAfter"] = inside + _LAST_KEY_CHAR
+            else:
+                arguments["ContinuationToken"] = page["NextContinuationToken"]
+
+    def _parallel(
+        self,
+        paths: list[str],
+        task: Callable[[str], Any],
+        *,
+        check: Callable[[], None] = lambda: None,
+    ) -> Iterator[tuple[str, Any]]:
+        """``(path, task(path))`` for every path, at most ``pool_size`` in flight. ``check`` is called
+        in the worker right before each task starts (so nothing starts once it raises; it must be
+        thread-safe). The first exception stops new tasks and is raised once those in flight are done.
+        """
+
+        def checked(path: str) -> Any:
+            check()
+            return task(path)
+
+        if not paths:
+            return
+        if len(paths) == 1:  # one transfer (a warm run's usual case) needs no thread
+            yield paths[0], checked(paths[0])
+            return
+        workers = min(self.pool_size, len(paths))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sync") as pool:
+            pending: dict[Future[Any], str] = {}
+            queue = iter(paths)
+            failure: BaseException | None = None
+            while True:
+                while failure is None and len(pending) < workers:
+                    path = next(queue, None)
+                    if path is None:
+                        break
+                    pending[pool.submit(checked, path)] = path
+                if not pending:
+                    break
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    path = pending.pop(future)
+                    error = future.exception()
+                    if error is not None:
+                        failure = failure or error
+                    elif failure is None:
+                        yield path, future.result()
+            if failure is not None:
+                raise failure
+
+    def _open_root(self, scope: Scope) -> None:
+        """Create the copy's root, refusing a link on the way (``PathRuleError``)."""
+        base = safefs.open_root(self.workspace.local_dir, create=True)
+        try:
+            fd = safefs.open_dir(base, scope.key.split("/"), create=True)
+        except OSError as error:
+            raise PathRuleError(
+                f"local working copy of {scope.key!r} is unusable: {safefs.describe(error)}"
+            ) from None
+        finally:
+            os.close(base)
+        os.close(fd)
+
+    def _download(self, scope: Scope, remote: dict[str, tuple[str, int]], path: str) -> Entry | None:
+        """One object into the working copy (temporary file, then rename); the entry of the file, or
+        None when its local path is taken (a file where a folder is needed, or the reverse)."""
+        root = self.workspace.local_root(scope)
+        target = root / path
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            return None
+        etag, size = remote[path]
+        key = f"{scope.key}/{path}"
+        client = self.workspace.client
+        tmp = target.parent / safefs.temp_name()
+        try:
+            with open(tmp, "xb") as writer:
+                if size >= self.workspace.multipart_bytes:
+                    # Ranged GETs in parallel; a changed object gets a new ETag, so keeping the
+                    # listed one at worst downloads it again next time.
+                    client.download_fileobj(
+                        self.workspace.bucket, key, writer, Config=self.workspace._transfer_config()
+                    )
+                else:
+                    response = client.get_object(Bucket=self.workspace.bucket, Key=key)
+                    etag = str(response["ETag"])
+                    with contextlib.closing(response["Body"]) as body:
+                        for chunk in body.iter_chunks(1024 * 1024):
+                            writer.write(chunk)
+            os.chmod(tmp, 0o644)
+            try:
+                os.replace(tmp, target)
+            except (IsADirectoryError, NotADirectoryError):
+                os.unlink(tmp)
+                return None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return Entry.of(etag, os.lstat(target))
+
+    def _upload(self, scope: Scope, path: str) -> Entry | str:
+        """One local file to S3; its entry, or the ``SKIP_*`` reason it was not uploaded."""
+        base = safefs.open_root(self.workspace.local_dir, create=True)
+        try:
+            root = safefs.open_dir(base, scope.key.split("/"))
+        finally:
+            os.close(base)
+        try:
+            try:
+                fd = safefs.open_regular(root, path.split("/"))
+            except FileNotFoundError:
+                return SKIP_NOT_REGULAR
+            except PermissionError:
+                return SKIP_NOT_READABLE
+        finally:
+            os.close(root)
+        key = f"{scope.key}/{path}"
+        client = self.workspace.client
+        with os.fdopen(fd, "rb") as reader:
+            info = os.fstat(reader.fileno())
+            if info.st_size >= self.workspace.multipart_bytes:
+                client.upload_fileobj(
+                    reader, self.workspace.bucket, key, Config=self.workspace._transfer_config()
+                )
+                # The managed transfer does not return the ETag; one HeadObject per large file.
+                etag = str(client.head_object(Bucket=self.workspace.bucket, Key=key)["ETag"])
+            else:
+                etag = str(client.put_object(Bucket=self.workspace.bucket, Key=key, Body=reader)["ETag"])
+        return Entry.of(etag, info)
+
+    def _drop_other_scopes(self, scope: Scope) -> None:
+        """Remove every working copy under ``local_dir`` but ``scope``'s, and forget them."""
+        for other in [key for key in self._entries if key != scope.key]:
+            del self._entries[other]
+        keep = scope.key.split("/")
+        directory = self.workspace.local_dir
+        for depth, part in enumerate(keep):
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:
+                return
+            for name in names:
+                if name != part:
+                    wipe_tree(directory / name)
+            directory = directory / part
+            if depth == len(keep) - 1:
+                return
+
+
+def _scan(root: Path) -> dict[str, os.stat_result]:
+    """The regular files below ``root`` as ``{relative path: lstat}``. Everything else is removed on
+    the way (symlinks, FIFOs, sockets, devices: never followed), and folders the run made unreadable
+    are given back to their owner (``0o700``) so they can be listed and cleaned."""
+    found: dict[str, os.stat_result] = {}
+    stack: list[tuple[Path, str]] = [(root, "")]
+    while stack:
+        directory, relative = stack.pop()
+        with os.scandir(directory) as entries:
+            listed = list(entries)
+        for entry in listed:
+            name = f"{relative}{entry.name}"
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                if stat.S_IMODE(info.st_mode) & 0o700 != 0o700:
+                    os.chmod(entry.path, 0o700, follow_symlinks=False)
+                stack.append((Path(entry.path), f"{name}/"))
+            elif stat.S_ISREG(info.st_mode):
+                found[name] = info
+            else:
+                os.unlink(entry.path)
+    return found
+
+
+def _prune_empty(root: Path) -> None:
+    """Remove the folders below ``root`` that hold nothing (S3 has no folders; the six scope folders
+    are made again by the caller). Bottom up, so a folder emptied by its children's removal goes too."""
+    for parent, _, _ in os.walk(root, topdown=False):
+        if parent != str(root):
+            with contextlib.suppress(OSError):  # not empty
+                os.rmdir(parent)
+
+
+def wipe_tree(path: Path) -> None:
+    """Remove ``path`` and everything below it, whatever the last run left there: a symlink is
+    unlinked (never followed), and directories the run made unreadable (``chmod 000``) are made
+    accessible to the owner first. A missing path is fine.
+
+    Raises:
+        OSError: something could not be removed.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        path.unlink()
+        return
+    os.chmod(path, 0o700)
+    for parent, dirnames, _ in os.walk(path):
+        for name in dirnames:  # os.walk lists a symlink to a directory here but never enters it
+            child = os.path.join(parent, name)
+            if not os.path.islink(child):
+                with contextlib.suppress(OSError):
+                    os.chmod(child, 0o700)
+    shutil.rmtree(path)
+
+
+def _addressable(path: str, scope_prefix: str) -> bool:
+    try:
+        return check_workspace_path(path, prefix=scope_prefix) == path
+    except PathRuleError:
+        return False
+
+
+def _folder_marker(path: str) -> bool:
+    return path.endswith("/") and path[:-1] in SCOPE_FOLDERS
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
