@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,6 @@ from alphaagent.models.spec import Spec, parse_spec
 from alphaagent.ports import OutputSink
 from alphaagent.sandbox.config import SandboxConfig
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 DATABASE_NAME = "alphaagent.db"
 
 AUDIT_FILE = "audit.jsonl"
@@ -63,14 +61,10 @@ def alphaagent_home(explicit: str | Path | None = None) -> Path:
 
 
 def connector_settings_from_env() -> ConnectorSettings:
-    """``ALPHAAGENT_FILE_ROOTS`` (``os.pathsep``-separated directories; default: the checkout's
-    ``examples/``), ``ALPHAAGENT_HTTP_HOSTS`` (comma-separated host names; default: none) and
-    ``ALPHAAGENT_S3_PREFIXES`` (comma-separated ``bucket/prefix`` entries; default: none)."""
-    roots = os.environ.get("ALPHAAGENT_FILE_ROOTS")
-    file_roots = tuple(Path(p) for p in roots.split(os.pathsep) if p) if roots else (EXAMPLES_DIR,)
-    hosts = tuple(h.strip() for h in os.environ.get("ALPHAAGENT_HTTP_HOSTS", "").split(",") if h.strip())
-    prefixes = tuple(p.strip() for p in os.environ.get("ALPHAAGENT_S3_PREFIXES", "").split(",") if p.strip())
-    return ConnectorSettings(file_roots=file_roots, http_hosts=hosts, s3_prefixes=prefixes)
+    """Every registered connector's local variables (``ALPHAAGENT_FILE_ROOTS``: ``os.pathsep``-separated
+    directories, default the checkout's ``examples/``; ``ALPHAAGENT_HTTP_HOSTS``,
+    ``ALPHAAGENT_S3_PREFIXES``: comma-separated, default none; see ``ConnectorSettings.from_env``)."""
+    return ConnectorSettings.from_env(os.environ, "local")
 
 
 def zygote_idle_s_from_env() -> float:
@@ -135,7 +129,7 @@ class AlphaAgent(ScopeReads):
         self.audit_trail = JsonLinesAudit(self.home / AUDIT_FILE)
         self.audit = self.audit_trail
         connectors = connectors or connector_settings_from_env()
-        connectors = replace(connectors, forbidden_roots=(*connectors.forbidden_roots, self.home))
+        connectors = connectors.replace(forbidden_roots=(*connectors.forbidden_roots, self.home))
         self.backend = Backend(
             store=self.store,
             workspace=self.workspace,

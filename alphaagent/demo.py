@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from alphaagent.api import (
-    EXAMPLES_DIR,
     AlphaAgent,
     alphaagent_home,
     connector_settings_from_env,
     turn_settings_from_env,
 )
+from alphaagent.connectors.file import EXAMPLES_DIR
 from alphaagent.errors import InvalidRequestError
 from alphaagent.models.common import ConversationScope
 
@@ -61,7 +61,7 @@ def run_demo(*, json_output: bool = False, home: Path | None = None, user_id: st
     scope = ConversationScope(conversation_id=conversation_id)
     home = home or alphaagent_home()
     turns = replace(turn_settings_from_env(), session_idle_timeout_s=DEMO_IDLE_TIMEOUT_S)
-    connectors = replace(connector_settings_from_env(), file_roots=(EXAMPLES_DIR,))
+    connectors = connector_settings_from_env().replace(file_roots=(EXAMPLES_DIR,))
 
     def say(message: str) -> None:
         print(f"  {message}", file=sys.stderr, flush=True)

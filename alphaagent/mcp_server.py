@@ -39,6 +39,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
+from alphaagent import connectors
 from alphaagent.client import Client, parse_scope
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, PathRuleError
 from alphaagent.models.common import ConversationScope, NodeScope
@@ -114,7 +115,7 @@ instead of writing code yourself. Blocks until the turn ends (minutes), with pro
 - goal (required): what to find out, in plain words.
 - inputs: list of {"kind": "document", "path": "docs/x.csv"} (a file already in the scope), \
 {"kind": "dataset", "name": "n", "version": 1?} (a dataset registered earlier in the scope), \
-{"kind": "connector", "connector": "file"|"http"|"s3", "request": {...}} (fetched into docs/), \
+{"kind": "connector", "connector": <name>, "request": {...}} (fetched into docs/; {connectors}), \
 {"kind": "node_artifact", "node_id": "a", "artifact": "n"} (another node of the same workflow run).
 - outputs: list of {"kind": "dataset"|"chart"|"report", "name": "n", "description": "..."}: \
 what must be registered (names: 1-64 of a-z 0-9 . _ -, starting with a letter or digit).
@@ -131,6 +132,12 @@ Returns the turn's status ("completed" or "failed"), the coder's summary, the ar
 (kind, name, version, path relative to scope_root), citations, and the error when it failed. \
 A bad spec comes back as an error naming the field, e.g. "goal: Field required".\
 """
+
+
+def run_analysis_description() -> str:
+    """``RUN_ANALYSIS_DESCRIPTION`` with the registered connectors and their request fields."""
+    return RUN_ANALYSIS_DESCRIPTION.replace("{connectors}", connectors.request_help())
+
 
 LIST_ARTIFACTS_DESCRIPTION = """\
 List every version of every artifact (dataset, chart, report) registered in a scope, by name then version: \
@@ -399,7 +406,7 @@ def build_server(client: Client) -> MCPServer:
     reading = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     server.add_tool(
         run_analysis,
-        description=RUN_ANALYSIS_DESCRIPTION,
+        description=run_analysis_description(),
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True),
     )
     server.add_tool(list_artifacts, description=LIST_ARTIFACTS_DESCRIPTION, annotations=reading)

@@ -56,7 +56,8 @@ if str(REPO_ROOT) not in sys.path:
 import psutil  # noqa: E402
 from machine import machine  # noqa: E402
 
-from alphaagent.api import EXAMPLES_DIR, AlphaAgent  # noqa: E402
+from alphaagent.api import AlphaAgent  # noqa: E402
+from alphaagent.connectors.file import EXAMPLES_DIR  # noqa: E402
 from alphaagent.domain.backend import ConnectorSettings  # noqa: E402
 from alphaagent.errors import AlphaAgentError  # noqa: E402
 from alphaagent.models.common import ConversationScope  # noqa: E402

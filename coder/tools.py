@@ -26,6 +26,8 @@ from claude_agent_sdk import SdkMcpTool, ToolAnnotations, create_sdk_mcp_server,
 from claude_agent_sdk.types import McpSdkServerConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from alphaagent import connectors
+from alphaagent.domain import documents
 from alphaagent.domain import tools as domain
 from alphaagent.domain.tools import TurnContext, tool_error_text
 from alphaagent.errors import AlphaAgentError, PathRuleError, ToolError
@@ -83,7 +85,7 @@ class ReadDocumentArgs(_Args):
         ge=1,
         le=MODEL_TEXT_CHARS,
         description=(
-            f"Characters to return (default {domain.DEFAULT_PAGE_CHARS}, at most {MODEL_TEXT_CHARS});"
+            f"Characters to return (default {documents.DEFAULT_PAGE_CHARS}, at most {MODEL_TEXT_CHARS});"
             f" for csv, parquet, xlsx: rows (default {seeing.DEFAULT_TABLE_ROWS},"
             f" at most {seeing.MAX_TABLE_ROWS})."
         ),
@@ -93,13 +95,9 @@ class ReadDocumentArgs(_Args):
 class ConnectorFetchArgs(_Args):
     """Arguments of ``connector_fetch``."""
 
-    connector: str = Field(description="'file', 'http' or 's3'.")
+    connector: str = Field(description="A connector's name (the tool description lists them).")
     request: dict[str, Any] = Field(
-        description=(
-            'file: {"path": "/absolute/path", "name"?: "copy name"};'
-            ' http: {"url": "https://...", "name"?: "copy name"};'
-            ' s3: {"bucket": "...", "key": "...", "name"?: "copy name"}.'
-        )
+        description="The connector's request: its fields are in the tool description ('?': optional)."
     )
 
 
@@ -236,7 +234,7 @@ def render_run(result: RunResult, environments: list[tuple[str, tuple[str, ...]]
     return f"{body}\n\n{RESULT_HEADING}\n{json.dumps(details)}"
 
 
-def render_page(page: domain.DocumentPage) -> str:
+def render_page(page: documents.DocumentPage) -> str:
     """A document page: one JSON line of where it is in the document, then the text itself."""
     end = page.offset + len(page.text)
     header = {
@@ -312,7 +310,7 @@ def _read_document(turn: _Turn, args: ReadDocumentArgs) -> _Answer:
         rows = args.limit if args.limit is not None else seeing.DEFAULT_TABLE_ROWS
         table = seeing.read_table(turn.ctx, normal, args.offset, rows)
         return _Answer(table, f"{normal} rows [{args.offset}:{args.offset + rows}]")
-    limit = args.limit if args.limit is not None else domain.DEFAULT_PAGE_CHARS
+    limit = args.limit if args.limit is not None else documents.DEFAULT_PAGE_CHARS
     page = domain.read_document(turn.ctx, normal, args.offset, limit)
     return _Answer(render_page(page), f"{page.path} [{page.offset}:{page.offset + len(page.text)}]")
 
@@ -350,10 +348,9 @@ class _Spec:
 
 
 def _descriptions(ctx: TurnContext) -> dict[str, str]:
-    limits, connectors = ctx.spec.constraints, ctx.backend.connectors
-    roots = ", ".join(str(root) for root in connectors.file_roots) or "none"
-    hosts = ", ".join(connectors.http_hosts) or "none"
-    prefixes = ", ".join(connectors.s3_prefixes) or "none"
+    limits = ctx.spec.constraints
+    # Every registered connector says what it reads and what this backend allows it.
+    allowed = connectors.describe_all(ctx.backend.connectors)
     return {
         "run_in_env": (
             "Run Python code in the analysis environment, with the scope's root folder (docs/, datasets/,"
@@ -376,8 +373,7 @@ def _descriptions(ctx: TurnContext) -> dict[str, str]:
         "connector_fetch": (
             "Fetch a document through a connector and keep a point-in-time copy in docs/; returns its"
             " path, size, media type and fetch time. Use it only for sources the spec did not already"
-            f" bring into docs/. 'file' reads an absolute path under: {roots}. 'http' fetches a URL on"
-            f" these hosts only: {hosts}. 's3' reads an object under these bucket/prefixes only: {prefixes}."
+            f" bring into docs/. {allowed} Requests: {connectors.request_help()}."
         ),
         "register_artifact": (
             "Register a file you wrote as an artifact of this turn (the next version if the name exists)."

@@ -13,35 +13,17 @@ from __future__ import annotations
 
 import functools
 import os
-import re
-from typing import Final
+from collections.abc import Mapping
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from alphaagent.domain.backend import ConnectorSettings
+from alphaagent.connectors import ConnectorSettings
 from alphaagent.errors import MissingSettingError
 
 DEFAULT_LOCK_LEASE_S = 2 * 60 * 60
 """The scope lease of a turn on AWS, in seconds (2 hours). The state machine does not renew it, so it
 must outlast a turn; a failed or aborted execution's lease is released by the orphan rule, and a
 crashed one expires after this long at the latest."""
-
-
-_LABEL: Final = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
-_HOST: Final = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
-"""A DNS host name, lower case (RFC 1123 labels); the http connector compares host names exactly."""
-
-_S3_PREFIX: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\x00-\x1f\x7f*?]{0,1024}")
-"""``bucket/prefix``: an S3 bucket name (3-63 characters, S3's naming rules), a slash, a key prefix
-(possibly empty) without control characters or IAM wildcards (the template turns each entry into the
-IAM resource ``arn:aws:s3:::{entry}*``, so ``*`` or ``?`` would widen the grant)."""
-
-
-def _comma_list(value: object) -> object:
-    """A comma-separated environment variable as a tuple of its non-empty, stripped items."""
-    if isinstance(value, str):
-        return tuple(item.strip() for item in value.split(",") if item.strip())
-    return value
 
 
 class LambdaSettings(BaseModel):
@@ -59,7 +41,7 @@ class LambdaSettings(BaseModel):
     connector has no roots on AWS: a function or a Fargate task has no user files to read.
     """
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", arbitrary_types_allowed=True)
 
     STATE_TABLE_NAME: str = ""
     WORKSPACES_BUCKET_NAME: str = ""
@@ -73,40 +55,24 @@ class LambdaSettings(BaseModel):
     EVENT_BUS_MAX_ENTRY_BYTES: int = Field(256 * 1024, ge=1024, le=1024 * 1024)
     """``BusLimits.max_entry_bytes``: EventBridge's 256 KiB entry limit by default; up to 1 MiB where
     the account and Region accept larger events (see ``alphaagent.aws.bus``)."""
-    CONNECTOR_HTTP_HOSTS: tuple[str, ...] = ()
-    CONNECTOR_S3_PREFIXES: tuple[str, ...] = ()
     RUN_NOTICES: bool = False
     """The coder learns of run results from its own SQS notice queue (``alphaagent.aws.notices``)
     instead of polling; template.yaml turns it on unless the env functions run in a VPC (which has no
     route to SQS without an interface endpoint)."""
+    connector_settings: ConnectorSettings = Field(default_factory=ConnectorSettings, exclude=True)
+    """Every registered connector's stack variables (``ConnectorSettings.from_env(env, "aws")``)."""
 
-    @field_validator("CONNECTOR_HTTP_HOSTS", "CONNECTOR_S3_PREFIXES", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _split(cls, value: object) -> object:
-        return _comma_list(value)
-
-    @field_validator("CONNECTOR_HTTP_HOSTS")
-    @classmethod
-    def _hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
-        for host in hosts:
-            if not _HOST.fullmatch(host):
-                raise ValueError(f"{host!r} is not a lower-case DNS host name (no scheme, port or path)")
-        return hosts
-
-    @field_validator("CONNECTOR_S3_PREFIXES")
-    @classmethod
-    def _prefixes(cls, prefixes: tuple[str, ...]) -> tuple[str, ...]:
-        for entry in prefixes:
-            if not _S3_PREFIX.fullmatch(entry):
-                raise ValueError(
-                    f"{entry!r} is not bucket/prefix (a bucket name, a slash, a key prefix without"
-                    " * or ?; bucket/ for the whole bucket)"
-                )
-        return prefixes
+    def _connectors(cls, values: object) -> object:
+        if isinstance(values, Mapping) and "connector_settings" not in values:
+            env = {str(k): str(v) for k, v in values.items() if isinstance(v, str)}
+            return {**values, "connector_settings": ConnectorSettings.from_env(env, "aws")}
+        return values
 
     def connectors(self) -> ConnectorSettings:
         """The connector allowlists of this process (nothing is allowed unless listed)."""
-        return ConnectorSettings(http_hosts=self.CONNECTOR_HTTP_HOSTS, s3_prefixes=self.CONNECTOR_S3_PREFIXES)
+        return self.connector_settings
 
     def required(self, name: str) -> str:
         """The value of setting ``name``.

@@ -3,32 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from alphaagent.connectors import ConnectorSettings
 from alphaagent.domain.audit import ProbeAudit, discard_audit
 from alphaagent.environments import EnvironmentRegistry, StaticRegistry, builtin_local
 from alphaagent.ports import EventBus, Executor, Store, Workspace
-
-
-@dataclass(frozen=True)
-class ConnectorSettings:
-    """Limits of the ``file``, ``http`` and ``s3`` connectors (nothing is allowed unless listed).
-
-    - ``file_roots``: directories a ``file`` connector may read from (resolved; symlinks out refused).
-    - ``http_hosts``: host names an ``http`` connector may fetch from (exact match), redirects included.
-    - ``s3_prefixes``: ``"bucket/prefix"`` entries an ``s3`` connector may read (the key must start
-      with the prefix; ``"bucket"`` or ``"bucket/"`` allows the whole bucket).
-    - ``forbidden_roots``: never readable, even inside a file root (the backend's data directory).
-    - ``max_bytes``: size cap of one fetched copy (default 25 MiB, the export ceiling).
-    - ``timeout_s``: network timeout of one fetch.
-    """
-
-    file_roots: tuple[Path, ...] = ()
-    http_hosts: tuple[str, ...] = ()
-    s3_prefixes: tuple[str, ...] = ()
-    forbidden_roots: tuple[Path, ...] = ()
-    max_bytes: int = 25 * 2**20
-    timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +32,10 @@ class Backend:
     environments: EnvironmentRegistry = field(default_factory=lambda: StaticRegistry([builtin_local()]))
     """The environments this backend runs (``alphaagent.environments``)."""
     connectors: ConnectorSettings = field(default_factory=ConnectorSettings)
+    """The settings of every registered connector (``alphaagent.connectors``)."""
     turns: TurnSettings = field(default_factory=TurnSettings)
     audit: ProbeAudit = discard_audit
     """Where requests for another user's things are recorded (``alphaagent.domain.audit``)."""
+
+
+__all__ = ["Backend", "ConnectorSettings", "TurnSettings"]

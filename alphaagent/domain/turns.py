@@ -15,15 +15,15 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import PurePosixPath
 
+from alphaagent import connectors
+from alphaagent.connectors import fetch
 from alphaagent.domain.artifacts import KIND_FOLDERS
 from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
-    CONNECTORS,
     TurnContext,
     emit_citation,
-    fetch,
     register_artifact,
     run_in_env,
 )
@@ -78,11 +78,14 @@ def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> Non
     for i, item in enumerate(spec.inputs):
         if isinstance(item, NodeArtifactInput) and not isinstance(spec.scope, NodeScope):
             raise InvalidSpecError(f"inputs[{i}]: node_artifact inputs need a workflow node scope")
-        if isinstance(item, ConnectorInput) and item.connector not in CONNECTORS:
-            raise InvalidSpecError(
-                f"inputs[{i}].connector: unknown connector {item.connector!r}"
-                f" (available: {', '.join(CONNECTORS)})"
-            )
+        if isinstance(item, ConnectorInput):
+            # The registry knows every connector and its request model: an unknown one, or a
+            # request with a missing, mistyped or unknown field, is refused before anything runs.
+            try:
+                connectors.connector(item.connector)
+                connectors.check_request(item.connector, item.request)
+            except ToolError as exc:
+                raise InvalidSpecError(f"inputs[{i}].{exc}") from None
 
 
 class _Lease:

@@ -1,0 +1,79 @@
+"""The ``file`` connector: a file under an allowed directory of this machine (local backend only:
+on AWS a function or a Fargate task has no user files to read, so it has no roots there)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from alphaagent.connectors.base import ConnectorRequest, EnvVar, Fetched, FetchLimits
+from alphaagent.errors import ToolError
+
+NAME = "file"
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent.parent / "examples"
+"""The checkout's ``examples/``: the local default root, so the demo's inputs are readable."""
+
+
+class Request(ConnectorRequest):
+    """``{"path": absolute path, "name"?}``."""
+
+    path: str = Field(description="An absolute path inside an allowed directory.")
+
+
+class Settings(BaseModel):
+    """Where the ``file`` connector may read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    file_roots: Annotated[
+        tuple[Path, ...],
+        EnvVar(local="ALPHAAGENT_FILE_ROOTS", aws=None, separator=os.pathsep, local_default=(EXAMPLES_DIR,)),
+    ] = Field(
+        (),
+        description="Directories the file connector may read from (resolved; symlinks out refused);"
+        " os.pathsep-separated. Local default: the checkout's examples/.",
+    )
+    forbidden_roots: tuple[Path, ...] = Field(
+        (), description="Never readable, even inside a file root (the backend's data directory)."
+    )
+
+
+def describe(settings: Settings) -> str:
+    """The tool text's sentence about this connector."""
+    roots = ", ".join(str(root) for root in settings.file_roots) or "none"
+    return f"'file' reads an absolute path under: {roots}."
+
+
+def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
+    """Read ``request.path`` if it resolves inside a root and outside every forbidden root."""
+    raw = request.path
+    if not raw:
+        raise ToolError("request.path: the file connector needs an absolute 'path'")
+    if "\x00" in raw:
+        raise ToolError("request.path: must not contain NUL")
+    requested = Path(raw)
+    real = requested.resolve()
+    if any(
+        real == hidden.resolve() or hidden.resolve() in real.parents for hidden in settings.forbidden_roots
+    ):
+        raise ToolError(f"request.path: {raw} is inside the platform's data directory")
+    roots = [root.resolve() for root in settings.file_roots]
+    if not any(real == root or root in real.parents for root in roots):
+        allowed = ", ".join(str(r) for r in roots) or "none configured"
+        raise ToolError(
+            f"request.path: {raw} resolves to {real}, outside the file connector's allowed"
+            f" directories ({allowed}; set ALPHAAGENT_FILE_ROOTS)"
+        )
+    if not real.is_file():
+        raise ToolError(f"request.path: {raw} is not a file")
+    size = real.stat().st_size
+    if size > limits.max_bytes:
+        raise ToolError(f"request.path: {raw} is {size} bytes, over the connector cap of {limits.max_bytes}")
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limits.max_bytes + 1)
+    return Fetched(data, request.name or real.name, f"file://{real}")
