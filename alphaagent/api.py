@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,9 @@ from alphaagent.domain.turns import Coder, Progress, run_turn
 from alphaagent.environments import Environment, EnvironmentLimits, builtin_local
 from alphaagent.local.bus import InProcessBus
 from alphaagent.local.environments import LocalEnvironmentRegistry, register_environment
-from alphaagent.local.executor import DEFAULT_IDLE_S, SandboxExecutor
+from alphaagent.local.executor import SandboxExecutor
 from alphaagent.local.export import ExportReport, export_scope
+from alphaagent.local.settings import local_settings
 from alphaagent.local.store import SqliteStore
 from alphaagent.local.workspace import LocalWorkspace
 from alphaagent.models.common import Scope
@@ -52,10 +52,11 @@ def alphaagent_home(explicit: str | Path | None = None) -> Path:
     created here."""
     if explicit is not None and str(explicit) != "":
         return Path(explicit).expanduser().absolute()
-    configured = os.environ.get("ALPHAAGENT_HOME", "")
-    if configured:
-        return Path(configured).expanduser().absolute()
-    xdg = os.environ.get("XDG_DATA_HOME", "")
+    settings = local_settings()
+    configured = settings.home()
+    if configured is not None:
+        return configured
+    xdg = settings.XDG_DATA_HOME
     data_home = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
     return data_home / "alphaagent"
 
@@ -64,28 +65,20 @@ def connector_settings_from_env() -> ConnectorSettings:
     """Every registered connector's local variables (``ALPHAAGENT_FILE_ROOTS``: ``os.pathsep``-separated
     directories, default the checkout's ``examples/``; ``ALPHAAGENT_HTTP_HOSTS``,
     ``ALPHAAGENT_S3_PREFIXES``: comma-separated, default none; see ``ConnectorSettings.from_env``)."""
-    return ConnectorSettings.from_env(os.environ, "local")
+    return local_settings().connector_settings
 
 
 def zygote_idle_s_from_env() -> float:
     """``ALPHAAGENT_ZYGOTE_IDLE_S``: seconds an environment's zygote stays warm without a run
     (default 600, ``alphaagent.local.executor.DEFAULT_IDLE_S``)."""
-    value = float(os.environ.get("ALPHAAGENT_ZYGOTE_IDLE_S") or DEFAULT_IDLE_S)
-    if not 0 < value < float("inf"):
-        raise ValueError(f"ALPHAAGENT_ZYGOTE_IDLE_S: a positive number of seconds, not {value:g}")
-    return value
+    return local_settings().ALPHAAGENT_ZYGOTE_IDLE_S
 
 
 def turn_settings_from_env() -> TurnSettings:
     """``ALPHAAGENT_LOCK_LEASE_S`` (default 60), ``ALPHAAGENT_LOCK_WAIT_S`` (600),
-    ``ALPHAAGENT_SESSION_IDLE_S`` (900) and ``ALPHAAGENT_SESSION_MAX_S`` (28,800)."""
-    env = os.environ
-    return TurnSettings(
-        lock_lease_s=float(env.get("ALPHAAGENT_LOCK_LEASE_S", "60")),
-        lock_wait_s=float(env.get("ALPHAAGENT_LOCK_WAIT_S", "600")),
-        session_idle_timeout_s=int(env.get("ALPHAAGENT_SESSION_IDLE_S", str(15 * 60))),
-        session_max_lifetime_s=int(env.get("ALPHAAGENT_SESSION_MAX_S", str(8 * 60 * 60))),
-    )
+    ``ALPHAAGENT_SESSION_IDLE_S`` (900) and ``ALPHAAGENT_SESSION_MAX_S`` (28,800), from
+    ``local_settings()``; raises ``InvalidSettingError`` naming a malformed one."""
+    return local_settings().turn_settings()
 
 
 class AlphaAgent(ScopeReads):

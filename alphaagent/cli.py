@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from alphaagent.errors import (
     AlphaAgentError,
     InvalidRequestError,
+    InvalidSettingError,
     InvalidSpecError,
     NotFoundError,
     PathRuleError,
@@ -372,7 +373,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     if args.http is not None and not 0 < args.http < 65536:
         raise InvalidRequestError("--http: a TCP port, 1-65535")
-    token = http_token(os.environ.get("ALPHAAGENT_MCP_TOKEN")) if args.http is not None else None
+    from alphaagent.local.settings import local_settings
+
+    token = http_token(local_settings().ALPHAAGENT_MCP_TOKEN or None) if args.http is not None else None
     aws = {"queue_url": args.queue_url, "table": args.table, "bucket": args.bucket}
     if args.backend == "local" and any(aws.values()):
         raise InvalidRequestError("--queue-url, --table and --bucket go with --backend aws")
@@ -558,7 +561,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from alphaagent.aws.client import client_settings
 
         table = args.table or client_settings().state_table
-        bucket = args.bucket or os.environ.get("ALPHAAGENT_WORKSPACES_BUCKET", "")
+        bucket = args.bucket or client_settings().workspaces_bucket
         if not table:
             raise InvalidRequestError(
                 "--table: give the stack's StateTableName output, or set ALPHAAGENT_STATE_TABLE"
@@ -744,10 +747,12 @@ def _version() -> str:
 def _where_home() -> str:
     """Where the data directory is, and why (for ``--help``)."""
     from alphaagent.api import alphaagent_home
+    from alphaagent.local.settings import local_settings
 
-    if os.environ.get("ALPHAAGENT_HOME"):
+    settings = local_settings()
+    if settings.ALPHAAGENT_HOME:
         why = "from $ALPHAAGENT_HOME"
-    elif os.environ.get("XDG_DATA_HOME", "").startswith("/"):
+    elif settings.XDG_DATA_HOME.startswith("/"):
         why = "$XDG_DATA_HOME/alphaagent; set $ALPHAAGENT_HOME or give --home to move it"
     else:
         why = "the per-user default; set $ALPHAAGENT_HOME or give --home to move it"
@@ -1031,12 +1036,13 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
     default)."""
     from pydantic import TypeAdapter
 
+    from alphaagent.local.settings import local_settings
     from alphaagent.models.common import UserId
 
     if args.user is not None:
         args.user_source = "--user"
-    elif os.environ.get(USER_ENV):
-        args.user, args.user_source = os.environ[USER_ENV], f"${USER_ENV}"
+    elif local_settings().ALPHAAGENT_USER:
+        args.user, args.user_source = local_settings().ALPHAAGENT_USER, f"${USER_ENV}"
     else:
         args.user, args.user_source = DEFAULT_USER, None
     try:
@@ -1048,7 +1054,11 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alphaagent`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # the help text shows where the data directory is
+    except InvalidSettingError as exc:
+        words = sys.argv[1:] if argv is None else list(argv)
+        return _fail(str(exc), as_json="--json" in words)
 
     def fail(message: str, code: int = EXIT_USAGE) -> int:
         return _fail(message, code, as_json=bool(getattr(args, "json", False)))
@@ -1080,7 +1090,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, RecursionError, OverflowError, UnicodeError) as exc:
         # Input this code did not foresee: one line, never a traceback (DESIGN: bad input gets a
         # clear error). Set ALPHAAGENT_DEBUG=1 to see the traceback.
-        if os.environ.get("ALPHAAGENT_DEBUG"):
+        if os.environ.get("ALPHAAGENT_DEBUG"):  # not local_settings(): the error may be one of its own
             raise
         return fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}")
     return code

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -78,7 +77,9 @@ def resolve_user(user: str | None = None) -> str:
     Raises:
         InvalidRequestError: the user id breaks DESIGN §4.1 (the message names ``user``).
     """
-    chosen = user if user is not None else os.environ.get("ALPHAAGENT_USER") or "local"
+    from alphaagent.local.settings import local_settings
+
+    chosen = user if user is not None else local_settings().ALPHAAGENT_USER or "local"
     try:
         return TypeAdapter(UserId).validate_python(chosen)
     except ValidationError:

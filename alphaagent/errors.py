@@ -259,3 +259,9 @@ class EnvScopeTooLargeError(SandboxError):
     """The scope's files add up to more than the env function's sync cap (``ENV_SYNC_MAX_BYTES``): the
     run is refused before anything is downloaded or run, and recorded as ``RunFailed`` with this name.
     The message names the scope, its size and the cap."""
+
+
+class InvalidSettingError(InvalidRequestError, ValueError):
+    """An environment variable has a value its process's settings model refuses (or a required one
+    is unset): one line, naming the variable and the rule (``ALPHAAGENT_LOCK_LEASE_S: Input should be
+    greater than 0``). Also a ``ValueError``, as the ``pydantic.ValidationError`` it replaces was."""

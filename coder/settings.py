@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
@@ -44,13 +44,35 @@ class CoderSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    provider: Provider
-    model: str | None = None
-    anthropic_api_key: SecretStr | None = None
-    anthropic_base_url: str | None = None
-    aws_region: str | None = None
-    max_retries: int | None = Field(None, ge=0, le=20)
-    max_budget_usd: float | None = Field(None, gt=0)
+    ENV_NAMES: ClassVar[dict[str, str]] = {
+        "provider": "CLAUDE_CODE_USE_BEDROCK",
+        "model": "ALPHAAGENT_MODEL",
+        "anthropic_api_key": "ANTHROPIC_API_KEY",
+        "anthropic_base_url": "ANTHROPIC_BASE_URL",
+        "aws_region": "AWS_REGION",
+        "max_retries": "CLAUDE_CODE_MAX_RETRIES",
+        "max_budget_usd": "ALPHAAGENT_MAX_BUDGET_USD",
+    }
+    """The variable each field is read from (``from_env``)."""
+    VARIABLES: ClassVar[dict[str, str]] = {
+        "AWS_DEFAULT_REGION": "The region when AWS_REGION is unset (Bedrock).",
+    }
+
+    provider: Provider = Field(
+        description="1, true, yes or on: Amazon Bedrock; else the Anthropic API (with a key)."
+    )
+    model: str | None = Field(None, description="A model name or Bedrock model id (default: the CLI's).")
+    anthropic_api_key: SecretStr | None = Field(
+        None, description="The Anthropic API key (the Anthropic API)."
+    )
+    anthropic_base_url: str | None = Field(None, description="A gateway in front of the Anthropic API.")
+    aws_region: str | None = Field(None, description="The Bedrock region (or AWS_DEFAULT_REGION).")
+    max_retries: int | None = Field(
+        None, ge=0, le=20, description="API retries of one failing request (0-20)."
+    )
+    max_budget_usd: float | None = Field(
+        None, gt=0, description="The model spend (USD) after which a turn stops."
+    )
 
     @model_validator(mode="after")
     def _provider_complete(self) -> CoderSettings:

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -45,6 +45,7 @@ from alphaagent.domain.turns import Coder, abandon_turn, code_prepared_turn, run
 from alphaagent.errors import (
     AlphaAgentError,
     InvalidMessageError,
+    InvalidSettingError,
     InvalidSpecError,
     NotFoundError,
     contract_name,
@@ -92,24 +93,44 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    coder_queue_url: str = Field(min_length=1)
-    concurrency: int = Field(1, ge=1, le=64)
-    heartbeat_seconds: float = Field(40.0, gt=0, le=40)
-    stop_timeout_seconds: float = Field(100.0, gt=0, le=120)
+    ENV_NAMES: ClassVar[dict[str, str]] = {
+        "coder_queue_url": "CODER_QUEUE_URL",
+        "concurrency": "WORKER_CONCURRENCY",
+        "heartbeat_seconds": "HEARTBEAT_SECONDS",
+        "stop_timeout_seconds": "STOP_TIMEOUT_SECONDS",
+    }
+    """The variable of each field read from the environment (the others keep their defaults)."""
+
+    coder_queue_url: str = Field(min_length=1, description="The CoderQueue (required).")
+    concurrency: int = Field(1, ge=1, le=64, description="Turns run at once, one thread each (default 1).")
+    heartbeat_seconds: float = Field(
+        40.0,
+        gt=0,
+        le=40,
+        description="SendTaskHeartbeat interval while a turn runs (default and maximum 40 s).",
+    )
+    stop_timeout_seconds: float = Field(
+        100.0,
+        gt=0,
+        le=120,
+        description="After SIGTERM, how long in-flight turns may still run (default 100 s).",
+    )
     wait_time_seconds: int = Field(20, ge=0, le=20)
     visibility_timeout_seconds: int = Field(180, ge=1, le=43_200)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
-        """The settings in ``env``; raises ``pydantic.ValidationError`` naming the bad field."""
-        names = {
-            "coder_queue_url": "CODER_QUEUE_URL",
-            "concurrency": "WORKER_CONCURRENCY",
-            "heartbeat_seconds": "HEARTBEAT_SECONDS",
-            "stop_timeout_seconds": "STOP_TIMEOUT_SECONDS",
-        }
+        """The settings in ``env``; raises ``InvalidSettingError`` (a ``ValueError``) naming the
+        variable and the field (``HEARTBEAT_SECONDS (heartbeat_seconds): ...``)."""
+        names = cls.ENV_NAMES
         values = {field: env[name] for field, name in names.items() if env.get(name, "").strip()}
-        return cls.model_validate(values)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            rule = "not set (required)" if first["type"] == "missing" else first["msg"]
+            raise InvalidSettingError(f"{names.get(field, field)} ({field}): {rule}") from None
 
 
 @lru_cache(maxsize=1)

@@ -13,6 +13,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
+from alphaagent.aws.settings import AcquireLockSettings
 from alphaagent.aws.step_errors import state_machine_errors
 from alphaagent.domain.turn_steps import acquire_scope_lock
 from alphaagent.errors import NotFoundError, ScopeBusyError
@@ -28,4 +29,4 @@ tracer = Tracer(service="alphaagent-turn")
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """``AcquireLockInput`` -> ``LockGranted``."""
     request = parse(event=event, model=AcquireLockInput)
-    return acquire_scope_lock(get_backend(), request).model_dump(mode="json")
+    return acquire_scope_lock(get_backend(AcquireLockSettings), request).model_dump(mode="json")

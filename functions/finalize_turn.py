@@ -10,6 +10,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
+from alphaagent.aws.settings import FinalizeTurnSettings
 from alphaagent.aws.step_errors import state_machine_errors
 from alphaagent.domain.turn_steps import finalize_turn
 from alphaagent.models.aws import FinalizeInput, FinalizeOutput
@@ -25,4 +26,6 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     """``FinalizeInput`` -> ``FinalizeOutput``: the turn's status and where its result is (the
     result itself stays in the turn record and the scope: the state machine's state is limited)."""
     request = parse(event=event, model=FinalizeInput)
-    return FinalizeOutput.of(request, finalize_turn(get_backend(), request)).model_dump(mode="json")
+    return FinalizeOutput.of(request, finalize_turn(get_backend(FinalizeTurnSettings), request)).model_dump(
+        mode="json"
+    )

@@ -9,6 +9,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
+from alphaagent.aws.settings import PrepareTurnSettings
 from alphaagent.aws.step_errors import state_machine_errors
 from alphaagent.domain.turn_steps import prepare_turn
 from alphaagent.errors import InvalidSpecError, NotFoundError
@@ -24,4 +25,4 @@ tracer = Tracer(service="alphaagent-turn")
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """``PrepareInput`` -> ``PreparedTurn``."""
     turn_input = parse(event=event, model=PrepareInput)
-    return prepare_turn(get_backend(), turn_input).model_dump(mode="json")
+    return prepare_turn(get_backend(PrepareTurnSettings), turn_input).model_dump(mode="json")

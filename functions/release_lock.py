@@ -9,6 +9,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
+from alphaagent.aws.settings import ReleaseLockSettings
 from alphaagent.aws.step_errors import state_machine_errors
 from alphaagent.domain.turn_steps import release_scope_lock
 from alphaagent.models.aws import ReleaseLockInput
@@ -23,6 +24,6 @@ tracer = Tracer(service="alphaagent-turn")
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """``ReleaseLockInput`` -> ``LockReleased`` (the lease ``acquire_lock`` granted)."""
     request = parse(event=event, model=ReleaseLockInput)
-    return release_scope_lock(get_backend(), request.lock.scope_key, request.lock.holder).model_dump(
-        mode="json"
-    )
+    return release_scope_lock(
+        get_backend(ReleaseLockSettings), request.lock.scope_key, request.lock.holder
+    ).model_dump(mode="json")

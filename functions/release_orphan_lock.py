@@ -11,6 +11,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_backend
+from alphaagent.aws.settings import ReleaseOrphanLockSettings
 from alphaagent.domain.turn_steps import release_orphan
 from alphaagent.models.aws import ExecutionStatusChange
 
@@ -24,5 +25,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     """``ExecutionStatusChange`` -> ``LockReleased`` (the holder is the execution's name)."""
     change = parse(event=event, model=ExecutionStatusChange).detail
     logger.info("releasing orphan lease", execution=change.name, status=change.status)
-    released = release_orphan(get_backend(), change.turn_input(), change.name, change.status)
+    released = release_orphan(
+        get_backend(ReleaseOrphanLockSettings), change.turn_input(), change.name, change.status
+    )
     return released.model_dump(mode="json")

@@ -26,7 +26,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws.backend import get_event_bus, start_turn_execution
-from alphaagent.aws.settings import get_lambda_settings
+from alphaagent.aws.settings import StartTurnSettings, get_lambda_settings
 from alphaagent.domain.turn_steps import rejection_of, spec_from_message
 from alphaagent.errors import InvalidSpecError
 from alphaagent.ids import new_ulid
@@ -48,7 +48,7 @@ def start_record(record: SQSRecord) -> str | None:
         spec = spec_from_message(record.body, message_id=record.message_id, sent_ms=sent_ms)
         turn = TurnInput.of(spec)
         started = start_turn_execution(
-            get_lambda_settings().required("TURN_STATE_MACHINE_ARN"),
+            get_lambda_settings(StartTurnSettings).TURN_STATE_MACHINE_ARN,
             turn.turn_id,
             turn.model_dump_json(exclude_none=True),
         )

@@ -19,7 +19,12 @@ from alphaagent.aws import sdk
 from alphaagent.aws.bus import BusLimits, EventBridgeBus, event_from_eventbridge
 from alphaagent.aws.executor import LambdaExecutor
 from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
-from alphaagent.aws.settings import LambdaSettings, get_lambda_settings
+from alphaagent.aws.settings import (
+    CoderBackendSettings,
+    LambdaSettings,
+    TurnFunctionSettings,
+    get_lambda_settings,
+)
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.domain.audit import emf_audit
@@ -54,8 +59,9 @@ class NoExecutor:
 
 
 @functools.cache
-def get_backend() -> Backend:
-    """The backend of this Lambda process, built once from ``get_lambda_settings()``.
+def get_backend(model: type[TurnFunctionSettings] = LambdaSettings) -> Backend:
+    """The backend of this Lambda process, built once from ``get_lambda_settings(model)`` (the calling
+    function's settings model; by default every zip variable at once).
 
     No client exists until an adapter first calls AWS. Oversized event details go by claim check into
     the scope's workspace. The connector allowlists are the stack's (``LambdaSettings.connectors``):
@@ -65,14 +71,15 @@ def get_backend() -> Backend:
 
     Raises:
         MissingSettingError: ``STATE_TABLE_NAME`` is not set.
+        InvalidSettingError: a variable of ``model`` is malformed (one line naming it).
     """
-    settings = get_lambda_settings()
-    workspace = S3Workspace(settings.WORKSPACES_BUCKET_NAME)
+    settings = get_lambda_settings(model)
+    workspace = S3Workspace(settings.value("WORKSPACES_BUCKET_NAME"))
     return Backend(
         store=DynamoStore(settings.required("STATE_TABLE_NAME")),
         workspace=workspace,
         bus=EventBridgeBus(
-            settings.EVENT_BUS_NAME, claim_check=workspace.write_bytes, limits=_bus_limits(settings)
+            settings.value("EVENT_BUS_NAME"), claim_check=workspace.write_bytes, limits=_bus_limits(settings)
         ),
         executor=NoExecutor(),
         connectors=settings.connectors(),
@@ -94,7 +101,7 @@ def coder_backend() -> Backend:
         MissingSettingError: ``STATE_TABLE_NAME``, ``WORKSPACES_BUCKET_NAME`` or ``EVENT_BUS_NAME``
             is not set.
     """
-    settings = get_lambda_settings()
+    settings = get_lambda_settings(CoderBackendSettings)
     workspace = S3Workspace(settings.required("WORKSPACES_BUCKET_NAME"))
     store = DynamoStore(settings.required("STATE_TABLE_NAME"))
     notices = RunNotices() if settings.RUN_NOTICES else None
@@ -175,7 +182,7 @@ def get_event_bus() -> EventBridgeBus:
     return EventBridgeBus(settings.required("EVENT_BUS_NAME"), limits=_bus_limits(settings))
 
 
-def _bus_limits(settings: LambdaSettings) -> BusLimits:
+def _bus_limits(settings: TurnFunctionSettings) -> BusLimits:
     return BusLimits(max_entry_bytes=settings.EVENT_BUS_MAX_ENTRY_BYTES)
 
 

@@ -56,9 +56,17 @@ class ClientSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
-    spec_queue_url: str = Field("", alias="ALPHAAGENT_SPEC_QUEUE_URL")
-    state_table: str = Field("", alias="ALPHAAGENT_STATE_TABLE")
-    workspaces_bucket: str = Field("", alias="ALPHAAGENT_WORKSPACES_BUCKET")
+    spec_queue_url: str = Field(
+        "", alias="ALPHAAGENT_SPEC_QUEUE_URL", description="--backend aws: the stack output SpecQueueUrl."
+    )
+    state_table: str = Field(
+        "", alias="ALPHAAGENT_STATE_TABLE", description="--backend aws: the stack output StateTableName."
+    )
+    workspaces_bucket: str = Field(
+        "",
+        alias="ALPHAAGENT_WORKSPACES_BUCKET",
+        description="--backend aws: the stack output WorkspacesBucketName (artifacts and files).",
+    )
 
 
 @functools.cache

@@ -57,10 +57,10 @@ from typing import Any, Final
 
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.aws import sdk
 from alphaagent.aws.notices import RunNotice, send_notice
+from alphaagent.aws.settings import get_env_settings
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.sync import WorkingCopies, client_config
 from alphaagent.aws.sync import wipe_tree as wipe_tree  # where it lived before the sync module
@@ -100,10 +100,6 @@ sleep: Callable[[float], None] = time.sleep
 LEASE_CHECK_INTERVAL_S: Final = 1.0
 """Seconds between two reads of the scope's lease while a run's files are synced up."""
 
-
-DEFAULT_SYNC_MAX_BYTES: Final = 2 * GiB
-"""Bytes of scope files synced down for one run (``ENV_SYNC_MAX_BYTES``): half of the function's
-4,096 MiB ephemeral storage (template.yaml), so the run can write as much again."""
 
 SYNC_MARGIN_S: Final = 30.0
 """Seconds of the invocation kept back from the run's wall clock for the upload and the claim check,
@@ -178,32 +174,6 @@ _UP_REASONS: Final = {
 
 logger = Logger(service="alphaagent-env")
 tracer = Tracer(service="alphaagent-env")
-
-
-class EnvSettings(BaseModel):
-    """The environment of an env function (STYLE §7); values are set in ``template.yaml``.
-
-    - ``WORKSPACES_BUCKET_NAME``: the workspaces bucket (required).
-    - ``STATE_TABLE_NAME``: the state table, where the scopes' leases are (required).
-    - ``ENV_SYNC_MAX_BYTES``: bytes of scope files synced down per run (default 2 GiB).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    WORKSPACES_BUCKET_NAME: str = Field(min_length=1)
-    STATE_TABLE_NAME: str = Field(min_length=1)
-    ENV_SYNC_MAX_BYTES: int = Field(DEFAULT_SYNC_MAX_BYTES, gt=0)
-
-
-@functools.cache
-def get_env_settings() -> EnvSettings:
-    """The settings from the process environment, read on first call and cached.
-
-    Raises:
-        pydantic.ValidationError: ``WORKSPACES_BUCKET_NAME`` is unset or ``ENV_SYNC_MAX_BYTES`` is
-            not a positive integer (the message names the variable).
-    """
-    return EnvSettings.model_validate(dict(os.environ))
 
 
 @functools.cache
