@@ -185,6 +185,8 @@ class ConnectorSettings:
     """
 
     __slots__ = ("_by_name", "limits")
+    limits: FetchLimits
+    _by_name: dict[str, BaseModel]
 
     def __init__(
         self, *, max_bytes: int = DEFAULT_MAX_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S, **fields: Any
@@ -196,10 +198,13 @@ class ConnectorSettings:
         grouped: dict[str, dict[str, Any]] = {name: {} for name in _REGISTRY}
         for field, value in fields.items():
             grouped[owners[field]][field] = value
-        self.limits = FetchLimits(max_bytes=max_bytes, timeout_s=timeout_s)
-        self._by_name: dict[str, BaseModel] = {
-            name: _REGISTRY[name].Settings.model_validate(values) for name, values in grouped.items()
-        }
+        by_name = {name: _REGISTRY[name].Settings.model_validate(values) for name, values in grouped.items()}
+        # Immutable, as the frozen dataclass it replaces was: a backend's allow-lists never change.
+        object.__setattr__(self, "limits", FetchLimits(max_bytes=max_bytes, timeout_s=timeout_s))
+        object.__setattr__(self, "_by_name", by_name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"ConnectorSettings is immutable (use replace(): {name})")
 
     def of(self, name: str) -> Any:
         """Connector ``name``'s settings model (its defaults for one registered after these were made)."""
@@ -263,7 +268,7 @@ class ConnectorSettings:
         return self.limits == other.limits and all(self.of(n) == other.of(n) for n in names())
 
     def __hash__(self) -> int:
-        return hash((self.limits, tuple(sorted(self._by_name))))
+        return hash(self.limits)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f}={v!r}" for f, v in self.fields().items())
