@@ -50,7 +50,7 @@ EventBus = Annotated[str, Field(description="The event bus every event is publis
 
 class FunctionSettings(BaseModel):
     """What every AWS function reads: Powertools' variables (the template's ``Globals``; Powertools
-    reads them itself) and, for the zip functions, the tunables below with their defaults.
+    reads them itself); the zip functions add their tunables (``TurnFunctionSettings``).
 
     ``required`` names a variable that is empty when the function uses it; the connector settings
     come from the connectors' stack variables for a model whose ``CONNECTORS_BACKEND`` is ``"aws"``."""
