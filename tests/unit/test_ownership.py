@@ -290,7 +290,13 @@ def test_cli_answers_bob_about_alices_scope_exactly_as_about_a_missing_one(
 
     # Then both answers are byte for byte the same not-found, naming only what bob asked for
     assert in_a == in_b
-    assert in_a == Answer(1, b"", NOT_FOUND[CLI_CASES[case][0]])
+    # (with --json, the same one line is also {"error": ...} on standard output, for scripts)
+    message = NOT_FOUND[CLI_CASES[case][0]]
+    stdout = b""
+    if "--json" in CLI_CASES[case][1]:
+        text = message.decode().removeprefix("alphaagent: error: ").rstrip("\n")
+        stdout = (json.dumps({"error": {"message": text, "exit_code": 1}}) + "\n").encode()
+    assert in_a == Answer(1, stdout, message)
 
 
 def test_cli_reads_by_bob_change_nothing(cli_reads: CliReads) -> None:
