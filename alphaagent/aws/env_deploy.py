@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from alphaagent.aws import sdk
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
-from alphaagent.environments import Environment, EnvironmentLimits, LambdaStart, function_name
+from alphaagent.environments import Environment, function_name
 from alphaagent.errors import InvalidRequestError
 from alphaagent.models.run import MAX_MEMORY_MB, MAX_TIMEOUT_S
 
@@ -99,17 +99,21 @@ def build_environment(arguments: argparse.Namespace) -> Environment:
     """
     packages = read_packages(Path(arguments.packages_file)) if arguments.packages_file else ()
     try:
-        return Environment(
-            environment_id=arguments.environment_id,
-            description=arguments.description,
-            start=LambdaStart(
-                function_name=function_name(arguments.environment_id), image_uri=arguments.image
-            ),
-            packages=packages,
-            limits=EnvironmentLimits(
-                timeout_s=min(arguments.timeout_s, MAX_TIMEOUT_S),
-                memory_mb=min(arguments.memory_mb, MAX_MEMORY_MB),
-            ),
+        return Environment.model_validate(
+            {
+                "environment_id": arguments.environment_id,
+                "description": arguments.description,
+                "start": {
+                    "kind": "lambda",
+                    "function_name": function_name(arguments.environment_id),
+                    "image_uri": arguments.image,
+                },
+                "packages": packages,
+                "limits": {
+                    "timeout_s": min(arguments.timeout_s, MAX_TIMEOUT_S),
+                    "memory_mb": min(arguments.memory_mb, MAX_MEMORY_MB),
+                },
+            }
         )
     except ValidationError as exc:
         error = exc.errors()[0]
