@@ -23,9 +23,13 @@ This harness closes that gap:
    recorded in :attr:`Iam.denied` with the component, role, action and resource; the fixtures assert
    the list is empty.
 
+Further templates deployed against the core one (an environment's ``env_images/environment.yaml``)
+join it with ``Iam(..., stacks=...)``: their ``Fn::ImportValue`` resolves to the core's exports.
+
 Not modelled: resource-based policies (bucket and queue policies; ours only deny plain HTTP or allow
 AWS services), permission boundaries, SCPs, KMS key policies, and condition keys other than the few
-:func:`required` supplies (a condition on a key the request does not carry is false, as in IAM).
+:func:`required` supplies (among them ``aws:ResourceTag/*`` of an invoked function, from moto; a
+condition on a key the request does not carry is false, as in IAM).
 """
 
 from __future__ import annotations
