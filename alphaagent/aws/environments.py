@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from alphaagent.aws import sdk
@@ -126,7 +127,7 @@ class DynamoEnvironmentRegistry:
         found = self.get(environment_id)
         if found is None:
             raise InvalidRequestError(f"environment_id: unknown environment {environment_id!r}")
-        removed = found.model_copy(update={"status": "removed"})
+        removed = found.model_copy(update={"status": "removed", "removed_at": datetime.now(UTC)})
         self._client.put_item(
             TableName=self._table,
             Item={
