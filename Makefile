@@ -60,9 +60,10 @@ lint: $(STAMP) $(LINT_STAMP) $(CHECKOV_STAMP) ## ruff + mypy + cfn-lint (with se
 	$(VENV)/bin/ruff check alphaagent coder functions tests bench
 	$(VENV)/bin/ruff format --check alphaagent coder functions tests bench
 	$(VENV)/bin/mypy
-	$(LINT_ENV) $(LINT_VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml
+	$(LINT_ENV) $(LINT_VENV)/bin/cfn-lint --append-rules cfn_lint_serverless.rules -- template.yaml env_images/environment.yaml
 	$(LINT_ENV) $(LINT_VENV)/bin/sam validate --lint --template template.yaml
-	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f template.yaml
+	$(LINT_ENV) $(LINT_VENV)/bin/sam validate --lint --template env_images/environment.yaml
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f template.yaml -f env_images/environment.yaml
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_static_aws.py
 
 demo: $(STAMP) ## Run the demo analysis on the embedded default (local backend)
@@ -159,6 +160,36 @@ deploy: ## make build, then sam deploy --config-env ENV (default: default) with 
 	@$(MAKE) --no-print-directory build
 	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy $(DEPLOY_ARGS)
 
+# One custom execution environment (DESIGN §4.9): `make env-deploy ENV=gpu-ml IMAGE=<ECR image URI>`
+# deploys env_images/environment.yaml as the stack alphaagent-env-$(ENV) against the core stack of
+# samconfig.toml's CORE_CONFIG (default: default; its stack_name, and its Architecture unless
+# ARCHITECTURE is given), then records the environment in that stack's registry (the state table),
+# with the packages of env_images/$(ENV)/packages.txt if there is one. ENV here is the environment's
+# id, not a samconfig section. ENV_OVERRIDES adds parameters (MemorySize=..., SubnetIds=...);
+# ENV_MEMORY and ENV_TIMEOUT go to both the stack and the registry's ceilings.
+CORE_CONFIG ?= default
+CORE_STACK = $(shell $(PYTHON) -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("global", {}).get("parameters", {}).get("stack_name", "alphaagent"))' $(SAMCONFIG) $(CORE_CONFIG))
+ENV_ARCHITECTURE = $(shell $(PYTHON) -c 'import shlex, sys, tomllib; 	p = tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("deploy", {}).get("parameters", {}); 	o = p.get("parameter_overrides", ""); o = shlex.split(o) if isinstance(o, str) else o; 	print(dict(x.split("=", 1) for x in o if "=" in x).get("Architecture", "x86_64"))' $(SAMCONFIG) $(CORE_CONFIG))
+ENV_MEMORY ?= 3008
+ENV_TIMEOUT ?= 900
+ENV_DESCRIPTION ?=
+ENV_PACKAGES = $(wildcard env_images/$(ENV)/packages.txt)
+
+# The arguments are checked first (prerequisites run in order), before any virtualenv is built.
+env-args:
+	@[[ "$(ENV)" =~ ^[a-z][a-z0-9-]{0,31}$$ && "$(ENV)" != builtin && "$(ENV)" != default ]] || { echo "make env-deploy: ENV must be the environment id (1-32 of a-z0-9-, starting with a letter; not builtin), e.g. ENV=gpu-ml" >&2; exit 2; }
+	@test -n "$(IMAGE)" || { echo "make env-deploy: set IMAGE to the environment's ECR image URI (make images pushes env_images/$(ENV))" >&2; exit 2; }
+
+env-deploy: env-args $(STAMP) $(LINT_STAMP) ## Deploy one custom environment's stack and register it: ENV=<id> IMAGE=<ECR image URI>
+	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy --template-file env_images/environment.yaml \
+		--stack-name alphaagent-env-$(ENV) --capabilities CAPABILITY_IAM --resolve-s3 --resolve-image-repos \
+		--no-fail-on-empty-changeset --parameter-overrides EnvironmentId=$(ENV) ImageUri=$(IMAGE) \
+		CoreStackName=$(CORE_STACK) Architecture=$(if $(filter command line,$(origin ARCHITECTURE)),$(ARCHITECTURE),$(ENV_ARCHITECTURE)) \
+		MemorySize=$(ENV_MEMORY) Timeout=$(ENV_TIMEOUT) $(ENV_OVERRIDES)
+	$(PY) -m alphaagent.aws.env_deploy register --core-stack $(CORE_STACK) --environment-id $(ENV) \
+		--image $(IMAGE) --memory-mb $(ENV_MEMORY) --timeout-s $(ENV_TIMEOUT) \
+		--description "$(ENV_DESCRIPTION)" $(if $(ENV_PACKAGES),--packages-file $(ENV_PACKAGES))
+
 # The deploy path as far as it goes offline: `make deploy`'s very `sam deploy` (the saved configuration
 # of ENV, the image URIs, placeholders for what `--guided` saves per account) with no credentials at
 # all must get past SAM's own argument checks and stop only for want of credentials.
@@ -178,4 +209,4 @@ deploy-check: $(LINT_STAMP) ## sam deploy with the saved configuration and no cr
 clean: ## Remove the virtualenv and caches (not the data directory)
 	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv browser-deps test tools lint demo bench lock build images deploy deploy-check clean
+.PHONY: help venv browser-deps test tools lint demo bench lock build images deploy env-args env-deploy deploy-check clean

@@ -25,6 +25,17 @@ from alphaagent.sandbox.config import BUILTIN_PRELOAD
 
 BUILTIN_ID = "builtin"
 
+BUILTIN_PACKAGES: tuple[str, ...] = (
+    "numpy==2.4.6",
+    "pandas==3.1.1",
+    "pyarrow==26.0.1",
+    "matplotlib==3.11.2",
+    "scipy==1.17.1",
+    "openpyxl==3.1.5",
+)
+"""The builtin environment's packages: env_images/builtin/packages.txt, which the env image installs,
+with the same pins as the local ``env`` extra (tests/unit/test_static_aws.py checks the three agree)."""
+
 FUNCTION_PREFIX = "alphaagent-env-"
 """The env function of environment ``X`` is ``alphaagent-env-X`` (DESIGN §4.9)."""
 
@@ -156,6 +167,7 @@ def builtin_local(python: str = sys.executable) -> Environment:
         description="Python with the scientific stack (numpy, pandas, pyarrow, matplotlib, scipy)",
         start=LocalStart(python=python),
         preload=BUILTIN_PRELOAD,
+        packages=BUILTIN_PACKAGES,
         registered_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
 
@@ -167,6 +179,7 @@ def builtin_lambda() -> Environment:
         description="Python with the scientific stack (numpy, pandas, pyarrow, matplotlib, scipy)",
         start=LambdaStart(function_name=function_name(BUILTIN_ID)),
         preload=BUILTIN_PRELOAD,
+        packages=BUILTIN_PACKAGES,
         registered_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
 

@@ -38,6 +38,7 @@ from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKError, Message, Proces
 
 from alphaagent.domain.tools import TurnContext
 from alphaagent.domain.turns import Coder
+from alphaagent.environments import check_environment
 from alphaagent.errors import (
     BudgetExceededError,
     CoderError,
@@ -46,7 +47,7 @@ from alphaagent.errors import (
     MissingOutputsError,
     ModelApiError,
 )
-from coder.prompts import SYSTEM_PROMPT, max_turns_for, render_prompt
+from coder.prompts import max_turns_for, render_prompt, system_prompt_for
 from coder.settings import CoderSettings
 from coder.tools import ALLOWED_TOOLS, SERVER_NAME, alphaagent_server
 from coder.transcript import Transcript
@@ -102,7 +103,7 @@ def build_options(
         permission_mode="dontAsk",
         setting_sources=[],
         skills=[],
-        system_prompt=SYSTEM_PROMPT,
+        system_prompt=system_prompt_for(check_environment(ctx.backend.environments, ctx.spec.environment_id)),
         max_turns=max_turns_for(ctx.spec.constraints),
         max_budget_usd=settings.max_budget_usd,
         model=settings.model,
@@ -182,7 +183,7 @@ async def _drive(ctx: TurnContext, settings: CoderSettings, private: Path, trans
         max_turns=max_turns,
         max_budget_usd=settings.max_budget_usd,
         tools=list(ALLOWED_TOOLS),
-        system_prompt=SYSTEM_PROMPT,
+        system_prompt=options.system_prompt,
         prompt=prompt,
     )
     try:

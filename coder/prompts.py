@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from alphaagent.domain.artifacts import KIND_FOLDERS, KIND_SUFFIXES
+from alphaagent.environments import Environment
 from alphaagent.models.spec import Constraints, Spec
 
 SYSTEM_PROMPT = """\
@@ -26,6 +27,38 @@ xlsx), charts/ (png, svg) and reports/ (md, html, txt); scratch files go in work
 short quote where you can.
 - End with a concise summary for the person who asked: the answer with its key numbers, and what \
 you registered. No preamble."""
+
+
+MAX_PROMPT_PACKAGES = 40
+"""Packages the system prompt lists at most: an environment's main ones, not its whole closure."""
+
+
+def environment_prompt(environment: Environment) -> str:
+    """The system prompt's paragraph on the turn's environment (DESIGN §4.9): its id, description
+    and main preinstalled packages from the registry, so the model uses what is there and does not
+    try what is not (there is no network to install anything)."""
+    lines = [f"- Your code runs in the execution environment {environment.environment_id!r}"]
+    if environment.description:
+        lines[0] += f": {environment.description.strip()}"
+    lines[0] += "."
+    packages = environment.packages[:MAX_PROMPT_PACKAGES]
+    if packages:
+        more = len(environment.packages) - len(packages)
+        listed = ", ".join(packages) + (f" and {more} more" if more > 0 else "")
+        lines.append(
+            f"  Preinstalled: {listed}; the standard library is there too. Nothing else can be"
+            " installed: use these, or plain Python."
+        )
+    else:
+        lines.append(
+            "  Its packages are not listed: check an import in a first small run before relying on it."
+        )
+    return "\n".join(lines)
+
+
+def system_prompt_for(environment: Environment) -> str:
+    """``SYSTEM_PROMPT`` with the paragraph on the turn's environment."""
+    return f"{SYSTEM_PROMPT}\n\n{environment_prompt(environment)}"
 
 
 def max_turns_for(constraints: Constraints) -> int:

@@ -23,14 +23,19 @@ This harness closes that gap:
    recorded in :attr:`Iam.denied` with the component, role, action and resource; the fixtures assert
    the list is empty.
 
+Further templates deployed against the core one (an environment's ``env_images/environment.yaml``)
+join it with ``Iam(..., stacks=...)``: their ``Fn::ImportValue`` resolves to the core's exports.
+
 Not modelled: resource-based policies (bucket and queue policies; ours only deny plain HTTP or allow
 AWS services), permission boundaries, SCPs, KMS key policies, and condition keys other than the few
-:func:`required` supplies (a condition on a key the request does not carry is false, as in IAM).
+:func:`required` supplies (among them ``aws:ResourceTag/*`` of an invoked function, from moto; a
+condition on a key the request does not carry is false, as in IAM).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -223,6 +228,14 @@ class Resolver:
             "AWS::URLSuffix": "amazonaws.com",
         }
 
+    def imported(self, export: str) -> Any:
+        """``Fn::ImportValue``: the value of the output the core template exports as ``export`` (an
+        environment stack imports the core stack's bus, bucket, table and boundary so)."""
+        for output in self.template.get("Outputs", {}).values():
+            if "Export" in output and self.value(output["Export"]["Name"]) == export:
+                return self.value(output["Value"])
+        raise AssertionError(f"IAM harness: no output of the core template is exported as {export}")
+
     def condition(self, name: str) -> bool:
         return bool(self.value(self.template["Conditions"][name]))
 
@@ -326,6 +339,8 @@ class Resolver:
                 return self.value(arg[1])[int(self.value(arg[0]))]
             if key == "Fn::Split":
                 return str(self.value(arg[1])).split(self.value(arg[0]))
+            if key == "Fn::ImportValue":
+                return self.imported(str(self.value(arg)))
         return {k: v for k, v in ((k, self.value(v)) for k, v in node.items()) if v is not _NO_VALUE}
 
 
@@ -546,13 +561,30 @@ def _states(operation: str, p: dict[str, Any], region: str, account: str) -> lis
     raise KeyError(operation)
 
 
+def _function_tags(name: str, region: str, account: str) -> dict[str, str]:
+    """The tags of a function as moto holds it ({} for a function that does not exist): Lambda
+    authorizes ``InvokeFunction`` with ``aws:ResourceTag/{key}`` (Lambda's attribute-based access
+    control), so the harness supplies them as IAM would."""
+    from moto.awslambda.models import lambda_backends
+    from moto.awslambda_simple.models import lambda_simple_backends
+
+    for backends in (lambda_backends, lambda_simple_backends):
+        try:
+            function = backends[account][region].get_function(name)
+        except Exception:  # moto's UnknownFunctionException, or no backend for the region yet
+            continue
+        return {str(k): str(v) for k, v in (function.tags or {}).items()}
+    return {}
+
+
 def _lambda(operation: str, p: dict[str, Any], region: str, account: str) -> list[Need]:
     if operation == "Invoke":
         name = p["FunctionName"]
         arn = name if name.startswith("arn:") else f"arn:aws:lambda:{region}:{account}:function:{name}"
+        tags = tuple((f"aws:ResourceTag/{k}", v) for k, v in _function_tags(arn, region, account).items())
         if p.get("Qualifier"):
             arn += f":{p['Qualifier']}"
-        return [Need("lambda:InvokeFunction", arn)]
+        return [Need("lambda:InvokeFunction", arn, tags)]
     raise KeyError(operation)
 
 
@@ -608,10 +640,24 @@ class Iam:
         *,
         state_machine: str = "TurnStateMachine",
         principals: dict[str, list[dict[str, Any]]] | None = None,
+        stacks: tuple[str, ...] = (),
     ) -> None:
         """``principals`` adds callers the template does not define (an operator running the CLI):
-        name -> the statements of its policy."""
-        self.template = translate(template_text, physical.region)
+        name -> the statements of its policy. ``stacks`` are the texts of further templates deployed
+        against this one (an environment's ``env_images/environment.yaml``): their resources join
+        the core template's (logical ids must not clash), their ``Fn::ImportValue`` resolves to the
+        core template's exports, and their parameters come from ``physical.parameters``."""
+        self.template = copy.deepcopy(translate(template_text, physical.region))
+        for stack in stacks:
+            extra = translate(stack, physical.region)
+            for name, parameter in extra.get("Parameters", {}).items():
+                # A parameter both define (Architecture...) means the same; its default must agree.
+                kept = self.template.setdefault("Parameters", {}).setdefault(name, copy.deepcopy(parameter))
+                assert kept.get("Default") == parameter.get("Default"), f"IAM harness: parameter {name}"
+            for section in ("Conditions", "Resources"):
+                clash = set(self.template.get(section, {})) & set(extra.get(section, {}))
+                assert not clash, f"IAM harness: {section} {sorted(clash)} are in two templates"
+                self.template.setdefault(section, {}).update(copy.deepcopy(extra.get(section, {})))
         self.physical = physical
         self.resolver = Resolver(self.template, physical)
         self.resources: dict[str, Any] = self.template["Resources"]

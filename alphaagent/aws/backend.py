@@ -17,6 +17,7 @@ from typing import Any
 
 from alphaagent.aws import sdk
 from alphaagent.aws.bus import BusLimits, EventBridgeBus, event_from_eventbridge
+from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.executor import LambdaExecutor
 from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
 from alphaagent.aws.settings import (
@@ -63,11 +64,13 @@ def get_backend(model: type[TurnFunctionSettings] = LambdaSettings) -> Backend:
     """The backend of this Lambda process, built once from ``get_lambda_settings(model)`` (the calling
     function's settings model; by default every zip variable at once).
 
-    No client exists until an adapter first calls AWS. Oversized event details go by claim check into
-    the scope's workspace. The connector allowlists are the stack's (``LambdaSettings.connectors``):
-    the prepare step fetches the spec's declared inputs through them. Every function needs the state
-    table; the bucket and the bus are named only where a function uses them (an unset one fails on
-    first use).
+    No client exists until an adapter first calls AWS. The environments are the stack's registry
+    in the state table (``DynamoEnvironmentRegistry``: ``builtin`` and those ``make env-deploy``
+    recorded), so the Prepare step refuses a spec naming any other. Oversized event details go by
+    claim check into the scope's workspace. The connector allowlists are the stack's
+    (``LambdaSettings.connectors``): the prepare step fetches the spec's declared inputs through
+    them. Every function needs the state table; the bucket and the bus are named only where a
+    function uses them (an unset one fails on first use).
 
     Raises:
         MissingSettingError: ``STATE_TABLE_NAME`` is not set.
@@ -75,13 +78,15 @@ def get_backend(model: type[TurnFunctionSettings] = LambdaSettings) -> Backend:
     """
     settings = get_lambda_settings(model)
     workspace = S3Workspace(settings.value("WORKSPACES_BUCKET_NAME"))
+    table = settings.required("STATE_TABLE_NAME")
     return Backend(
-        store=DynamoStore(settings.required("STATE_TABLE_NAME")),
+        store=DynamoStore(table),
         workspace=workspace,
         bus=EventBridgeBus(
             settings.value("EVENT_BUS_NAME"), claim_check=workspace.write_bytes, limits=_bus_limits(settings)
         ),
         executor=NoExecutor(),
+        environments=DynamoEnvironmentRegistry(table),
         connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
         audit=emf_audit(),
@@ -93,9 +98,11 @@ def coder_backend() -> Backend:
     """The backend of the coder worker on AWS (``python -m coder`` in the ECS service): the zip
     functions' adapters, with ``run_in_env`` as asynchronous invocations of the env functions
     (``LambdaExecutor``; always with the scope as the tenant id: the template creates every env
-    function in tenant isolation mode), the connector allowlists of the stack, and the scope lease
-    renewed with the same ``LOCK_LEASE_S`` the AcquireLock step grants. With ``RUN_NOTICES`` the
-    executor learns of results from the process's notice queue (``alphaagent.aws.notices``).
+    function in tenant isolation mode), the stack's environment registry (a spec's environment is
+    checked again, and the prompt names its packages), the connector allowlists of the stack, and
+    the scope lease renewed with the same ``LOCK_LEASE_S`` the AcquireLock step grants. With
+    ``RUN_NOTICES`` the executor learns of results from the process's notice queue
+    (``alphaagent.aws.notices``).
 
     Raises:
         MissingSettingError: ``STATE_TABLE_NAME``, ``WORKSPACES_BUCKET_NAME`` or ``EVENT_BUS_NAME``
@@ -103,7 +110,8 @@ def coder_backend() -> Backend:
     """
     settings = get_lambda_settings(CoderBackendSettings)
     workspace = S3Workspace(settings.required("WORKSPACES_BUCKET_NAME"))
-    store = DynamoStore(settings.required("STATE_TABLE_NAME"))
+    table = settings.required("STATE_TABLE_NAME")
+    store = DynamoStore(table)
     notices = RunNotices() if settings.RUN_NOTICES else None
     executor = LambdaExecutor(workspace=workspace, store=store, tenant_isolation=True, notices=notices)
     return Backend(
@@ -115,6 +123,7 @@ def coder_backend() -> Backend:
             limits=_bus_limits(settings),
         ),
         executor=executor,
+        environments=DynamoEnvironmentRegistry(table),
         connectors=settings.connectors(),
         turns=TurnSettings(lock_lease_s=settings.LOCK_LEASE_S),
         audit=emf_audit(),

@@ -38,6 +38,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from botocore.exceptions import ClientError
 from cfn import load_template
 from iam import Iam, Physical, without_action
 from moto import mock_aws
@@ -46,9 +47,11 @@ from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
+from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.aws.workspace import S3Workspace
+from alphaagent.environments import Environment, LambdaStart
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, utcnow
 from alphaagent.sandbox.config import SandboxConfig
@@ -69,6 +72,7 @@ HANDLERS = {
     "alphaagent-finalize-turn": "functions.finalize_turn",
     "alphaagent-release-lock": "functions.release_lock",
     "alphaagent-env-builtin": "alphaagent.aws.env_function",
+    "alphaagent-env-gpu-ml": "alphaagent.aws.env_function",
 }
 """Function name -> the module whose ``lambda_handler`` the invocation runs in-process."""
 
@@ -81,8 +85,15 @@ COMPONENTS = {
     "alphaagent-record-event": "RecordEventFunction",
     "alphaagent-orphan": "ReleaseOrphanLockFunction",
     "alphaagent-env-builtin": "EnvBuiltinFunction",
+    # A custom environment, its own stack from env_images/environment.yaml (EnvironmentId gpu-ml).
+    "alphaagent-env-gpu-ml": "EnvironmentFunction",
 }
 """Function name (as the test names it) -> its logical id in ``template.yaml`` (whose role it runs as)."""
+ENV_TEMPLATE = ROOT / "env_images" / "environment.yaml"
+STACK_NAME = "alphaagent"
+"""The core stack's name as the harness resolves ``AWS::StackName`` (``Physical.stack_name``): the
+environment stack's ``CoreStackName`` default, which samtranslator substitutes where SAM resolves
+parameters itself (the destinations)."""
 CODER = "CoderTaskDefinition"
 """The coder worker runs as the ECS task definition's task role."""
 
@@ -91,7 +102,8 @@ def physical_names() -> Physical:
     """The test's names for the template's resources (the IAM harness resolves ARNs with them)."""
     names = {logical: name for name, logical in COMPONENTS.items()}
     names |= {"StateTable": TABLE, "EventBus": BUS, "TurnStateMachine": "alphaagent-turn"}
-    return Physical(region=REGION, account=ACCOUNT, names=names)
+    parameters = {"EnvironmentId": "gpu-ml", "CoreStackName": STACK_NAME}
+    return Physical(region=REGION, account=ACCOUNT, names=names, parameters=parameters, stack_name=STACK_NAME)
 
 
 def function_arn(name: str) -> str:
@@ -299,6 +311,14 @@ class Stack:
         self.events.create_event_bus(Name=BUS)
         self.store = DynamoStore(TABLE)
         self.workspace = S3Workspace(BUCKET)
+        # The env functions as the stacks create them, with their tags (the coder may invoke only
+        # its own stack's, by tag): builtin of the core stack, gpu-ml of its environment stack.
+        iam_client = boto3.client("iam", region_name=REGION)
+        role = iam_client.create_role(RoleName="env", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        self.env_role = role
+        self.function(
+            "alphaagent-env-builtin", {"alphaagent-stack": STACK_NAME, "alphaagent-environment": "builtin"}
+        )
 
         spec_queue = self.resource("SpecQueue")["Properties"]
         self.spec_dlq = self.queue("SpecDeadLetterQueue")
@@ -400,6 +420,17 @@ class Stack:
         return value
 
     # -- resources -----------------------------------------------------------------------------
+
+    def function(self, name: str, tags: dict[str, str]) -> None:
+        """An env function in moto (its invocations run in-process, ``InProcessLambda``)."""
+        boto3.client("lambda", region_name=REGION).create_function(
+            FunctionName=name,
+            Runtime="python3.13",
+            Role=self.env_role,
+            Handler="alphaagent.aws.env_function.lambda_handler",
+            Code={"ZipFile": b"PK\x05\x06" + b"\x00" * 18},  # an empty zip: the code runs in-process
+            Tags=tags,
+        )
 
     def queue(self, name: str, **attributes: str) -> str:
         url: str = self.sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
@@ -560,7 +591,7 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, iam_template: str) ->
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    iam = Iam(iam_template, physical_names())
+    iam = Iam(iam_template, physical_names(), stacks=(ENV_TEMPLATE.read_text(),))
     lambdas = InProcessLambda(iam)
     # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
     for backend in (LambdaBackend, LambdaSimpleBackend):
@@ -1003,4 +1034,90 @@ def test_a_spec_whose_input_is_missing_fails_before_any_code_runs(stack: Stack) 
     assert "docs/measurements.csv" in turn.result.error.value
     assert turn.result.failed_step == "Prepare"
     assert not [name for name, _ in stack.lambdas.calls if name == "alphaagent-env-builtin"]
+    assert lock_is_free(stack, scope)
+
+
+# ----------------------------------------------------------------------------- environments (issue 12)
+
+
+def register_gpu_ml(stack: Stack) -> None:
+    """The environment ``gpu-ml`` as ``make env-deploy`` leaves it: its stack's function (tagged with
+    the core stack's name) and its item in the state table's registry."""
+    stack.function(
+        "alphaagent-env-gpu-ml", {"alphaagent-stack": STACK_NAME, "alphaagent-environment": "gpu-ml"}
+    )
+    DynamoEnvironmentRegistry(TABLE).register(
+        Environment(
+            environment_id="gpu-ml",
+            description="CUDA-less test stand-in for a GPU image",
+            start=LambdaStart(
+                function_name="alphaagent-env-gpu-ml",
+                image_uri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/alphaagent-env-gpu-ml:test",
+            ),
+            packages=("torch==2.9.0", "numpy==2.4.6", "pandas==3.1.1"),
+        )
+    )
+
+
+def test_a_spec_in_a_registered_environment_runs_in_its_own_function(stack: Stack) -> None:
+    # Given the environment gpu-ml deployed and registered, and a spec that names it
+    register_gpu_ml(stack)
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope, environment_id="gpu-ml")
+    stack.start()
+
+    # When the spec is sent
+    send_spec(stack, spec)
+
+    # Then the turn completed through the machine, and every run went to alphaagent-env-gpu-ml (as
+    # the coder's role, whose invoke IAM allowed by the function's tag), none to builtin
+    assert_completed_turn(stack, spec)
+    invoked = [(name, event["environment_id"]) for name, event in stack.lambdas.calls if "-env-" in name]
+    assert invoked == [("alphaagent-env-gpu-ml", "gpu-ml")] * 2
+    assert (
+        "CoderTaskDefinition",
+        "lambda:InvokeFunction",
+        function_arn("alphaagent-env-gpu-ml"),
+    ) in stack.iam.needs
+
+
+def test_the_coder_cannot_invoke_an_environment_function_its_stack_did_not_deploy(stack: Stack) -> None:
+    # Given a function named like an environment that no stack of ours deployed (another stack's,
+    # or one made by hand), and one tagged as another core stack's
+    stack.function("alphaagent-env-other", {})
+    stack.function("alphaagent-env-theirs", {"alphaagent-stack": "someone-elses-alphaagent"})
+    client = boto3.client("lambda", region_name=REGION)
+
+    # When the coder's role invokes them, Then IAM denies it (the grant is scoped by the stack's tag,
+    # not alphaagent-env-* of the whole account)
+    for name in ("alphaagent-env-other", "alphaagent-env-theirs"):
+        with stack.iam.acting_as(CODER), pytest.raises(ClientError) as denied:
+            client.invoke(FunctionName=name, InvocationType="Event", Payload=b"{}")
+        assert denied.value.response["Error"]["Code"] == "AccessDenied"
+        assert f"lambda:InvokeFunction on {function_arn(name)}" in str(denied.value)
+    assert not [name for name, _ in stack.lambdas.calls if name != "alphaagent-env-builtin"]
+    stack.iam.denied.clear()  # expected here: the fixture fails every other test that has any
+
+
+def test_a_spec_naming_an_unregistered_environment_is_refused_before_anything_runs(stack: Stack) -> None:
+    # Given gpu-ml registered, and a function alphaagent-env-other that exists but is not registered
+    register_gpu_ml(stack)
+    stack.function("alphaagent-env-other", {"alphaagent-stack": STACK_NAME})
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = analysis_spec(scope, environment_id="other")
+    stack.start()
+
+    # When its spec is sent
+    send_spec(stack, spec)
+
+    # Then the Prepare step refused it naming the available environments, and nothing was invoked
+    execution = stack.execution(spec["turn_id"])
+    assert execution["status"] == "FAILED", stack.history(execution)
+    turn = stack.store.get_turn(USER, spec["turn_id"])
+    assert turn is not None and turn.result is not None and turn.result.error is not None
+    assert turn.result.error.name == "InvalidSpecError" and turn.result.failed_step == "Prepare"
+    assert "unknown environment 'other' (available: builtin, gpu-ml)" in turn.result.error.value
+    assert not [name for name, _ in stack.lambdas.calls if "-env-" in name]
     assert lock_is_free(stack, scope)

@@ -44,7 +44,7 @@ from alphaagent.models.records import Session, TurnResult
 from alphaagent.models.run import FileChangeReport, RunResult
 from alphaagent.models.spec import parse_spec
 from coder.agent import CLI_ENV, build_options, make_coder
-from coder.prompts import SYSTEM_PROMPT, max_turns_for
+from coder.prompts import SYSTEM_PROMPT, max_turns_for, system_prompt_for
 from coder.settings import CoderSettings
 from coder.tools import (
     ALLOWED_TOOLS,
@@ -286,7 +286,10 @@ def test_a_turn_runs_fixes_reads_registers_cites_and_summarises(
 
     # and it was told the spec: the system prompt, and the goal, inputs and outputs in the prompt
     first_request = requests[0].body
-    assert SYSTEM_PROMPT in [block["text"] for block in first_request["system"]]
+    # (the system prompt names the environment and its packages, from the backend's registry)
+    system_prompt = system_prompt_for(agent.backend.environments.get("builtin"))
+    assert system_prompt.startswith(SYSTEM_PROMPT) and "'builtin'" in system_prompt
+    assert system_prompt in [block["text"] for block in first_request["system"]]
     prompt = first_request["messages"][0]["content"][-1]["text"]
     assert "Which penguin species is heaviest?" in prompt
     assert "- docs/penguins.csv" in prompt and "- docs/field-notes.pdf" in prompt
@@ -298,7 +301,7 @@ def test_a_turn_runs_fixes_reads_registers_cites_and_summarises(
     assert lines[0]["type"] == "turn_start" and lines[0]["max_turns"] == max_turns_for(
         parse_spec(json.dumps(_spec("x"))).constraints
     )
-    assert lines[0]["system_prompt"] == SYSTEM_PROMPT and lines[0]["prompt"] == prompt
+    assert lines[0]["system_prompt"] == system_prompt and lines[0]["prompt"] == prompt
     assert lines[-1]["type"] == "turn_end" and lines[-1]["outcome"] == "completed"
     assert _tool_uses(lines) == [
         f"mcp__alphaagent__{name}"

@@ -17,10 +17,12 @@ from alphaagent.environments import (
     BUILTIN_ID,
     Environment,
     EnvironmentRegistry,
+    LambdaStart,
     LocalStart,
     StaticRegistry,
     builtin_local,
     check_environment,
+    function_name,
 )
 from alphaagent.errors import InvalidSpecError
 from alphaagent.local.environments import LocalEnvironmentRegistry
@@ -50,7 +52,31 @@ def _local(tmp_path: Path) -> Iterator[EnvironmentRegistry]:
         yield registry
 
 
-REGISTRIES: dict[str, Callable[[Path], Iterator[EnvironmentRegistry]]] = {"static": _static, "local": _local}
+def _aws(_: Path) -> Iterator[EnvironmentRegistry]:
+    # The state table's registry (alphaagent/aws/environments.py) under moto; its environments are
+    # Lambda functions alphaagent-env-{id}, as make env-deploy records them.
+    import boto3
+    from moto import mock_aws
+
+    from alphaagent.aws.environments import DynamoEnvironmentRegistry
+    from alphaagent.aws.store import create_table
+
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="eu-west-1")
+        create_table(client, "alphaagent-state-contract")
+        registry = DynamoEnvironmentRegistry("alphaagent-state-contract", client=client)
+        for environment_id in ("zeta", "alpha", "gone"):
+            start = LambdaStart(function_name=function_name(environment_id))
+            registry.register(_environment(environment_id).model_copy(update={"start": start}))
+        registry.remove("gone")
+        yield registry
+
+
+REGISTRIES: dict[str, Callable[[Path], Iterator[EnvironmentRegistry]]] = {
+    "static": _static,
+    "local": _local,
+    "aws": _aws,
+}
 
 
 @pytest.fixture(params=sorted(REGISTRIES))

@@ -97,3 +97,42 @@ def test_the_decision_is_iams_deny_wins_wildcards_and_missing_condition_keys() -
     # A request without the key (a HEAD carries no s3:prefix) does not meet the condition
     assert not allowed([listing], "s3:ListBucket", BUCKET, {})
     assert Need("s3:ListBucket", BUCKET).context == ()
+
+
+def test_invoke_carries_the_functions_tags_for_aws_resource_tag_conditions() -> None:
+    # Lambda authorizes InvokeFunction on aws:ResourceTag/{key} (Lambda's ABAC): the harness looks the
+    # function's tags up in moto and a tag condition decides as IAM would.
+    import boto3
+    from moto import mock_aws
+
+    statement = {
+        "Effect": "Allow",
+        "Action": "lambda:InvokeFunction",
+        "Resource": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:alphaagent-env-*",
+        "Condition": {"StringEquals": {"aws:ResourceTag/alphaagent-stack": "alphaagent"}},
+    }
+    with mock_aws():
+        iam_client = boto3.client("iam", region_name=REGION)
+        role = iam_client.create_role(RoleName="r", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        client = boto3.client("lambda", region_name=REGION)
+        for name, tags in (
+            ("alphaagent-env-ours", {"alphaagent-stack": "alphaagent"}),
+            ("alphaagent-env-x", {}),
+        ):
+            client.create_function(
+                FunctionName=name,
+                Runtime="python3.13",
+                Role=role,
+                Handler="h.h",
+                Code={"ZipFile": b"PK\x05\x06" + b"\x00" * 18},
+                Tags=tags,
+            )
+        decisions = {}
+        for name in ("alphaagent-env-ours", "alphaagent-env-x", "alphaagent-env-missing"):
+            [need] = required("lambda", "Invoke", {"FunctionName": name}, REGION, ACCOUNT)
+            decisions[name] = allowed([statement], need.action, need.resource, dict(need.context))
+    assert decisions == {
+        "alphaagent-env-ours": True,
+        "alphaagent-env-x": False,
+        "alphaagent-env-missing": False,
+    }

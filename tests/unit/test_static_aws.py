@@ -309,6 +309,12 @@ def test_the_coder_may_invoke_only_environment_functions() -> None:
     statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
     assert statements["InvokeEnvironments"]["Action"] == ["lambda:InvokeFunction"]
     assert statements["InvokeEnvironments"]["Resource"]["Fn::Sub"].endswith(":function:alphaagent-env-*")
+    # and only those of this stack, by the tag its env functions carry (not the account's every one)
+    assert statements["InvokeEnvironments"]["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/alphaagent-stack": {"Ref": "AWS::StackName"}}
+    }
+    builtin = _resources()["EnvBuiltinFunction"]["Properties"]
+    assert builtin["Tags"]["alphaagent-stack"] == {"Ref": "AWS::StackName"}
     # No service-wide wildcard action (s3:*, dynamodb:*) anywhere in the role.
     actions = {a for s in statements.values() for a in s["Action"]}
     assert not [a for a in actions if a.endswith(":*")]
@@ -342,6 +348,7 @@ _SUFFIXES = {
     "AWS::Logs::LogGroup": "LogGroup",
     "AWS::IAM::Role": "Role",
     "AWS::IAM::Policy": "Policy",
+    "AWS::IAM::ManagedPolicy": "Policy",
     "AWS::ECS::Cluster": "Cluster",
     "AWS::ECS::TaskDefinition": "TaskDefinition",
     "AWS::ECS::Service": "Service",
@@ -379,7 +386,9 @@ def _pins(path: Path) -> dict[str, str]:
     pins: dict[str, str] = {}
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
-        if line:
+        if line.startswith("-r "):  # an included file, relative to this one (as pip reads it)
+            pins |= _pins(path.parent / line[3:].strip())
+        elif line:
             requirement = Requirement(line)
             [specifier] = requirement.specifier  # exactly one: ==
             assert specifier.operator == "==", f"{path.name}: {line} is not pinned with =="

@@ -160,7 +160,9 @@ def test_the_connector_allowlists_reach_the_prepare_step_and_the_coder() -> None
     grant = _resource("ConnectorS3ReadPolicy")
     assert grant["Condition"] == "HasConnectorS3Prefixes"
     assert grant["Properties"]["Roles"] == [{"Ref": "PrepareTurnFunctionRole"}, {"Ref": "CoderTaskRole"}]
-    [statement] = grant["Properties"]["PolicyDocument"]["Statement"]
+    [statement] = [
+        s for s in grant["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == ["s3:GetObject"]
+    ]
     assert statement["Action"] == ["s3:GetObject"]
     assert '{"Ref": "ConnectorS3Prefixes"}' in json.dumps(statement["Resource"])
 
@@ -184,7 +186,8 @@ def _resolve(value: Any, parameters: dict[str, Any]) -> Any:
 
 def test_the_connector_grant_is_exactly_the_listed_prefixes() -> None:
     # Given two allowed entries, as the settings accept them (bucket/prefix, bucket/ for a bucket)
-    [statement] = _resource("ConnectorS3ReadPolicy")["Properties"]["PolicyDocument"]["Statement"]
+    statements = _resource("ConnectorS3ReadPolicy")["Properties"]["PolicyDocument"]["Statement"]
+    [statement] = [s for s in statements if s["Action"] == ["s3:GetObject"]]
     parameters = {"ConnectorS3Prefixes": ["open-data/penguins/", "whole-bucket/"]}
     # When CloudFormation resolves the resource list; Then each entry is one object ARN pattern
     assert _resolve(statement["Resource"], parameters) == [
