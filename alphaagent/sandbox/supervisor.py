@@ -51,9 +51,9 @@ from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.diskbudget import ScopeDiskBudget, scope_growth
 from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
 from alphaagent.sandbox.pathsafe import ThresholdSpill
+from alphaagent.sandbox.session import SESSIONS_DIR, StateRequest
 from alphaagent.sandbox.snapshot import FileChanges, HashCache, TreeSnapshot, diff_snapshots, take_snapshot
 from alphaagent.sandbox.treestate import TreeState, TreeStates
-from alphaagent.sandbox.session import SESSIONS_DIR, StateRequest
 
 ZYGOTE_PATH = Path(__file__).with_name("zygote.py")
 MAX_CODE_BYTES = 4 * 2**20
