@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -170,12 +171,15 @@ def scope_objects(s3: Any, *, with_state: bool = False) -> dict[str, bytes]:
 
 
 def local_files(workspace: S3Workspace, scope: ConversationScope = SCOPE) -> dict[str, bytes]:
-    """The regular files of the scope's local working copy: workspace path -> bytes."""
+    """The regular files of the scope's local working copy: workspace path -> bytes (the sessions'
+    live state, ``work/sessions/``, left out as in ``scope_objects``)."""
     root = workspace.local_root(scope)
     return {
         path.relative_to(root).as_posix(): path.read_bytes()
         for path in sorted(root.rglob("*"))
-        if path.is_file() and not path.is_symlink()
+        if path.is_file()
+        and not path.is_symlink()
+        and not path.relative_to(root).as_posix().startswith("work/sessions/")
     }
 
 
@@ -217,9 +221,11 @@ def test_a_run_reads_synced_files_and_its_changes_reach_the_bucket(aws: Any, wor
     assert result.files_changed == ["datasets/old.csv", "datasets/x.csv", "reports/gone.md"]
     assert answer == EnvPointer(run_id=RUN_ID, status="ok", result_key=RESULT_KEY).model_dump()
     # And the working copy is kept for the scope's next run, holding the scope's files and no more
-    assert local_files(workspace) == {
-        path: data for path, data in objects.items() if not path.startswith("work/runs/")
+    # (the session's live state is there too, compared in the state tests below)
+    kept = {
+        path: data for path, data in local_files(workspace).items() if not path.startswith("work/sessions/")
     }
+    assert kept == {path: data for path, data in objects.items() if not path.startswith("work/runs/")}
 
 
 def test_links_and_rule_breaking_names_are_not_uploaded_and_are_reported(
@@ -1509,8 +1515,8 @@ def test_a_sessions_state_travels_through_s3_to_the_next_invocation(
         for name in ("manifest.json", manifest["pickle"], *(b["file"] for b in manifest["buffers"]))
     }
     assert any(key.endswith(".bin") for key in uploads), "the 6 MB buffer went by multipart upload"
-    # And the working copy is gone: the next invocation starts from S3 alone
-    assert not workspace.local_dir.exists()
+    # And the next invocation lands in another execution environment: no working copy, S3 alone
+    shutil.rmtree(workspace.local_dir)
 
     # When the next invocation of the session reads them
     invoke("print(x + 1, int(a.sum()))", run_id="01RUNSTATE0000000000000002")
