@@ -32,6 +32,7 @@ BUILTIN_PACKAGES: tuple[str, ...] = (
     "matplotlib==3.11.2",
     "scipy==1.17.1",
     "openpyxl==3.1.5",
+    "cloudpickle==3.1.3",
 )
 """The builtin environment's packages: env_images/builtin/packages.txt, which the env image installs,
 with the same pins as the local ``env`` extra (tests/unit/test_static_aws.py checks the three agree)."""

@@ -74,6 +74,10 @@ class Workspace(Protocol):
     def read_blob(self, sha256: str) -> bytes:
         """The bytes stored under ``sha256``; ``FileNotFoundError`` if none."""
 
+    def drop_session_state(self, scope: Scope, session_id: str) -> None:
+        """Delete the session's live state (``work/sessions/{session_id}/``, DESIGN §4.7) once the
+        session ended; the scope's files stay. Nothing to delete is not an error."""
+
 
 class Store(Protocol):
     """Records: owners, sessions, turns, runs, artifacts and versions, citations, locks, events."""

@@ -69,6 +69,10 @@ class RunInEnvArgs(_Args):
     timeout_s: float | None = Field(
         None, gt=0, description="Wall-clock limit in seconds; default and maximum: the spec's run_timeout_s."
     )
+    fresh: bool = Field(
+        False,
+        description="Start with empty globals instead of the session's saved ones (kept for later runs).",
+    )
 
 
 class ReadDocumentArgs(_Args):
@@ -290,7 +294,7 @@ def _run_in_env(turn: _Turn, args: RunInEnvArgs) -> _Answer:
         run_limit = ctx.spec.constraints.run_timeout_s
         if remaining < (timeout or run_limit) <= run_limit:
             timeout = remaining
-    result = domain.run_in_env(ctx, args.code, timeout)
+    result = domain.run_in_env(ctx, args.code, timeout, fresh=args.fresh)
     outcome = f"{result.status} (exit {result.exit_code}, {result.duration_ms} ms)"
     text = render_run(result, _environments(ctx))
     # Charts the run drew come back as pictures, so a blank or mislabelled plot is seen.
@@ -355,8 +359,10 @@ def _descriptions(ctx: TurnContext) -> dict[str, str]:
         "run_in_env": (
             "Run Python code in the analysis environment, with the scope's root folder (docs/, datasets/,"
             " charts/, reports/, work/) as the working directory. Returns stdout, stderr, the traceback of"
-            " an error, and the files the run created or changed. Each call is a fresh process: save what"
-            f" later runs need to files. This turn allows {limits.max_runs} runs of at most"
+            " an error, and the files the run created or changed. Each call is a fresh process, but the"
+            " globals persist within the session: what one run defines, the next one has (its result's"
+            " 'state:' line names what was restored and what could not be kept)."
+            f" This turn allows {limits.max_runs} runs of at most"
             f" {limits.run_timeout_s:g} s each; keep runs small and read each result before the next."
             " The result starts with one status line ([run ok|error|timeout|killed], exit code, duration,"
             " files changed) and ends with next steps when the platform knows them. A chart the run saves"

@@ -60,6 +60,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws import sdk
 from alphaagent.aws.notices import RunNotice, send_notice
+from alphaagent.aws.session_state import state_down, state_up
 from alphaagent.aws.settings import get_env_settings
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.sync import WorkingCopies, client_config
@@ -86,6 +87,7 @@ from alphaagent.models.common import Scope, check_workspace_path
 from alphaagent.models.run import LandlockState, RunLimits, RunResult, SkippedPath
 from alphaagent.ports import Store
 from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.session import DEFAULT_STATE_MB, SESSIONS_DIR, StateRequest
 from alphaagent.sandbox.supervisor import Sandbox
 
 GiB: Final = 2**30
@@ -111,11 +113,12 @@ MIN_RUN_TIMEOUT_S: Final = 1.0
 LOCAL_DIR: Final = Path("/tmp/alphaagent-workspaces")
 """Where working copies live: Lambda's only writable filesystem is ``/tmp`` (ephemeral storage)."""
 
-PLATFORM_FOLDERS: Final = ("spec/", "work/turns/", "work/runs/", "work/events/")
+PLATFORM_FOLDERS: Final = ("spec/", "work/turns/", "work/runs/", "work/events/", "work/sessions/")
 """Folders only the platform writes: the specs the coder reads (claim checks), turn results
 (``finalize_turn`` reads them), run results and spill files, event claim checks (the recorder reads
-them). A run may write there in its working copy, but nothing of it is uploaded or deleted in S3:
-otherwise run code could rewrite the spec of its own turn, or forge a result or an event."""
+them), sessions' live state (``alphaagent.aws.session_state`` moves the run's own session's). A
+run may write there in its working copy, but nothing of it is uploaded or deleted in S3: otherwise
+run code could rewrite the spec of its own turn, or forge a result or an event."""
 
 RUNS_FOLDER: Final = "work/runs"
 """Spill files and claim checks of runs: written by the platform, never synced down to a run."""
@@ -163,7 +166,8 @@ def platform_owned(path: str) -> bool:
 
 
 PLATFORM_FOLDER_REASON: Final = (
-    "not uploaded: spec/, work/turns/, work/runs/ and work/events/ are written by the platform only"
+    "not uploaded: spec/, work/turns/, work/runs/, work/events/ and work/sessions/ are written by the"
+    " platform only"
 )
 
 _UP_REASONS: Final = {
@@ -268,6 +272,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
             max_sync_bytes=get_env_settings().ENV_SYNC_MAX_BYTES,
             time_left_s=lambda: context.get_remaining_time_in_millis() / 1000,
             notify=tell,
+            state_max_bytes=get_env_settings().ENV_STATE_MAX_MB * 2**20,
         )
     except Exception:
         # The failure record comes through the OnFailure destination and the recorder; the notice
@@ -307,6 +312,7 @@ def run_request(
     time_left_s: Callable[[], float],
     copies: WorkingCopies | None = None,
     notify: Callable[[RunNotice], None] = lambda notice: None,
+    state_max_bytes: int = DEFAULT_STATE_MB * 2**20,
 ) -> EnvPointer:
     """Claim, sync down, run, sync up, write the claim check: the whole invocation but the parsing.
 
@@ -315,6 +321,7 @@ def run_request(
     most its own ``limits.timeout_s``). ``copies``: the process's working copies
     (``working_copies``); None syncs a fresh copy that is not kept. ``notify``: called with the run's
     ``RunNotice`` right after its claim check is written, before the claim marker is removed.
+    ``state_max_bytes``: cap of the session's saved live state (``alphaagent.aws.session_state``).
 
     Lambda delivers an asynchronous event at least once, and the code must never run twice on its own
     (DESIGN §3 step 6), so a request may arrive again:
@@ -362,6 +369,7 @@ def run_request(
             max_sync_bytes,
             time_left_s,
             notify,
+            state_max_bytes,
         )
     if pointer is not None:
         return pointer
@@ -447,6 +455,7 @@ def _run_locked(
     max_sync_bytes: int,
     time_left_s: Callable[[], float],
     notify: Callable[[RunNotice], None],
+    state_max_bytes: int,
 ) -> EnvPointer | None:
     """The run under the working-copy lock; None when another delivery holds the claim (nothing run)."""
     scope, key = request.scope, run_result_key(request.run_id)
@@ -457,7 +466,9 @@ def _run_locked(
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="claimed") as pool:
         looked = pool.submit(_existing_pointer, request, workspace)
         leased = pool.submit(check_in_time)
-        synced = pool.submit(copies.sync_down, scope, max_bytes=max_sync_bytes, exclude=[RUNS_FOLDER])
+        synced = pool.submit(
+            copies.sync_down, scope, max_bytes=max_sync_bytes, exclude=[RUNS_FOLDER, SESSIONS_DIR]
+        )
     # Leaving the pool waited for all three.
     # A delivery that ended before the claim wrote its result before it removed its marker (see
     # release_claim), so the result is visible now and the code must not run again. It answers with
@@ -474,6 +485,9 @@ def _run_locked(
             )
         leased.result()  # a turn that no longer holds its scope runs nothing there
         down = synced.result()
+        # Only this run's own session's live state comes down (DESIGN §4.7).
+        state_before = state_down(workspace, scope, request.session_id, state_max_bytes)
+        state = StateRequest(session_id=request.session_id, fresh=request.fresh, max_bytes=state_max_bytes)
         root = workspace.local_root(scope)
         logger.info(
             "synced down",
@@ -488,7 +502,12 @@ def _run_locked(
             seconds_left = min(seconds_left, request.not_after - now())
         limits, clamped = lambda_quota_limits(_fit_limits(request.limits, seconds_left - SYNC_MARGIN_S))
         result = sandbox.run(
-            request.code, cwd=root, limits=limits, network=request.network, run_id=request.run_id
+            request.code,
+            cwd=root,
+            limits=limits,
+            network=request.network,
+            run_id=request.run_id,
+            state=state,
         )
         if clamped:
             result = result.model_copy(update={"limits": {**result.limits, "clamped": clamped}})
@@ -501,6 +520,14 @@ def _run_locked(
         result = sync_result(
             workspace, scope, result, down, max_sync_bytes, check_in_time=check_in_time, copies=copies
         )
+        # Before the claim check: a result never points at a state that is not in S3.
+        _, state_error = state_up(
+            workspace, scope, root, request.session_id, state_before, check_in_time=check_in_time
+        )
+        if state_error is not None and result.state is not None:
+            result = result.model_copy(
+                update={"state": result.state.model_copy(update={"save_error": state_error})}
+            )
         check_in_time()
         workspace.write_bytes(scope, key, result.model_dump_json().encode("utf-8"))
     except BaseException:

@@ -28,6 +28,7 @@ from typing import Annotated, ClassVar, Final, TypeVar
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from alphaagent.connectors import ConnectorSettings
+from alphaagent.environments import DEFAULT_STATE_MB
 from alphaagent.errors import InvalidSettingError, MissingSettingError
 from alphaagent.settings import ORIGIN_DEFAULT, describe_error
 
@@ -253,6 +254,12 @@ class EnvSettings(FunctionSettings):
         DEFAULT_SYNC_MAX_BYTES,
         gt=0,
         description="Bytes of scope files synced down per run (default 2 GiB, half the ephemeral storage).",
+        json_schema_extra=ORIGIN_DEFAULT,
+    )
+    ENV_STATE_MAX_MB: int = Field(
+        DEFAULT_STATE_MB,
+        gt=0,
+        description="Cap of a session's saved live state in MiB (default 512, DESIGN §4.7).",
         json_schema_extra=ORIGIN_DEFAULT,
     )
 

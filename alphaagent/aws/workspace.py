@@ -481,6 +481,15 @@ class S3Workspace:
                 report.bytes_transferred += size
         return report
 
+    def drop_session_state(self, scope: Scope, session_id: str) -> None:
+        """Delete every object of ``work/sessions/{session_id}/`` (the session ended, DESIGN §4.7),
+        the manifest first. An id that could not name a folder has no state."""
+        from alphaagent.aws.session_state import drop_state_objects  # it imports this module
+        from alphaagent.sandbox.session import valid_session_id
+
+        if valid_session_id(session_id):
+            drop_state_objects(self, scope, session_id)
+
     def delete(self, scope: Scope, path: str) -> None:
         """Delete the object ``{scope.key}/{path}`` (DeleteObject; in a versioned bucket a delete
         marker, so the bytes stay recoverable). Deleting a missing file is not an error.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 
 from alphaagent.ids import new_ulid
@@ -27,11 +28,13 @@ def session_for_turn(
     now: datetime,
     idle_timeout_s: int = SESSION_IDLE_TIMEOUT_S,
     max_lifetime_s: int = SESSION_MAX_LIFETIME_S,
+    drop_state: Callable[[str], None] | None = None,
 ) -> tuple[Session, bool]:
     """The user's active session in ``scope``, refreshed; or a new one replacing an expired one.
 
     Returns ``(session, created)``. An expired session is ended (``SessionExpired``) before its
-    replacement is created (``SessionCreated``); the scope's files are not touched.
+    replacement is created (``SessionCreated``); its live state is deleted (``drop_state`` with its
+    id, DESIGN §4.7), the scope's files are not touched.
     """
     active = store.active_session(user_id, scope.key, now)
     if active is not None:
@@ -41,6 +44,8 @@ def session_for_turn(
     for stale in store.list_sessions(user_id, scope.key):
         if stale.ended_at is None:
             store.end_session(stale.session_id, now)
+            if drop_state is not None:
+                drop_state(stale.session_id)
             bus.publish(
                 Event.of(
                     SessionExpired(

@@ -88,11 +88,15 @@ class TurnContext:
 # ----------------------------------------------------------------------------- run_in_env
 
 
-def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> RunResult:
+def run_in_env(
+    ctx: TurnContext, code: str, timeout_s: float | None = None, *, fresh: bool = False
+) -> RunResult:
     """Run ``code`` in the scope's environment; the result of DESIGN §4.4 (a failure of the code is
-    data). Raises ``ToolError`` when the turn's run budget (``constraints.max_runs``) is spent or
-    the timeout is out of range, ``SandboxError`` when the platform fails (a ``RunFailed`` event is
-    recorded first).
+    data). The run's globals are the session's live state (DESIGN §4.7): what earlier runs of the
+    session left is restored, what this one leaves is saved; ``fresh``: start with empty globals
+    and leave the saved state as it is. Raises ``ToolError`` when the turn's run budget
+    (``constraints.max_runs``) is spent or the timeout is out of range, ``SandboxError`` when the
+    platform fails (a ``RunFailed`` event is recorded first).
 
     Each run gets exactly one run event: published here, or by the platform when the executor says
     it records runs itself (``Executor.publishes_run_events``: the env Lambda's destinations on AWS).
@@ -119,6 +123,7 @@ def run_in_env(ctx: TurnContext, code: str, timeout_s: float | None = None) -> R
         user_id=ctx.user_id,
         scope=ctx.scope,
         environment_id=ctx.spec.environment_id,
+        fresh=fresh,
     )
     common = {
         "turn_id": ctx.turn_id,

@@ -262,6 +262,7 @@ def claim_scope_and_session(
         now=now,
         idle_timeout_s=backend.turns.session_idle_timeout_s,
         max_lifetime_s=backend.turns.session_max_lifetime_s,
+        drop_state=lambda session_id: backend.workspace.drop_session_state(scope, session_id),
     )
 
 
@@ -659,7 +660,7 @@ def _run_steps(ctx: TurnContext, deadline: float) -> str:
             error = RunError(name="TurnTimeout", value="constraints.turn_timeout_s exceeded", traceback="")
             raise _StepFailed(step.title, error)
         ctx.progress(f"step {i}/{len(steps)}: {step.title}")
-        result = run_in_env(ctx, step.code)
+        result = run_in_env(ctx, step.code, fresh=step.fresh)
         ctx.progress(f"step {i}/{len(steps)}: {result.status} in {result.duration_ms} ms")
         if result.status != "ok":
             error = result.error or RunError(

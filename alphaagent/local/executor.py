@@ -29,6 +29,7 @@ from alphaagent.errors import EnvStartError, SandboxError
 from alphaagent.models.run import RunLimits, RunOrigin, RunResult
 from alphaagent.sandbox.capture import OutputSink
 from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.session import DEFAULT_SAVE_S, StateRequest
 from alphaagent.sandbox.supervisor import Sandbox
 
 DEFAULT_IDLE_S = 600.0
@@ -79,6 +80,7 @@ class SandboxExecutor:
         environments: EnvironmentRegistry | None = None,
         idle_s: float = DEFAULT_IDLE_S,
         clock: Callable[[], float] = time.monotonic,
+        state_save_s: float = DEFAULT_SAVE_S,
     ) -> None:
         if idle_s <= 0:
             raise ValueError("idle_s: must be > 0 seconds")
@@ -86,6 +88,7 @@ class SandboxExecutor:
         self._environments = environments or StaticRegistry([builtin_local(self._config.python)])
         self._idle_s = idle_s
         self._clock = clock
+        self._state_save_s = state_save_s
         self._warm: dict[str, _Warm] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -108,7 +111,9 @@ class SandboxExecutor:
         ``limits`` lowered to the environment's ceilings and network access only where the
         environment allows it (``network=None``: the environment's default). Then settle the names
         of the files it wrote as the AWS env function does (``settle_run_names``: stored under their
-        NFC name; ``origin.scope`` gives the key's prefix).
+        NFC name; ``origin.scope`` gives the key's prefix). With an ``origin``, the run restores and
+        saves its session's live state (``origin.session_id``; ``origin.fresh``: empty globals, the
+        saved state kept), capped at the environment's ``state_mb`` and ``state_save_s`` seconds.
 
         Raises ``EnvStartError`` when the environment is unknown, removed, not a local one, or its
         zygote does not start; ``SandboxError`` when the executor is closed.
@@ -116,6 +121,14 @@ class SandboxExecutor:
         environment = self._environment(BUILTIN_ID if origin is None else origin.environment_id)
         ceilings = environment.limits
         allowed = ceilings.network if network is None else network and ceilings.network
+        state = None
+        if origin is not None:
+            state = StateRequest(
+                session_id=origin.session_id,
+                fresh=origin.fresh,
+                max_bytes=ceilings.state_mb * 2**20,
+                max_save_s=self._state_save_s,
+            )
         warm = self._check_out(environment)
         try:
             result = warm.sandbox.run(
@@ -125,6 +138,7 @@ class SandboxExecutor:
                 network=allowed,
                 run_id=run_id,
                 on_output=on_output,
+                state=state,
             )
         finally:
             self._check_in(warm)

@@ -41,6 +41,7 @@ from alphaagent.errors import PathRuleError
 from alphaagent.local import safefs
 from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
 from alphaagent.ports import FileInfo
+from alphaagent.sandbox.session import drop_state, valid_session_id
 
 BLOBS_DIR: Final = "blobs"
 """Top-level folder of content-addressed storage, beside ``conversations/`` and ``workflows/``."""
@@ -111,6 +112,12 @@ class LocalWorkspace:
         """``home/<scope.key>``: the scope itself, where code runs. Does not create it (see
         ``ensure_scope``)."""
         return self.home / scope.key
+
+    def drop_session_state(self, scope: Scope, session_id: str) -> None:
+        """Delete ``work/sessions/{session_id}/`` of the scope (the session ended, DESIGN §4.7);
+        symlinks are removed, never followed. An id that could not name a folder has no state."""
+        if valid_session_id(session_id):  # checked before any path is made of it
+            drop_state(self.local_root(scope), session_id)
 
     # -- files -------------------------------------------------------------------------------------
 

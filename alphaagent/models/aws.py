@@ -261,6 +261,9 @@ class EnvRequest(_Ours):
             raise ValueError("must be the URL of an alphaagent-runs-* SQS queue (alphaagent.aws.notices)")
         return url
 
+    fresh: bool = False
+    """Run with empty globals, leaving the session's saved live state as it is (DESIGN §4.7)."""
+
     @classmethod
     def of(
         cls,
@@ -287,6 +290,7 @@ class EnvRequest(_Ours):
             environment_id=origin.environment_id,
             not_after=not_after,
             notice_queue_url=notice_queue_url,
+            fresh=origin.fresh,
         )
 
 

@@ -70,6 +70,66 @@ class RunOrigin(BaseModel):
     user_id: str
     scope: ConversationScope | NodeScope
     environment_id: str = "builtin"
+    fresh: bool = False
+    """Run with empty globals, leaving the session's saved live state as it is (DESIGN §4.7)."""
+
+
+MAX_STATE_NAMES = 100
+"""Names listed per field of ``StateReport`` (the child caps them too; the counts say how many)."""
+
+
+class StateReport(BaseModel):
+    """What a run kept of its session's live state (DESIGN §4.7): the names restored into its globals
+    before the code ran, the names saved after it, the names left out with the reason, and the whole
+    saved state's size. Lists hold at most ``MAX_STATE_NAMES`` names (``*_count`` are the totals);
+    ``fresh``: the run started with empty globals and left the saved state as it was
+    (``run_in_env(fresh=True)``); ``save_error``: the state could not be written (the previous one
+    stays); ``written_bytes``: bytes this run wrote (unchanged objects are not written again)."""
+
+    restored: list[str] = []
+    restored_count: int = 0
+    saved: list[str] = []
+    saved_count: int = 0
+    skipped: dict[str, str] = {}
+    bytes: int = 0
+    written_bytes: int = 0
+    restore_ms: int | None = None
+    save_ms: int | None = None
+    fresh: bool = False
+    save_error: str | None = None
+
+    @classmethod
+    def from_child(cls, data: object) -> StateReport | None:
+        """The report in the child's status line, read defensively (the code may have written it):
+        names and reasons cut to size, anything malformed dropped; never raises."""
+        if not isinstance(data, dict):
+            return None
+
+        def names(key: str) -> list[str]:
+            value = data.get(key)
+            return [str(n)[:200] for n in value[:MAX_STATE_NAMES]] if isinstance(value, list) else []
+
+        def number(key: str) -> int | None:
+            value = data.get(key)
+            return int(value) if isinstance(value, int | float) and value >= 0 else None
+
+        skipped = data.get("skipped")
+        restored, saved = names("restored"), names("saved")
+        return cls(
+            restored=restored,
+            restored_count=max(number("restored_count") or 0, len(restored)),
+            saved=saved,
+            saved_count=max(number("saved_count") or 0, len(saved)),
+            skipped={str(k)[:200]: str(v)[:300] for k, v in list(skipped.items())[:MAX_STATE_NAMES]}
+            if isinstance(skipped, dict)
+            else {},
+            bytes=number("bytes") or 0,
+            written_bytes=number("written_bytes") or 0,
+            restore_ms=number("restore_ms"),
+            save_ms=number("save_ms"),
+            fresh=data.get("fresh") is True,
+            save_error=str(data["save_error"])[:500] if data.get("save_error") else None,
+        )
 
 
 class RunError(BaseModel):
@@ -184,3 +244,6 @@ class RunResult(BaseModel):
     (``SandboxConfig.max_concurrent_runs``, or exclusive mode's one run at a time) and for a spare
     child of the zygote to be ready and take it. Never part of ``duration_ms`` nor of the run's
     ``timeout_s``, which both start once a spare has the run. 0 in records made before it existed."""
+    state: StateReport | None = None
+    """The session's live state around this run (DESIGN §4.7); None for a run outside a session
+    (``alphaagent exec``) and in records written before sessions kept state."""

@@ -89,6 +89,8 @@ class Step(_Strict):
 
     title: str = Field(min_length=1, max_length=200)
     code: str = Field(min_length=1)
+    fresh: bool = False
+    """Run with empty globals, leaving the session's saved live state as it is (DESIGN §4.7)."""
 
 
 class Constraints(_Strict):

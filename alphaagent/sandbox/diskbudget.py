@@ -64,16 +64,23 @@ def scope_growth(
     platform_dir: str,
     own: str,
     max_entries: int,
+    other_platform_dirs: tuple[str, ...] = (),
 ) -> int:
-    """Bytes the scope ``root`` gained since ``before`` (a snapshot that left ``platform_dir`` out, or
-    its ``allocated_bytes``: what ``TreeState.allocated_bytes`` gives), plus what was created or
-    changed in ``platform_dir`` since ``started_ns`` (``time.time_ns()``), except ``own`` (the run's
-    own spill directory, a name inside ``platform_dir``).
+    """Bytes the scope ``root`` gained since ``before`` (a snapshot that left ``platform_dir`` and
+    ``other_platform_dirs`` out, or its ``allocated_bytes``: what ``TreeState.allocated_bytes``
+    gives), plus what was created or changed in them since ``started_ns`` (``time.time_ns()``),
+    except ``own`` (the run's own spill directory, a name inside ``platform_dir``). A session's live
+    state (``work/sessions``) is one of the others: what a run saves there counts against its
+    budget, what earlier runs saved does not.
 
     Raises ``OSError`` when ``root`` cannot be walked."""
     before_bytes = before if isinstance(before, int) else allocated_bytes(before)
-    now = allocated_bytes(take_snapshot(root, exclude=[platform_dir], max_entries=max_entries))
-    return now - before_bytes + _changed_bytes(root / platform_dir, started_ns, own, max_entries)
+    excluded = [platform_dir, *other_platform_dirs]
+    now = allocated_bytes(take_snapshot(root, exclude=excluded, max_entries=max_entries))
+    changed = _changed_bytes(root / platform_dir, started_ns, own, max_entries) + sum(
+        _changed_bytes(root / other, started_ns, "", max_entries) for other in other_platform_dirs
+    )
+    return now - before_bytes + changed
 
 
 def _changed_bytes(top: Path, since_ns: int, skip: str, max_entries: int) -> int:

@@ -43,6 +43,7 @@ from alphaagent.models.run import (
     RunLimits,
     RunResult,
     SkippedPath,
+    StateReport,
 )
 from alphaagent.sandbox.capture import REDACTED, OutputSink, StreamCapture
 from alphaagent.sandbox.cgroup import RunCgroups, oom_kills, pids_limit_reached
@@ -50,6 +51,7 @@ from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.diskbudget import ScopeDiskBudget, scope_growth
 from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
 from alphaagent.sandbox.pathsafe import ThresholdSpill
+from alphaagent.sandbox.session import SESSIONS_DIR, StateRequest
 from alphaagent.sandbox.snapshot import FileChanges, HashCache, TreeSnapshot, diff_snapshots, take_snapshot
 from alphaagent.sandbox.treestate import TreeState, TreeStates
 
@@ -64,6 +66,8 @@ _DEATH_WAIT_S = 2.0
 process with a large address space takes a while to exit on a loaded machine, and a run is only
 over when nothing of it runs any more."""
 _SPILL_DIR = "work/runs"
+_PLATFORM_DIRS = [_SPILL_DIR, SESSIONS_DIR]
+"""Where the platform writes in a scope (spill files; sessions' live state): never the code's changes."""
 _ZYGOTE_LOG = "zygote.log"
 # What exclusive mode keeps of the scratch root's start-up contents (matplotlib's font cache is ~40 KiB).
 _BASELINE_MAX_BYTES = 8 * 2**20
@@ -304,6 +308,7 @@ class Sandbox:
         network: bool = False,
         run_id: str | None = None,
         on_output: OutputSink | None = None,
+        state: StateRequest | None = None,
     ) -> RunResult:
         """Run ``code`` in a fresh child with ``cwd`` as its working directory; return its result.
 
@@ -312,7 +317,9 @@ class Sandbox:
         (only meaningful at the ``namespaces`` level; ``process`` isolation cannot take it away).
         ``on_output``: called as ``on_output("stdout" | "stderr", data)`` with the run's output as it
         arrives (redacted, uncapped, untrusted bytes), for a live view; the result is the same
-        with or without it.
+        with or without it. ``state``: the session whose live state the child restores before the
+        code and saves after it (``work/sessions/{session_id}/`` under ``cwd``, DESIGN §4.7); the
+        result's ``state`` says what was kept. None: empty globals, nothing saved.
 
         Raises ``InvalidRequestError`` for empty or non-UTF-8 code or a bad ``cwd`` (nothing is
         written), ``SandboxError`` when the platform fails. User code failing is a result.
@@ -334,7 +341,7 @@ class Sandbox:
         waiting_since = time.monotonic()
         with self._run_slot():
             slot_ms = round((time.monotonic() - waiting_since) * 1000)
-            result = self._run(source, workdir, limits, network, run_id, on_output)
+            result = self._run(source, workdir, limits, network, run_id, on_output, state)
         return result.model_copy(update={**start, "queued_ms": result.queued_ms + slot_ms})
 
     @contextlib.contextmanager
@@ -356,6 +363,7 @@ class Sandbox:
         network: bool,
         run_id: str,
         on_output: OutputSink | None = None,
+        state: StateRequest | None = None,
     ) -> RunResult:
         assert self._scratch_root is not None
         namespaced = self._ready.get("isolation") == "namespaces"
@@ -385,6 +393,15 @@ class Sandbox:
             "hidden_paths": list(self.config.hidden_paths),
             "env": child_environment(self.config, tmp_dir=tmp_dir),
             "limits": _rlimits(limits),
+            "state": {
+                **state.for_child(),
+                "run_timeout_s": limits.timeout_s,
+                # The child may be dumpable for one open of its pagemap only where no other process
+                # can reach it then: alone with its uid (exclusive) or in its own pid namespace.
+                "pagemap_window": self.config.exclusive or namespaced,
+            }
+            if state is not None
+            else None,
         }
         # work/runs/ holds the platform's spill files: never reported as the code's changes.
         tree, before = self._tree_before(workdir)
@@ -424,6 +441,7 @@ class Sandbox:
                     before,
                     started_ns,
                     platform_dir=_SPILL_DIR,
+                    other_platform_dirs=(SESSIONS_DIR,),
                     own=run_id,
                     max_entries=self.config.max_tree_entries,
                 ),
@@ -518,9 +536,11 @@ class Sandbox:
         walk) and its allocated bytes, or on the old path a full snapshot (``incremental_snapshot``)."""
         if not self.config.incremental_snapshot:
             return None, take_snapshot(
-                workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries
+                workdir, exclude=_PLATFORM_DIRS, max_entries=self.config.max_tree_entries
             )
-        tree = self._trees.checkout(workdir, exclude=[_SPILL_DIR])
+        # work/runs/ holds the platform's spill files, work/sessions/ the sessions' live state: never
+        # reported as the code's changes.
+        tree = self._trees.checkout(workdir, exclude=_PLATFORM_DIRS)
         try:
             tree.prepare()
         except BaseException:
@@ -536,7 +556,7 @@ class Sandbox:
                 report=True, max_reported=self.config.max_tree_entries, hash_cache=self._hash_cache
             )
         assert isinstance(before, TreeSnapshot)
-        after = take_snapshot(workdir, exclude=[_SPILL_DIR], max_entries=self.config.max_tree_entries)
+        after = take_snapshot(workdir, exclude=_PLATFORM_DIRS, max_entries=self.config.max_tree_entries)
         return diff_snapshots(before, after, hash_cache=self._hash_cache)
 
     def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None, str | None, float]:
@@ -1362,6 +1382,7 @@ def _build_result(
         stderr_path=f"{spill_rel}/stderr.txt" if outcome.stderr_spilled else None,
         cpu_ms=int(usage["cpu_s"] * 1000) if "cpu_s" in usage else None,
         peak_rss_mb=round(usage["maxrss_kb"] / 1024, 1) if "maxrss_kb" in usage else None,
+        state=StateReport.from_child(status_line.get("state")),
     )
 
 
@@ -1389,8 +1410,26 @@ def iter_result_lines(result: RunResult) -> Iterator[str]:
             yield f"{kind}: {', '.join(printable_path(path) for path in paths)}"
     for skipped in result.files.skipped:
         yield f"skipped: {printable_path(skipped.path)} ({skipped.reason})"
+    if result.state is not None and (line := state_line(result.state)):
+        yield line
     if result.stdout_truncated or result.stderr_truncated:
         yield f"full output: {result.stdout_path or '-'} {result.stderr_path or '-'}"
 
 
-__all__ = ["Sandbox", "iter_result_lines"]
+def state_line(state: StateReport) -> str:
+    """One readable line on a run's live state: what was restored, and each skipped name once with
+    its reason; "" when there is nothing to say."""
+    parts = []
+    if state.fresh:
+        parts.append("fresh globals (the saved state is kept)")
+    elif state.restored_count:
+        more = state.restored_count - len(state.restored)
+        parts.append("restored " + ", ".join(state.restored) + (f" (+{more} more)" if more > 0 else ""))
+    if state.skipped:
+        parts.append("not kept: " + "; ".join(f"{name} ({why})" for name, why in state.skipped.items()))
+    if state.save_error:
+        parts.append(f"not saved: {state.save_error}")
+    return f"state: {' | '.join(parts)}" if parts else ""
+
+
+__all__ = ["Sandbox", "iter_result_lines", "state_line"]

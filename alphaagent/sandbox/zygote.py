@@ -31,7 +31,8 @@ zygote -> supervisor
     ``{"event": "swept", "id", "killed"}``
 
 The child writes one JSON line to its status pipe (descriptor 3) before it exits:
-``{"phase": "done", "exit_code", "error", "memory_error", "interrupted"}`` or
+``{"phase": "done", "exit_code", "error", "memory_error", "interrupted", "state"}`` (``state``: what
+was restored and saved of the session's live state, see ``_SessionState``) or
 ``{"phase": "setup_error", "message"}`` when it could not even start the code.
 
 Spares: the zygote keeps ``pool_size`` children forked ahead of time (and, with namespaces, already
@@ -906,6 +907,8 @@ def _run_user_code(req: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
     import linecache
 
     linecache.cache[CODE_FILENAME] = (len(source), None, source.splitlines(True), CODE_FILENAME)
+    session = _SessionState(req.get("state"), req["cwd"])
+    session.restore(main.__dict__)
     try:
         code = compile(source, CODE_FILENAME, "exec", dont_inherit=True)
         exec(code, main.__dict__)
@@ -929,7 +932,104 @@ def _run_user_code(req: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
         outcome.update(exit_code=1, interrupted=True, error=_format_error(exc))
     except BaseException as exc:
         outcome.update(exit_code=1, error=_format_error(exc))
+    # A failing run keeps what it had; a run cut by its timeout (interrupted, then killed) or out of
+    # memory (its namespace is gone) saves nothing, and the previous state stays as it was.
+    if not outcome["interrupted"] and not outcome["memory_error"]:
+        session.save(main.__dict__)
+    if session.report is not None:
+        outcome["state"] = session.report
     return outcome
+
+
+SAVE_MARGIN_S = 1.0
+"""Seconds of the run's wall clock a save leaves for the child's report and exit."""
+
+
+class _SessionState:
+    """The session's live state around one run (``state.py`` does the work; DESIGN §4.7).
+
+    ``request`` (from the supervisor, or None for a run outside a session)::
+
+        {"dir": "work/sessions/S1", "fresh": false, "max_bytes": N, "max_save_s": 10.0,
+         "run_timeout_s": 60.0}
+
+    The save gets at most ``max_save_s`` and never more than what the run's wall clock has left
+    (less a margin for the report): a save must not turn a finished run into a timeout.
+
+    ``fresh``: the run starts with empty globals and saves nothing, so the saved state is kept.
+    ``report``: the fields of the run result's ``state`` (names capped), or None.
+    """
+
+    def __init__(self, request: dict[str, Any] | None, cwd: str) -> None:
+        self.request = request
+        # Absolute now: the code may change its working directory.
+        self.dir = os.path.join(cwd, request["dir"]) if request else ""
+        self.restored: Any = None
+        self.started = time.monotonic()
+        self.report: dict[str, Any] | None = None
+        if request:
+            self.report = {
+                "restored": [],
+                "saved": [],
+                "skipped": {},
+                "bytes": 0,
+                "fresh": bool(request.get("fresh")),
+            }
+
+    def restore(self, namespace: dict[str, Any]) -> None:
+        if self.report is not None and _STATE is None:
+            self.report["skipped"]["*"] = "the zygote could not load state.py: no state is kept"
+        if not self.request or self.request.get("fresh") or _STATE is None:
+            return
+        assert self.report is not None
+        # Before any user code: a moment of dumpable only where no other process can reach this one.
+        window = bool(self.request.get("pagemap_window"))
+        _STATE.open_pagemap((lambda on: _prctl(PR_SET_DUMPABLE, 1 if on else 0)) if window else None)
+        try:
+            self.restored = _STATE.restore(namespace, self.dir)
+        except Exception as exc:  # the run goes on with empty globals; the reason is reported
+            self.report["skipped"]["*"] = (
+                f"the saved state could not be restored: {type(exc).__name__}: {exc}"
+            )
+            return
+        self.report["restored"] = _STATE.cap_names(self.restored.names)
+        self.report["restored_count"] = len(self.restored.names)
+        self.report["skipped"].update(self.restored.skipped)
+        self.report["restore_ms"] = self.restored.ms
+        self.report["bytes"] = self.restored.bytes
+
+    def save(self, namespace: dict[str, Any]) -> None:
+        if not self.request or self.request.get("fresh") or _STATE is None:
+            return
+        assert self.report is not None
+        timeout = self.request.get("run_timeout_s")
+        left = float(timeout) - (time.monotonic() - self.started) if timeout else float("inf")
+        budget = min(float(self.request["max_save_s"]), left - SAVE_MARGIN_S)
+        if budget <= 0:
+            self.report["save_error"] = (
+                "no time left in the run's timeout to save; the previous state is kept"
+            )
+            return
+        try:
+            saved = _STATE.save(
+                namespace,
+                self.dir,
+                self.restored,
+                max_bytes=int(self.request["max_bytes"]),
+                max_save_s=budget,
+            )
+        except BaseException as exc:  # KeyboardInterrupt too: the timeout came during the save
+            self.report["save_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            return
+        self.report["saved"] = _STATE.cap_names(saved["saved"])
+        self.report["saved_count"] = len(saved["saved"])
+        self.report["skipped"].update(saved["skipped"])
+        self.report["bytes"] = saved["bytes"]
+        self.report["save_ms"] = saved["save_ms"]
+        self.report["written_bytes"] = saved["written_bytes"]
+        skipped = self.report["skipped"]
+        if len(skipped) > _STATE.MAX_REPORTED_NAMES:
+            self.report["skipped"] = dict(list(skipped.items())[: _STATE.MAX_REPORTED_NAMES])
 
 
 def _child_main(req: dict[str, Any], namespaced: bool, warm: dict[str, Any]) -> None:
@@ -1781,13 +1881,31 @@ def _sibling(name: str) -> types.ModuleType:
     return module
 
 
+_STATE: Any = None
+"""``state.py`` (live session state), loaded once by the zygote before it forks (``main``)."""
+
+
+def _load_state_module() -> Any:
+    """``state.py``, importable in the child by its private name: pickle names its reconstructors by
+    module. The serialiser is imported here once, so no run pays for it."""
+    module = _sibling("state")
+    sys.modules[module.__name__] = module
+    module.serializer()
+    return module
+
+
 def main() -> None:
+    global _STATE
     # Not dumpable, so are the spares forked from it: a run of the same uid cannot read or write
     # their memory through /proc/<pid>/mem (the next run would start from what it wrote).
     _prctl(PR_SET_DUMPABLE, 0)
     config = json.loads(sys.argv[1])
     zygote = Zygote(config)
     loaded, errors = _preload(list(config.get("preload", [])))
+    try:
+        _STATE = _load_state_module()
+    except Exception as exc:  # runs then keep no state, and say so (see _SessionState)
+        errors["state"] = f"{type(exc).__name__}: {exc}"
     warm_error = _warm_up(config.get("warmup", ""))
     if warm_error:
         errors["warm-up"] = warm_error

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -156,24 +157,29 @@ def invoke(code: str, context: Context | None = None, **fields: Any) -> dict[str
     return answer
 
 
-def scope_objects(s3: Any) -> dict[str, bytes]:
-    """The scope's files in the bucket (folder markers left out): workspace path -> bytes."""
+def scope_objects(s3: Any, *, with_state: bool = False) -> dict[str, bytes]:
+    """The scope's files in the bucket (folder markers left out): workspace path -> bytes. The
+    sessions' live state (``work/sessions/``, which every run of a session writes) only when
+    ``with_state``."""
     found: dict[str, bytes] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{SCOPE.key}/"):
         for item in page.get("Contents", []):
             path = item["Key"][len(SCOPE.key) + 1 :]
-            if not path.endswith("/"):
+            if not path.endswith("/") and (with_state or not path.startswith("work/sessions/")):
                 found[path] = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
     return found
 
 
 def local_files(workspace: S3Workspace, scope: ConversationScope = SCOPE) -> dict[str, bytes]:
-    """The regular files of the scope's local working copy: workspace path -> bytes."""
+    """The regular files of the scope's local working copy: workspace path -> bytes (the sessions'
+    live state, ``work/sessions/``, left out as in ``scope_objects``)."""
     root = workspace.local_root(scope)
     return {
         path.relative_to(root).as_posix(): path.read_bytes()
         for path in sorted(root.rglob("*"))
-        if path.is_file() and not path.is_symlink()
+        if path.is_file()
+        and not path.is_symlink()
+        and not path.relative_to(root).as_posix().startswith("work/sessions/")
     }
 
 
@@ -215,9 +221,11 @@ def test_a_run_reads_synced_files_and_its_changes_reach_the_bucket(aws: Any, wor
     assert result.files_changed == ["datasets/old.csv", "datasets/x.csv", "reports/gone.md"]
     assert answer == EnvPointer(run_id=RUN_ID, status="ok", result_key=RESULT_KEY).model_dump()
     # And the working copy is kept for the scope's next run, holding the scope's files and no more
-    assert local_files(workspace) == {
-        path: data for path, data in objects.items() if not path.startswith("work/runs/")
+    # (the session's live state is there too, compared in the state tests below)
+    kept = {
+        path: data for path, data in local_files(workspace).items() if not path.startswith("work/sessions/")
     }
+    assert kept == {path: data for path, data in objects.items() if not path.startswith("work/runs/")}
 
 
 def test_links_and_rule_breaking_names_are_not_uploaded_and_are_reported(
@@ -1471,3 +1479,96 @@ def test_a_notice_queue_that_is_not_a_run_notice_queue_is_refused() -> None:
     # Then it is not a request: nothing would be sent there
     with pytest.raises(ValidationError, match="notice_queue_url"):
         EnvRequest.model_validate(event)
+
+
+# ----------------------------------------------------------------------------- live session state
+
+
+SESSION = EVENT["session_id"]
+STATE_PREFIX = f"work/sessions/{SESSION}/"
+
+
+def test_a_sessions_state_travels_through_s3_to_the_next_invocation(
+    aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the env function with multipart uploads from 5 MiB, and a run that leaves a number and a
+    # 6 MB array in its session
+    workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / "wc", multipart_bytes=5 * 2**20)
+    monkeypatch.setattr(env_function, "get_workspace", lambda: workspace)
+    monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
+    workspace.ensure_scope(SCOPE)
+    uploads: list[str] = []
+    real_create = aws.create_multipart_upload
+    monkeypatch.setattr(
+        aws, "create_multipart_upload", lambda **kw: uploads.append(kw["Key"]) or real_create(**kw)
+    )
+    invoke("import numpy as np\nx = 41\na = np.arange(750_000)", run_id="01RUNSTATE0000000000000001")
+
+    # Then the state objects are in S3 under the session's folder, written before the claim check
+    first = stored_result(workspace, "01RUNSTATE0000000000000001")
+    assert first.state is not None and set(first.state.saved) == {"np", "x", "a"}, first.state
+    objects = scope_objects(aws, with_state=True)
+    state = sorted(path for path in objects if path.startswith(STATE_PREFIX))
+    manifest = json.loads(objects[STATE_PREFIX + "manifest.json"])
+    assert set(state) == {
+        STATE_PREFIX + name
+        for name in ("manifest.json", manifest["pickle"], *(b["file"] for b in manifest["buffers"]))
+    }
+    assert any(key.endswith(".bin") for key in uploads), "the 6 MB buffer went by multipart upload"
+    # And the next invocation lands in another execution environment: no working copy, S3 alone
+    shutil.rmtree(workspace.local_dir)
+
+    # When the next invocation of the session reads them
+    invoke("print(x + 1, int(a.sum()))", run_id="01RUNSTATE0000000000000002")
+
+    # Then it has them, restored in its own child
+    second = stored_result(workspace, "01RUNSTATE0000000000000002")
+    assert second.stdout == f"42 {sum(range(750_000))}\n", second.error
+    assert second.state is not None and second.state.restored_count == 3
+
+    # When a run rebinds the array, and a later one is killed at its timeout after changing x
+    invoke("a = np.arange(3)", run_id="01RUNSTATE0000000000000003")
+    after_rebind = {p for p in scope_objects(aws, with_state=True) if p.startswith(STATE_PREFIX)}
+    invoke("x = 0\nwhile True:\n    pass", run_id="01RUNSTATE0000000000000004", limits={"timeout_s": 1})
+
+    # Then the old array's object was deleted, the killed run changed nothing in S3, and x is 41
+    old_bins = {STATE_PREFIX + b["file"] for b in manifest["buffers"]}
+    assert not old_bins & after_rebind
+    assert {p for p in scope_objects(aws, with_state=True) if p.startswith(STATE_PREFIX)} == after_rebind
+    invoke("print(x, a.tolist())", run_id="01RUNSTATE0000000000000005")
+    assert stored_result(workspace, "01RUNSTATE0000000000000005").stdout == "41 [0, 1, 2]\n"
+
+
+def test_a_run_of_another_session_starts_empty_and_a_fresh_run_keeps_the_state(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given a session holding x
+    invoke("x = 'mine'", run_id="01RUNSTATE0000000000000011")
+
+    # When a run of another session of the scope, and a fresh run of the same one, look for x
+    invoke(
+        "print('x' in globals())",
+        run_id="01RUNSTATE0000000000000012",
+        session_id="another-session-0000000000000000",
+    )
+    invoke("print('x' in globals())\nx = 'fresh'", run_id="01RUNSTATE0000000000000013", fresh=True)
+
+    # Then neither sees it, and the session's next run still has its own x
+    assert stored_result(workspace, "01RUNSTATE0000000000000012").stdout == "False\n"
+    assert stored_result(workspace, "01RUNSTATE0000000000000013").stdout == "False\n"
+    invoke("print(x)", run_id="01RUNSTATE0000000000000014")
+    assert stored_result(workspace, "01RUNSTATE0000000000000014").stdout == "mine\n"
+
+
+def test_the_expired_sessions_state_objects_are_deleted(aws: Any, workspace: S3Workspace) -> None:
+    # Given a session with state in S3 and a file of the scope
+    invoke("x = 1\nopen('reports/kept.md', 'w').write('kept')", run_id="01RUNSTATE0000000000000021")
+    assert any(p.startswith(STATE_PREFIX) for p in scope_objects(aws, with_state=True))
+
+    # When its state is dropped (what ending the session does)
+    workspace.drop_session_state(SCOPE, SESSION)
+
+    # Then no state object is left, and the file is
+    objects = scope_objects(aws, with_state=True)
+    assert not any(p.startswith(STATE_PREFIX) for p in objects)
+    assert objects["reports/kept.md"] == b"kept"

@@ -1,0 +1,121 @@
+"""Where a session's live state lives in its scope, and what the supervisor asks of the child about
+it (DESIGN §4.7). The child restores and saves (``state.py``, loaded by the zygote); nothing here
+unpickles anything: the supervisor and the backends only place, list, move and delete state files.
+
+Example::
+
+    state = StateRequest(session_id=session.session_id, max_bytes=512 * 2**20)
+    result = sandbox.run("x = 41", cwd=root, state=state)
+    result = sandbox.run("print(x + 1)", cwd=root, state=state)   # prints 42
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from alphaagent.errors import InvalidRequestError
+
+SESSIONS_DIR: Final = "work/sessions"
+"""The platform-owned folder of every scope that holds its sessions' states, one folder per session
+(``work/sessions/{session_id}/``): never reported as the code's changes, never synced from a run."""
+
+DEFAULT_STATE_MB: Final = 512
+"""The default cap of a session's saved state (``EnvironmentLimits.state_mb``, DESIGN §4.7)."""
+
+DEFAULT_SAVE_S: Final = 10.0
+"""The default cap on the time the child spends saving after the code ran, in seconds: past it the
+largest objects are dropped. Ten seconds write ~1 GB on a slow disk, and are part of the run's own
+wall clock, so a run near its timeout loses its save, never its result."""
+
+MANIFEST: Final = "manifest.json"
+_SESSION_ID: Final = re.compile(r"[0-9A-Za-z_-]{1,64}")
+_STATE_FILE: Final = re.compile(r"g[0-9]{1,12}-[0-9a-f]{8}\.(pkl|bin)")
+
+
+@dataclass(frozen=True)
+class StateRequest:
+    """What a run keeps of its session's state.
+
+    ``session_id``: whose state (a platform id, 1-64 of ``[0-9A-Za-z_-]``). ``fresh``: run with
+    empty globals and keep the saved state as it is. ``max_bytes``: the cap of the saved state
+    (the environment's ``state_mb`` in bytes). ``max_save_s``: the save time cap, seconds.
+
+    Raises ``InvalidRequestError`` for a session id that could not be a folder name.
+    """
+
+    session_id: str
+    fresh: bool = False
+    max_bytes: int = DEFAULT_STATE_MB * 2**20
+    max_save_s: float = DEFAULT_SAVE_S
+
+    def __post_init__(self) -> None:
+        if not _SESSION_ID.fullmatch(self.session_id):
+            raise InvalidRequestError("session_id: must be 1-64 of [0-9A-Za-z_-]")
+        if self.max_bytes < 1 or self.max_save_s <= 0:
+            raise InvalidRequestError("state: max_bytes must be >= 1 and max_save_s > 0")
+
+    @property
+    def path(self) -> str:
+        """The state's folder, workspace-relative: ``work/sessions/{session_id}``."""
+        return state_path(self.session_id)
+
+    def for_child(self) -> dict[str, Any]:
+        """The ``state`` field of the zygote's spawn request (see ``zygote._SessionState``)."""
+        return {
+            "dir": self.path,
+            "fresh": self.fresh,
+            "max_bytes": self.max_bytes,
+            "max_save_s": self.max_save_s,
+        }
+
+
+def valid_session_id(session_id: str) -> bool:
+    """Whether ``session_id`` can name a state folder (1-64 of ``[0-9A-Za-z_-]``)."""
+    return bool(_SESSION_ID.fullmatch(session_id))
+
+
+def state_path(session_id: str) -> str:
+    """``work/sessions/{session_id}``: the workspace-relative folder of a session's state."""
+    return f"{SESSIONS_DIR}/{session_id}"
+
+
+def state_files(root: Path, session_id: str) -> list[str]:
+    """The workspace-relative paths of the session's current state, manifest LAST (so an upload in
+    this order never makes a manifest visible before the files it names): what the manifest in
+    ``root``'s state folder names, if it is a regular file with a sane layout; [] when there is no
+    state. Files the manifest does not name (a run's own writes there, leftovers) are not listed."""
+    folder = root / state_path(session_id)
+    try:
+        info = os.lstat(folder / MANIFEST)
+        if not stat.S_ISREG(info.st_mode) or stat.S_ISLNK(os.lstat(folder).st_mode):
+            return []
+        manifest = json.loads((folder / MANIFEST).read_bytes()[: 1 << 22])
+        names = {str(manifest["pickle"]), *(str(ref["file"]) for ref in manifest.get("buffers", []))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    if not all(_STATE_FILE.fullmatch(name) for name in names):
+        return []
+    base = state_path(session_id)
+    return [f"{base}/{name}" for name in sorted(names)] + [f"{base}/{MANIFEST}"]
+
+
+def drop_state(root: Path, session_id: str) -> bool:
+    """Delete a session's state folder under the scope root ``root`` (its session ended); True if
+    there was one. Symlinks are removed, never followed."""
+    folder = root / state_path(session_id)
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(folder)  # rmtree does not follow symlinks inside (its fd-based walk)
+    else:
+        folder.unlink()
+    return True
