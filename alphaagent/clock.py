@@ -7,6 +7,7 @@ a deadline passes without the test sleeping through it, and a wait of 30 s takes
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -50,3 +51,10 @@ class SystemClock:
 
 SYSTEM_CLOCK: Clock = SystemClock()
 """The clock every caller uses unless handed another one."""
+
+
+@functools.cache
+def get_clock() -> Clock:
+    """The process's clock, for an edge (a CLI command) that hands it to the code it calls; a test
+    replaces this getter with one returning a fake clock."""
+    return SYSTEM_CLOCK

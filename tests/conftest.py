@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from clocks import FakeClock
 from moto_account import FAKE_CREDENTIALS, MotoAccount
 
 
@@ -36,6 +37,19 @@ def _serialise_moto_dynamodb() -> None:
 
 
 _serialise_moto_dynamodb()
+
+
+# -- the clock ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The process's clock (``alphaagent.clock.get_clock``), standing still until the test moves it."""
+    from alphaagent import clock
+
+    fake = FakeClock()
+    monkeypatch.setattr(clock, "get_clock", lambda: fake)
+    return fake
 
 
 # -- the simulated AWS account (moto) ------------------------------------------------------------------

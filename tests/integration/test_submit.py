@@ -16,6 +16,7 @@ from typing import Any
 
 import boto3
 import pytest
+from clocks import FakeClock
 from iam import Iam, Physical
 from moto_account import MotoAccount
 
@@ -508,9 +509,10 @@ def test_submit_wait_timeout_exits_1_naming_the_turn(
 
 
 def test_another_users_turn_is_never_shown(
-    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_clock: FakeClock
 ) -> None:
-    # Given bob's finished turn, and the answer for a turn id that exists nowhere
+    # Given bob's finished turn, and the answer for a turn id that exists nowhere (both waits are
+    # timed on a fake clock: the answers are compared byte for byte, the seconds waited included)
     store: DynamoStore = aws["store"]
     _finish(store, _running_turn(store, user_id="bob"), COMPLETED)
     unknown = "01JDQ8Z6Q4M3W8K2X5V7N9B0ZZ"
