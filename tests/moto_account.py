@@ -28,7 +28,7 @@ class MotoAccount:
     @functools.cache  # noqa: B019 - one account per test: the cache dies with it
     def client(self, service: str) -> Any:
         """The account's boto3 client for ``service`` (one per service)."""
-        return boto3.client(service, region_name=self.region)  # type: ignore[call-overload]
+        return boto3.client(service, region_name=self.region)
 
     def bucket(self, name: str, *, versioned: bool = False) -> Any:
         """Create the S3 bucket ``name`` (versioned if asked); return the S3 client."""

@@ -520,7 +520,9 @@ def _sigterm_scenario(home: Path, step_s: float, stop_timeout_s: float) -> dict[
 
 
 def _run_sigterm_scenario(tmp_path: Path, step_s: float, stop_timeout_s: float) -> dict[str, Any]:
-    env = {**os.environ, **FAKE_AWS}
+    # The script imports the tests' shared helpers (assertions, moto_account) as pytest's pythonpath does.
+    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, **FAKE_AWS, "PYTHONPATH": path}
     args = [sys.executable, __file__, str(tmp_path / "home"), str(step_s), str(stop_timeout_s)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
