@@ -28,8 +28,10 @@ from integration.test_turn_machine import (  # the fixture is used by name below
     USER,
     Stack,
     analysis_spec,
+    aws_region,  # noqa: F401 - the stack fixture requests it (the moto account's region)
     conversation,
     iam_template,  # noqa: F401 - the stack fixture requests it
+    moto_config,  # noqa: F401 - the stack fixture requests it (Step Functions executes)
     stack,
     upload_measurements,
 )

@@ -26,7 +26,9 @@ from integration.test_turn_machine import (  # iam_template: the stack fixture r
     TABLE,
     USER,
     Stack,
+    aws_region,  # noqa: F401 - the stack fixture requests it (the moto account's region)
     iam_template,  # noqa: F401
+    moto_config,  # noqa: F401 - the stack fixture requests it (Step Functions executes)
     stack,
     wait_for,
 )
