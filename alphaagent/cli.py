@@ -331,6 +331,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, timeout_s: float) -> int:
     from alphaagent.aws.client import aws_client, queue_region, submit_spec, wait_for_turn
     from alphaagent.aws.store import DynamoStore
+    from alphaagent.clock import get_clock
     from alphaagent.errors import TurnWaitTimeoutError
 
     region = queue_region(queue_url)
@@ -340,6 +341,7 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
         return EXIT_OK
     print(f"submitted turn {turn_id}", file=sys.stderr, flush=True)
     store = DynamoStore(table, client=aws_client("dynamodb", region))
+    clock = get_clock()
     try:
         result = wait_for_turn(
             store,
@@ -348,6 +350,8 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
             timeout_s=timeout_s,
             progress=lambda status: print(f"turn {turn_id}: {status}", file=sys.stderr, flush=True),
             spec_sha256=spec.digest(),
+            sleep=clock.sleep,
+            clock=clock.monotonic,
         )
     except TurnWaitTimeoutError as exc:
         return _fail(f"{exc}; it may still finish", EXIT_FAILED, as_json=args.json)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
+from clocks import FakeClock
+from moto_account import FAKE_CREDENTIALS, MotoAccount
 
 
 def _serialise_moto_dynamodb() -> None:
@@ -32,3 +37,46 @@ def _serialise_moto_dynamodb() -> None:
 
 
 _serialise_moto_dynamodb()
+
+
+# -- the clock ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The process's clock (``alphaagent.clock.get_clock``), standing still until the test moves it."""
+    from alphaagent import clock
+
+    fake = FakeClock()
+    monkeypatch.setattr(clock, "get_clock", lambda: fake)
+    return fake
+
+
+# -- the simulated AWS account (moto) ------------------------------------------------------------------
+# One set-up for every test that needs AWS: fake credentials (no profile can leak a real account in),
+# a region, and mock_aws around the test. A module picks its region or moto's configuration by
+# overriding the ``aws_region`` or ``moto_config`` fixture.
+
+
+@pytest.fixture
+def aws_region() -> str:
+    """The region of the test's moto account."""
+    return "us-east-1"
+
+
+@pytest.fixture
+def moto_config() -> dict[str, Any] | None:
+    """moto's configuration for the test (None: moto's defaults)."""
+    return None
+
+
+@pytest.fixture
+def moto(monkeypatch: pytest.MonkeyPatch, aws_region: str, moto_config: Any) -> Iterator[MotoAccount]:
+    """A moto account with fake credentials in ``aws_region``, live for the test."""
+    from moto import mock_aws
+
+    for name, value in {**FAKE_CREDENTIALS, "AWS_DEFAULT_REGION": aws_region}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws(config=moto_config):
+        yield MotoAccount(aws_region)

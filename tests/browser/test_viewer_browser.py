@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 from viewer_data import Home
 
 from alphaagent.api import AlphaAgent
@@ -146,7 +147,7 @@ def viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Viewer]:
     conversation = "revenue-demo"
     agent = AlphaAgent(home)
     result = agent.run_analysis(_spec(conversation))
-    assert result.status == "completed", result.model_dump_json(indent=2)
+    assert_status(result, "completed", result.model_dump_json(indent=2))
     listener = bind("127.0.0.1", 0)
     port = listener.getsockname()[1]
     app = create_app(local_reader(home, USER), token=TOKEN, cookie_name=f"alphaagent_viewer_{port}")

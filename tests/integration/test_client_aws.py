@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 pytest.importorskip("mcp")
 
@@ -27,8 +28,10 @@ from integration.test_turn_machine import (  # the fixture is used by name below
     USER,
     Stack,
     analysis_spec,
+    aws_region,  # noqa: F401 - the stack fixture requests it (the moto account's region)
     conversation,
     iam_template,  # noqa: F401 - the stack fixture requests it
+    moto_config,  # noqa: F401 - the stack fixture requests it (Step Functions executes)
     stack,
     upload_measurements,
 )
@@ -69,7 +72,7 @@ def test_run_analysis_submits_waits_and_returns_the_turn_result(stack: Stack) ->
     result = client.run_analysis(spec, progress=progress.append)
 
     # Then it came back completed, with the artifacts the stack registered
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert result.turn_id == spec["turn_id"]
     assert {(a.kind, a.name, a.version) for a in result.artifacts} == {
         ("dataset", "summary", 1),
@@ -78,7 +81,7 @@ def test_run_analysis_submits_waits_and_returns_the_turn_result(stack: Stack) ->
     assert progress[0] == f"turn {spec['turn_id']}: submitted" and progress[-1].endswith(": completed")
 
     # And the same client reads them back from the table and the bucket
-    assert client.turn(result.turn_id).status == "completed"
+    assert_status(client.turn(result.turn_id), "completed")
     assert [t.turn_id for t in client.turns(scope)] == [result.turn_id]
     versions = client.artifacts(scope)
     assert {v.name for v in versions} == {"summary", "mass"}
@@ -92,7 +95,7 @@ def test_run_analysis_submits_waits_and_returns_the_turn_result(stack: Stack) ->
     del again["turn_id"]
     submitted = client.run_analysis(again, wait=False)
     assert submitted.scope == scope
-    assert client.result(submitted.turn_id).status == "completed"
+    assert_status(client.result(submitted.turn_id), "completed")
 
 
 def test_another_users_spec_is_refused_before_anything_is_sent(stack: Stack) -> None:
@@ -143,7 +146,8 @@ def test_the_mcp_server_on_the_aws_backend_returns_the_same_result_shape(stack: 
     # Then the result is the local backend's shape, with the scope root in the bucket
     assert not ran.is_error, ran.content
     result = ran.structured_content
-    assert result["status"] == "completed" and result["turn_id"] == spec["turn_id"]
+    assert_status(result, "completed")
+    assert result["turn_id"] == spec["turn_id"]
     assert result["scope_root"] == f"s3://{BUCKET}/{scope.key}"
     assert {(a["kind"], a["name"]) for a in result["artifacts"]} == {
         ("dataset", "summary"),

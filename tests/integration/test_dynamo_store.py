@@ -18,9 +18,10 @@ from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
+from assertions import assert_status
+from moto_account import MotoAccount
 
-from alphaagent.aws.store import RECORD_BUDGET_BYTES, TTL_ATTRIBUTE, DynamoStore, create_table
+from alphaagent.aws.store import RECORD_BUDGET_BYTES, TTL_ATTRIBUTE, DynamoStore
 from alphaagent.errors import StoreError
 from alphaagent.ids import new_ulid
 from alphaagent.local.store import SqliteStore
@@ -37,20 +38,14 @@ TABLE = "alphaagent-state-test"
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A moto account with fake credentials; yields a DynamoDB client with the state table."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "eu-west-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        client = boto3.client("dynamodb", region_name="eu-west-1")
-        create_table(client, TABLE)
-        yield client
+def aws_region() -> str:
+    return "eu-west-1"
+
+
+@pytest.fixture
+def aws(moto: MotoAccount) -> Any:
+    """A DynamoDB client of the moto account, with the state table."""
+    return moto.state_table(TABLE)
 
 
 class AtomicCalls:
@@ -470,7 +465,8 @@ def test_finishing_an_unknown_or_another_users_turn_does_nothing(store: Store) -
     # Then nothing is stored and T1 still runs
     assert store.get_turn(ALICE, "T9") is None
     turn = store.get_turn(ALICE, "T1")
-    assert turn is not None and turn.status == "running"
+    assert turn is not None
+    assert_status(turn, "running")
 
 
 def test_turns_are_listed_oldest_first(store: Store) -> None:
@@ -820,7 +816,9 @@ def test_an_oversized_stream_and_turn_result_are_cut_and_flagged(dynamo: DynamoS
     assert stored is not None and stored.stderr_truncated is True and stored.stdout_truncated is False
     assert stored.stderr.startswith("traceback line\n" * 60) and "[truncated by the store:" in stored.stderr
     turn = dynamo.get_turn(ALICE, "T1")
-    assert turn is not None and turn.status == "completed" and turn.result is not None
+    assert turn is not None
+    assert_status(turn, "completed")
+    assert turn.result is not None
     assert turn.result.summary.startswith("s" * 1000) and len(turn.result.summary) < RECORD_BUDGET_BYTES
     assert max(_item_sizes(aws)) < 400_000
 

@@ -5,7 +5,6 @@ refused entry is a retryable error naming the failure."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto import mock_aws
+from moto_account import MotoAccount
 
 from alphaagent.aws.bus import (
     MAX_CONFIGURABLE_ENTRY_BYTES,
@@ -127,16 +126,13 @@ class Aws:
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-    }.items():
-        monkeypatch.setenv(name, value)
-    with mock_aws():
-        yield Aws()
+def aws_region() -> str:
+    return REGION
+
+
+@pytest.fixture
+def aws(moto: MotoAccount) -> Aws:
+    return Aws()
 
 
 @pytest.fixture

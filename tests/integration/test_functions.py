@@ -16,15 +16,15 @@ from typing import Any
 
 import boto3
 import pytest
+from assertions import assert_status
 from aws_lambda_powertools.utilities.parser.models import SqsModel
 from iam import Iam, Physical
-from moto import mock_aws
+from moto_account import MotoAccount
 from pydantic import BaseModel
 
 from alphaagent.aws.backend import get_backend, get_event_bus, get_stepfunctions_client, notice_sqs
 from alphaagent.aws.notices import RunNotice
 from alphaagent.aws.settings import get_lambda_settings
-from alphaagent.aws.store import create_table
 from alphaagent.domain.turn_steps import CODE_STATE_MARGIN_S, spec_from_message
 from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, MissingSettingError, NotFoundError
 from alphaagent.models.aws import (
@@ -115,13 +115,14 @@ class Context:
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+def aws_region() -> str:
+    return REGION
+
+
+@pytest.fixture
+def aws(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A moto account with the state table, the bucket, the bus, the coder queue and a turn machine."""
     for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
         "POWERTOOLS_TRACE_DISABLED": "true",
         "POWERTOOLS_METRICS_NAMESPACE": "alphaagent-test",
         "STATE_TABLE_NAME": TABLE,
@@ -131,7 +132,6 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         "LOCK_LEASE_S": "600",
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
     # Every handler runs with its function's role from template.yaml (tests/iam.py).
     names = {
         "StateTable": TABLE,
@@ -143,36 +143,31 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     for module, logical in iam.handlers().items():
         handler = sys.modules[module].lambda_handler
         monkeypatch.setattr(sys.modules[module], "lambda_handler", iam.as_component(logical, handler))
-    with mock_aws():
-        iam.install()
-        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
-        s3 = boto3.client("s3", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-        events = boto3.client("events", region_name=REGION)
-        events.create_event_bus(Name=BUS)
-        sqs = boto3.client("sqs", region_name=REGION)
-        sink = sqs.create_queue(QueueName="bus-sink")["QueueUrl"]
-        sink_arn = sqs.get_queue_attributes(QueueUrl=sink, AttributeNames=["QueueArn"])["Attributes"][
-            "QueueArn"
-        ]
-        events.put_rule(Name="all", EventBusName=BUS, EventPattern=json.dumps({"source": [{"prefix": ""}]}))
-        events.put_targets(Rule="all", EventBusName=BUS, Targets=[{"Id": "sink", "Arn": sink_arn}])
-        coder_queue = sqs.create_queue(QueueName="coder")["QueueUrl"]
-        machine = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
-            name="alphaagent-turn",
-            definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),
-            roleArn="arn:aws:iam::123456789012:role/alphaagent-turn",
-        )["stateMachineArn"]
-        monkeypatch.setenv("STATE_MACHINE_ARN", machine)
-        monkeypatch.setenv("CODER_QUEUE_URL", coder_queue)
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
-            getter.cache_clear()
-        try:
-            yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
-        finally:
-            iam.uninstall()
-        for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
-            getter.cache_clear()
+    iam.install()
+    moto.state_table(TABLE)
+    s3 = moto.bucket(BUCKET)
+    events = moto.client("events")
+    events.create_event_bus(Name=BUS)
+    sqs = moto.client("sqs")
+    sink = moto.queue("bus-sink")
+    events.put_rule(Name="all", EventBusName=BUS, EventPattern=json.dumps({"source": [{"prefix": ""}]}))
+    events.put_targets(Rule="all", EventBusName=BUS, Targets=[{"Id": "sink", "Arn": moto.queue_arn(sink)}])
+    coder_queue = moto.queue("coder")
+    machine = moto.client("stepfunctions").create_state_machine(
+        name="alphaagent-turn",
+        definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}),
+        roleArn="arn:aws:iam::123456789012:role/alphaagent-turn",
+    )["stateMachineArn"]
+    monkeypatch.setenv("STATE_MACHINE_ARN", machine)
+    monkeypatch.setenv("CODER_QUEUE_URL", coder_queue)
+    for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
+        getter.cache_clear()
+    try:
+        yield {"s3": s3, "sqs": sqs, "sink": sink, "machine": machine}
+    finally:
+        iam.uninstall()
+    for getter in (get_lambda_settings, get_backend, get_stepfunctions_client, get_event_bus, notice_sqs):
+        getter.cache_clear()
     assert not iam.denied, iam.report()
 
 
@@ -393,7 +388,8 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
     assert stored["turn_id"] == TURN_ID
     store = get_backend().store
     turn = store.get_turn(USER, TURN_ID)
-    assert turn is not None and turn.status == "running"
+    assert turn is not None
+    assert_status(turn, "running")
     assert turn.session_id == prepared["session_id"]
     assert published(aws).count("TurnStarted") == 1
 
@@ -406,13 +402,16 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
     late = finalize_turn.lambda_handler(load("finalize_turn_failed.json"), Context())
     # Then it completed, the result file is in S3, TurnCompleted was published, and nothing regressed;
     # the step returns where the result is, the record holds it
-    assert result["status"] == "completed" and late == result
+    assert_status(result, "completed")
+    assert late == result
     assert result["result_key"] == f"work/turns/{TURN_ID}/result.json"
     finished = store.get_turn(USER, TURN_ID)
-    assert finished is not None and finished.status == "completed" and finished.result is not None
+    assert finished is not None
+    assert_status(finished, "completed")
+    assert finished.result is not None
     assert (finished.result.summary, finished.result.run_ids) == ("1 step(s) ran.", [RUN_ID])
     key = f"{SCOPE.key}/work/turns/{TURN_ID}/result.json"
-    assert json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=key)["Body"].read())["status"] == "completed"
+    assert_status(json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=key)["Body"].read()), "completed")
     assert published(aws) == ["TurnCompleted"]
 
     # When the lock is released, another execution can take it
@@ -438,9 +437,10 @@ def test_finalize_returns_a_pointer_however_large_the_turn_result(aws: dict[str,
     # the whole result is at the pointer's key in the scope
     assert len(json.dumps(output).encode()) < 1024, output
     pointer = FinalizeOutput.model_validate(output)
-    assert pointer.status == "completed"
+    assert_status(pointer, "completed")
     turn = get_backend().store.get_turn(USER, TURN_ID)
-    assert turn is not None and turn.status == "completed"
+    assert turn is not None
+    assert_status(turn, "completed")
     stored = aws["s3"].get_object(Bucket=BUCKET, Key=f"{SCOPE.key}/{pointer.result_key}")["Body"].read()
     assert TurnResult.model_validate_json(stored).summary == summary
 
@@ -452,12 +452,15 @@ def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, An
     again = finalize_turn.lambda_handler(event, Context())
     # Then the turn failed with the error name of the contract, TurnFailed was published once, and the
     # turn's record says so (whoever waits on the table sees the end)
-    assert result["status"] == "failed" and again == result
+    assert_status(result, "failed")
+    assert again == result
     assert result["error_name"] == "States.HeartbeatTimeout"
     assert published(aws) == ["TurnFailed"]
     user, turn_id = event["spec"]["user_id"], event["turn_id"]
     turn = get_backend().store.get_turn(user, turn_id)
-    assert turn is not None and turn.status == "failed" and turn.result is not None
+    assert turn is not None
+    assert_status(turn, "failed")
+    assert turn.result is not None
     assert turn.result.error is not None and turn.result.error.name == "States.HeartbeatTimeout"
 
 
@@ -511,9 +514,11 @@ def test_a_turn_refused_for_another_users_scope_touches_nothing_of_that_scope(aw
     result = finalize_turn.lambda_handler(event, Context())
 
     # Then mallory's own record ends failed, and nothing was written into alice's scope
-    assert result["status"] == "failed" and result["error_name"] == "NotFoundError"
+    assert_status(result, "failed")
+    assert result["error_name"] == "NotFoundError"
     turn = backend.store.get_turn("mallory", event["turn_id"])
-    assert turn is not None and turn.status == "failed"
+    assert turn is not None
+    assert_status(turn, "failed")
     assert aws["s3"].list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == before
     assert backend.store.list_turns(USER, SCOPE.key) == []
 
@@ -585,7 +590,8 @@ def test_a_failure_reported_after_the_result_never_turns_the_run_failed(aws: dic
     record_event.lambda_handler(load("destination_failure.json"), Context())
     # Then both events are in the log, and the run's record is still its result
     run = get_backend().store.get_run(USER, RUN_ID)
-    assert run is not None and run.status == "ok"
+    assert run is not None
+    assert_status(run, "ok")
     assert [e.detail_type for e in get_backend().store.list_events(TURN_ID)] == ["RunCompleted", "RunFailed"]
 
 
@@ -595,7 +601,8 @@ def test_a_destination_failure_record_becomes_a_failed_run(aws: dict[str, Any]) 
     # Then the run is recorded as failed with Lambda's error
     assert answer["detail_type"] == "RunFailed"
     run = get_backend().store.get_run(USER, RUN_ID)
-    assert run is not None and run.status == "failed"
+    assert run is not None
+    assert_status(run, "failed")
     assert run.error is not None and run.error.name == "Sandbox.Timedout"
 
 

@@ -16,11 +16,12 @@ from typing import Any
 
 import boto3
 import pytest
+from clocks import FakeClock
 from iam import Iam, Physical
-from moto import mock_aws
+from moto_account import MotoAccount
 
 from alphaagent.aws.client import client_settings, queue_region, submit_spec, wait_for_turn
-from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.aws.store import DynamoStore
 from alphaagent.cli import main
 from alphaagent.cli import main as cli_main
 from alphaagent.errors import InvalidSpecError, TurnWaitTimeoutError
@@ -64,17 +65,15 @@ OPERATOR_POLICY = [
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+def aws_region() -> str:
+    return REGION
+
+
+@pytest.fixture
+def aws(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A moto account with the stack's SpecQueue and state table, named by the client's variables."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-        "ALPHAAGENT_STATE_TABLE": TABLE,
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "ALPHAAGENT_SPEC_QUEUE_URL", "ALPHAAGENT_USER"):
+    monkeypatch.setenv("ALPHAAGENT_STATE_TABLE", TABLE)
+    for name in ("ALPHAAGENT_SPEC_QUEUE_URL", "ALPHAAGENT_USER"):
         monkeypatch.delenv(name, raising=False)
     # The CLI runs as an operator allowed only what submit needs (OPERATOR_POLICY; tests/iam.py).
     iam = Iam(
@@ -83,22 +82,20 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         principals={"Operator": OPERATOR_POLICY},
     )
     monkeypatch.setitem(globals(), "main", iam.as_component("Operator", cli_main))
-    with mock_aws():
-        iam.install()
-        try:
-            create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
-            sqs = boto3.client("sqs", region_name=REGION)
-            queue_url = sqs.create_queue(QueueName=SPEC_QUEUE)["QueueUrl"]
-            monkeypatch.setenv("ALPHAAGENT_SPEC_QUEUE_URL", queue_url)
-            client_settings.cache_clear()
-            yield {
-                "sqs": sqs,
-                "queue_url": queue_url,
-                "store": DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION)),
-                "iam": iam,
-            }
-        finally:
-            iam.uninstall()
+    iam.install()
+    try:
+        moto.state_table(TABLE)
+        queue_url = moto.queue(SPEC_QUEUE)
+        monkeypatch.setenv("ALPHAAGENT_SPEC_QUEUE_URL", queue_url)
+        client_settings.cache_clear()
+        yield {
+            "sqs": moto.client("sqs"),
+            "queue_url": queue_url,
+            "store": DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION)),
+            "iam": iam,
+        }
+    finally:
+        iam.uninstall()
     client_settings.cache_clear()
     assert not iam.denied, iam.report()
 
@@ -512,9 +509,10 @@ def test_submit_wait_timeout_exits_1_naming_the_turn(
 
 
 def test_another_users_turn_is_never_shown(
-    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_clock: FakeClock
 ) -> None:
-    # Given bob's finished turn, and the answer for a turn id that exists nowhere
+    # Given bob's finished turn, and the answer for a turn id that exists nowhere (both waits are
+    # timed on a fake clock: the answers are compared byte for byte, the seconds waited included)
     store: DynamoStore = aws["store"]
     _finish(store, _running_turn(store, user_id="bob"), COMPLETED)
     unknown = "01JDQ8Z6Q4M3W8K2X5V7N9B0ZZ"

@@ -38,18 +38,19 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from assertions import assert_status
 from botocore.exceptions import ClientError
 from cfn import load_template
 from iam import Iam, Physical, without_action
-from moto import mock_aws
 from moto.awslambda.models import LambdaBackend
 from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto_account import MotoAccount
 
 from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.settings import get_lambda_settings
-from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.environments import Environment, LambdaStart
 from alphaagent.ids import new_ulid
@@ -296,15 +297,14 @@ class Pump:
 class Stack:
     """The template's resources in moto, the turn machine, the pumps and one coder worker."""
 
-    def __init__(self, lambdas: InProcessLambda, iam: Iam) -> None:
+    def __init__(self, moto: MotoAccount, lambdas: InProcessLambda, iam: Iam) -> None:
         self.lambdas, self.iam = lambdas, iam
         self.template = load_template(ROOT / "template.yaml")
-        self.sqs = boto3.client("sqs", region_name=REGION)
-        self.events = boto3.client("events", region_name=REGION)
-        self.sfn = boto3.client("stepfunctions", region_name=REGION)
-        self.s3 = boto3.client("s3", region_name=REGION)
-        create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
-        self.s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        self.sqs = moto.client("sqs")
+        self.events = moto.client("events")
+        self.sfn = moto.client("stepfunctions")
+        moto.state_table(TABLE)
+        self.s3 = moto.bucket(BUCKET)
         # Versioned as the template makes it: reads return a VersionId, and copies pin it.
         versioning = self.resource("WorkspacesBucket")["Properties"]["VersioningConfiguration"]
         self.s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration=versioning)
@@ -574,12 +574,21 @@ def iam_template() -> str:
 
 
 @pytest.fixture
-def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, iam_template: str) -> Iterator[Stack]:
+def aws_region() -> str:
+    return REGION
+
+
+@pytest.fixture
+def moto_config() -> dict[str, Any]:
+    """Step Functions runs the machine; Lambda invokes run in-process (no Docker here)."""
+    return {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+
+
+@pytest.fixture
+def stack(
+    moto: MotoAccount, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, iam_template: str
+) -> Iterator[Stack]:
     for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
         "AWS_REGION": REGION,
         "POWERTOOLS_TRACE_DISABLED": "true",
         "POWERTOOLS_METRICS_NAMESPACE": "alphaagent-test",
@@ -590,7 +599,6 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, iam_template: str) ->
         "ENV_TENANT_ISOLATION": "Disabled",
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
     iam = Iam(iam_template, physical_names(), stacks=(ENV_TEMPLATE.read_text(),))
     lambdas = InProcessLambda(iam)
     # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
@@ -614,25 +622,24 @@ def stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, iam_template: str) ->
         env_function.get_env_settings,
         env_function.get_workspace,
     )
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}):
+    for getter in getters:
+        getter.cache_clear()
+    iam.install()  # before any client exists: each takes the session's handlers when created
+    created = Stack(moto, lambdas, iam)
+    monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
+    monkeypatch.setenv("CODER_QUEUE_URL", created.coder_queue)
+    get_lambda_settings.cache_clear()
+    try:
+        yield created
+    finally:
+        created.close()
+        iam.uninstall()
+        sandbox.close()
+        env_function.get_workspace.cache_clear()
+        env_function.get_env_settings.cache_clear()
+        env_function.get_store.cache_clear()
         for getter in getters:
             getter.cache_clear()
-        iam.install()  # before any client exists: each takes the session's handlers when created
-        created = Stack(lambdas, iam)
-        monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
-        monkeypatch.setenv("CODER_QUEUE_URL", created.coder_queue)
-        get_lambda_settings.cache_clear()
-        try:
-            yield created
-        finally:
-            created.close()
-            iam.uninstall()
-            sandbox.close()
-            env_function.get_workspace.cache_clear()
-            env_function.get_env_settings.cache_clear()
-            env_function.get_store.cache_clear()
-            for getter in getters:
-                getter.cache_clear()
     if os.environ.get("IAM_DEBUG"):
         print(sorted(iam.needs), iam.checked)
     assert not iam.denied, iam.report()
@@ -707,13 +714,15 @@ def assert_completed_turn(stack: Stack, spec: dict[str, Any]) -> None:
     """The records, files and events of a completed analysis turn."""
     turn_id, scope = spec["turn_id"], ConversationScope.model_validate(spec["scope"])
     execution = stack.execution(turn_id)
-    assert execution["status"] == "SUCCEEDED", stack.history(execution)
+    assert_status(execution, "SUCCEEDED", stack.history(execution))
     stack.settled(turn_id, "TurnCompleted")
     stack.settled(turn_id, "RunCompleted", count=2)
 
     # The turn record
     turn = stack.store.get_turn(USER, turn_id)
-    assert turn is not None and turn.status == "completed" and turn.result is not None
+    assert turn is not None
+    assert_status(turn, "completed")
+    assert turn.result is not None
     assert turn.result.summary.startswith("2 step(s) ran")
     assert len(turn.result.run_ids) == 2
 
@@ -735,14 +744,14 @@ def assert_completed_turn(stack: Stack, spec: dict[str, Any]) -> None:
     assert stored_spec["turn_id"] == turn_id
     for run_id in turn.result.run_ids:
         result = json.loads(stack.workspace.read_bytes(scope, f"work/runs/{run_id}/result.json"))
-        assert result["status"] == "ok"
+        assert_status(result, "ok")
     result = json.loads(stack.workspace.read_bytes(scope, f"work/turns/{turn_id}/result.json"))
-    assert result["status"] == "completed"
+    assert_status(result, "completed")
 
     # The events: on the bus and in the state table's log, each run reported exactly once
     [completed] = stack.bus_events_of(turn_id, "TurnCompleted")
     assert completed["source"] == "alphaagent.turn"
-    assert completed["detail"]["result"]["status"] == "completed"
+    assert_status(completed["detail"]["result"], "completed")
     logged = [e.detail_type for e in stack.store.list_events(turn_id)]
     assert logged.count("RunCompleted") == 2 and logged.count("ArtifactRegistered") == 2
     assert "TurnStarted" in logged and "TurnCompleted" in logged and "RunFailed" not in logged
@@ -790,7 +799,7 @@ def test_a_grant_taken_out_of_the_template_fails_the_turn_naming_it(
 
     # Then the turn fails, and the harness names the action the role lacked and its resource
     execution = stack.execution(spec["turn_id"])
-    assert execution["status"] == "FAILED", stack.history(execution)
+    assert_status(execution, "FAILED", stack.history(execution))
     denied = [d for d in stack.iam.denied if f" is not allowed {action} on arn:aws:" in d]
     assert denied, stack.iam.report()
     print(stack.iam.report())
@@ -845,7 +854,8 @@ def test_the_same_spec_delivered_three_times_is_one_turn(stack: Stack) -> None:
     versions = {(a.name, a.version) for a in stack.store.list_artifacts(USER, scope.key)}
     assert versions == {("summary", 1), ("mass", 1)}
     turn = stack.store.get_turn(USER, spec["turn_id"])
-    assert turn is not None and turn.status == "completed"
+    assert turn is not None
+    assert_status(turn, "completed")
     assert len(stack.bus_events_of(spec["turn_id"], "TurnCompleted")) == 1
 
 
@@ -891,7 +901,7 @@ def test_a_poison_message_is_retried_alone_and_dead_lettered(
     assert [json.loads(m["Body"])["turn_id"] for m in letters] == [poison]
     assert len(attempts) == stack.max_receive_count
     for spec in (specs[0], specs[2]):
-        assert stack.execution(spec["turn_id"])["status"] == "SUCCEEDED"
+        assert_status(stack.execution(spec["turn_id"]), "SUCCEEDED")
     assert sorted(e["name"] for e in stack.executions()) == sorted([specs[0]["turn_id"], specs[2]["turn_id"]])
 
 
@@ -931,12 +941,15 @@ def test_an_env_function_failure_is_a_run_failed_that_the_coder_sees(
     # Then the run is recorded as failed from the failure destination, the coder got the error, the
     # turn failed with it, and the lock is free
     execution = stack.execution(spec["turn_id"])
-    assert execution["status"] == "SUCCEEDED"  # the coder answered: the turn's failure is a result
+    assert_status(execution, "SUCCEEDED")
     stack.settled(spec["turn_id"], "TurnFailed")
     [run] = stack.store.list_runs(USER, scope.key)
-    assert run.status == "failed" and run.error is not None and run.error.name == error_name
+    assert_status(run, "failed")
+    assert run.error is not None and run.error.name == error_name
     turn = stack.store.get_turn(USER, spec["turn_id"])
-    assert turn is not None and turn.status == "failed" and turn.result is not None
+    assert turn is not None
+    assert_status(turn, "failed")
+    assert turn.result is not None
     assert turn.result.error is not None and turn.result.error.name == "EnvFunctionError"
     assert error_name in turn.result.error.value
     logged = [e.detail_type for e in stack.store.list_events(spec["turn_id"])]
@@ -959,9 +972,11 @@ def test_a_coder_failure_ends_the_turn_failed_and_releases_the_lock(stack: Stack
     # Then the execution failed, the turn record ended failed with the coder's error, TurnFailed went
     # out, and the lock is free
     execution = stack.execution(spec["turn_id"])
-    assert execution["status"] == "FAILED", stack.history(execution)
+    assert_status(execution, "FAILED", stack.history(execution))
     turn = stack.store.get_turn(USER, spec["turn_id"])
-    assert turn is not None and turn.status == "failed" and turn.result is not None, stack.history(execution)
+    assert turn is not None, stack.history(execution)
+    assert_status(turn, "failed", stack.history(execution))
+    assert turn.result is not None, stack.history(execution)
     stack.settled(spec["turn_id"], "TurnFailed")
     assert turn.result.error is not None and turn.result.error.name == "InvalidSpecError"
     assert turn.result.failed_step == "Code"
@@ -1010,7 +1025,8 @@ def test_an_aborted_executions_lock_is_released_by_the_rule(stack: Stack) -> Non
     wait_for(lambda: orphans.handled == 1, "the orphan rule's function", 30, stack)
     wait_for(lambda: lock_is_free(stack, scope), "the lock's release", 30, stack)
     turn = stack.store.get_turn(USER, spec["turn_id"])
-    assert turn is not None and turn.status == "failed"
+    assert turn is not None
+    assert_status(turn, "failed")
     assert turn.result is not None and turn.result.error is not None
     assert turn.result.error.name == "TurnAbandoned" and "ABORTED" in turn.result.error.value
 
@@ -1027,9 +1043,11 @@ def test_a_spec_whose_input_is_missing_fails_before_any_code_runs(stack: Stack) 
     # Then the prepare step refused it: the turn is recorded failed with the reason (so a client
     # waiting on the table sees the end), nothing ran, and the lock is free
     execution = stack.execution(spec["turn_id"])
-    assert execution["status"] == "FAILED", stack.history(execution)
+    assert_status(execution, "FAILED", stack.history(execution))
     turn = stack.store.get_turn(USER, spec["turn_id"])
-    assert turn is not None and turn.status == "failed" and turn.result is not None
+    assert turn is not None
+    assert_status(turn, "failed")
+    assert turn.result is not None
     assert turn.result.error is not None and turn.result.error.name == "InvalidSpecError"
     assert "docs/measurements.csv" in turn.result.error.value
     assert turn.result.failed_step == "Prepare"

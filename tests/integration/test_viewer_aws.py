@@ -4,16 +4,14 @@ user's work answered like missing work."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
+from moto_account import MotoAccount
 from starlette.testclient import TestClient
 from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, TOKEN, Home, lay_out
 
-from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.models.common import ConversationScope
 from alphaagent.viewer.app import create_app
@@ -25,23 +23,17 @@ BUCKET = "alphaagent-workspaces-123456789012-eu-west-1"
 
 
 @pytest.fixture
-def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        dynamodb = boto3.client("dynamodb", region_name=REGION)
-        create_table(dynamodb, TABLE)
-        s3 = boto3.client("s3", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-        home = Home(DynamoStore(TABLE, client=dynamodb), S3Workspace(BUCKET, client=s3))
-        lay_out(home)
-        yield home
+def aws_region() -> str:
+    return REGION
+
+
+@pytest.fixture
+def stack(moto: MotoAccount) -> Home:
+    home = Home(
+        DynamoStore(TABLE, client=moto.state_table(TABLE)), S3Workspace(BUCKET, client=moto.bucket(BUCKET))
+    )
+    lay_out(home)
+    return home
 
 
 def _client(user: str) -> TestClient:

@@ -14,6 +14,7 @@ import json
 from types import ModuleType
 
 import example_scripts
+from assertions import assert_status
 
 from alphaagent.client import connect
 from alphaagent.ids import new_ulid
@@ -25,7 +26,9 @@ from integration.test_turn_machine import (  # iam_template: the stack fixture r
     TABLE,
     USER,
     Stack,
+    aws_region,  # noqa: F401 - the stack fixture requests it (the moto account's region)
     iam_template,  # noqa: F401
+    moto_config,  # noqa: F401 - the stack fixture requests it (Step Functions executes)
     stack,
     wait_for,
 )
@@ -78,7 +81,7 @@ def test_node_b_is_submitted_by_the_chain_rule_when_node_a_completes(stack: Stac
     ) as client:
         source = {"kind": "document", "path": "docs/penguins.csv"}
         first = client.run_analysis(example.clean_spec(workflow, source), timeout_s=120)
-        assert first.status == "completed", first.error
+        assert_status(first, "completed")
 
         # Then node summarise ran on its own, started by the rule
         def summarised() -> bool:
@@ -87,7 +90,8 @@ def test_node_b_is_submitted_by_the_chain_rule_when_node_a_completes(stack: Stac
 
         wait_for(summarised, "node summarise's turn", 120, stack)
         [turn] = client.turns(summarise)
-        assert turn.result is not None and turn.result.status == "completed", turn.result
+        assert turn.result is not None, turn.result
+        assert_status(turn.result, "completed", turn.result)
         assert {(a.kind, a.name) for a in turn.result.artifacts} == {
             ("chart", "mass-by-species"),
             ("report", "summary"),

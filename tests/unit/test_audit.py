@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.audit import METRIC_NAME, ForeignRequest, emf_audit
@@ -28,7 +29,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlphaAgent]:
             "steps": [{"title": "write", "code": "open('datasets/t.csv', 'w').write('a\\n1\\n')"}],
             "outputs": [{"kind": "dataset", "name": "t", "path": "datasets/t.csv"}],
         }
-        assert shared.run_analysis(spec).status == "completed"
+        assert_status(shared.run_analysis(spec), "completed")
         yield shared
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from assertions import assert_status
 
 
 def _exec(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
@@ -54,7 +55,8 @@ def test_json_output_is_the_run_result(tmp_path: Path) -> None:
     done = _exec("--json", "--workdir", str(tmp_path), "-", cwd=tmp_path, stdin=b"print('hi')\n1/0\n")
     assert done.returncode == 1
     result = json.loads(done.stdout)
-    assert result["status"] == "error" and result["stdout"] == "hi\n"
+    assert_status(result, "error")
+    assert result["stdout"] == "hi\n"
     assert result["error"]["name"] == "ZeroDivisionError"
     assert {
         "run_id",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.api import AlphaAgent, alphaagent_home
 from alphaagent.models.common import ConversationScope, printable_text
@@ -449,7 +450,7 @@ def test_a_dataset_input_has_one_stable_name_replaced_on_each_turn(tmp_path: Pat
     with AlphaAgent(tmp_path / "data") as agent:
         for n in (1, 2):
             spec = _spec(scope.conversation_id, make.format(n=n), user_id="me", outputs=output)
-            assert agent.run_analysis(spec).status == "completed"
+            assert_status(agent.run_analysis(spec), "completed")
         # When later turns read it: the latest, then v1 explicitly, then the latest again
         results = []
         for version in (None, 1, None):
@@ -489,9 +490,7 @@ def _registered_chart(tmp_path: Path) -> Path:
     code = f"open('charts/c.png', 'wb').write({png!r})\nopen('reports/r.md', 'w').write('# title\\n')"
     outputs = [{"kind": "chart", "name": "c", "path": "charts/c.png"}]
     with AlphaAgent(home) as agent:
-        assert (
-            agent.run_analysis(_spec("c-cat", code, user_id="local", outputs=outputs)).status == "completed"
-        )
+        assert_status(agent.run_analysis(_spec("c-cat", code, user_id="local", outputs=outputs)), "completed")
     return home
 
 
@@ -631,7 +630,8 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
     # And the turn is recorded as cancelled, and the lease is released: the next turn starts at once
     with AlphaAgent(home, read_only=True) as agent:
         (turn,) = agent.turns("local", ConversationScope(conversation_id="c-int"))
-    assert turn.status == "failed" and turn.result is not None and turn.result.error is not None
+    assert_status(turn, "failed")
+    assert turn.result is not None and turn.result.error is not None
     assert turn.result.error.name == "TurnCancelled"
     again = _cli(
         "run",
@@ -710,7 +710,8 @@ def test_the_run_budget_still_binds_the_coder(tmp_path: Path) -> None:
     with AlphaAgent(tmp_path / "data", coder=coder) as agent:
         result = agent.run_analysis(spec)
     # Then the second run was refused, naming the budget, and only one ran
-    assert result.status == "completed" and len(result.run_ids) == 1
+    assert_status(result, "completed")
+    assert len(result.run_ids) == 1
     assert refused == ["run budget spent: this turn allows 1 runs (constraints.max_runs)"]
 
 
@@ -725,7 +726,7 @@ def test_a_node_artifact_input_has_one_stable_name_too(tmp_path: Path) -> None:
             _spec("unused", "open('datasets/table.csv', 'w').write('a\\n1\\n')", user_id="me", outputs=output)
             | {"scope": first}
         )
-        assert made.status == "completed", made.error
+        assert_status(made, "completed")
         # When node n-2 takes it as an input
         second = {"workflow_execution_id": "w-stable", "node_id": "n-2"}
         spec = _spec(
@@ -739,7 +740,7 @@ def test_a_node_artifact_input_has_one_stable_name_too(tmp_path: Path) -> None:
         sidecar = json.loads(agent.read_file("me", scope, "docs/n-1/table.csv.version.json"))
         (run,) = agent.history("me", scope)
     # Then it is copied under the artifact's own name, with its version in the sidecar and the result
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert run.stdout == "a\n1\n"
     assert (sidecar["artifact"], sidecar["version"]) == ("table", 1)
     assert [(i.path, i.artifact, i.version) for i in result.inputs] == [("docs/n-1/table.csv", "table", 1)]

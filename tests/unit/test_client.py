@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.aws.client import client_settings
 from alphaagent.client import connect, parse_scope, resolve_user
@@ -36,7 +37,8 @@ def test_a_spec_without_user_id_runs_as_the_clients_user_and_can_be_waited_for(t
         later = client.result(submitted.turn_id)
 
         # Then both ran as ann, and their records say so
-        assert now.status == "completed" and later.status == "completed"
+        assert_status(now, "completed")
+        assert_status(later, "completed")
         assert later.turn_id == submitted.turn_id and submitted.scope.key == "conversations/c-later"
         assert client.turn(submitted.turn_id).user_id == "ann"
         assert client.read({"conversation_id": "c-now"}, "datasets/n.csv") == b"n\n1\n"
@@ -58,7 +60,7 @@ def test_a_bad_spec_is_refused_before_anything_runs_even_without_waiting(tmp_pat
 
 def test_another_users_spec_or_scope_is_a_missing_scope(tmp_path: Path) -> None:
     with connect(backend="local", user="bob", home=tmp_path, coder=None) as bob:
-        assert bob.run_analysis(spec("bobs")).status == "completed"
+        assert_status(bob.run_analysis(spec("bobs")), "completed")
     with connect(backend="local", user="ann", home=tmp_path, coder=None) as ann:
         errors = []
         for attempt in (

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 pytest.importorskip("claude_agent_sdk")
 
@@ -243,7 +244,7 @@ def test_a_turn_runs_fixes_reads_registers_cites_and_summarises(
     result = agent.run_analysis(_spec("whole-turn", sources=sources, outputs=outputs))
 
     # Then it completed with exactly those artifacts, that citation, both runs and the summary
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert sorted((a.kind, a.name, a.path) for a in result.artifacts) == [
         ("chart", "mass-chart", "charts/mass-by-species.png"),
         ("dataset", "mass-by-species", "datasets/mass-by-species.csv"),
@@ -264,7 +265,7 @@ def test_a_turn_runs_fixes_reads_registers_cites_and_summarises(
     assert agent.read_file(USER, scope, "charts/mass-by-species.png").startswith(b"\x89PNG\r\n\x1a\n")
     first, second = agent.history(USER, scope)
     assert (first.status, first.error and first.error.name) == ("error", "KeyError")
-    assert second.status == "ok"
+    assert_status(second, "ok")
 
     # and the model saw the failure as data, the fix's output, the PDF's text and the registrations
     requests = api.message_requests()
@@ -355,7 +356,8 @@ def test_built_in_tools_are_refused_and_nothing_runs(
         assert f"No such tool available: {name}" in refusal["text"]
     assert not canary.exists() and not target.exists()
     assert agent.history(USER, scope) == [] and result.run_ids == []
-    assert result.status == "completed" and result.artifacts == []
+    assert_status(result, "completed")
+    assert result.artifacts == []
 
     # and the model was only ever offered the five platform tools
     assert sorted(api.message_requests()[0].tool_names()) == sorted(ALLOWED_TOOLS)
@@ -391,7 +393,7 @@ def test_a_tool_error_returns_as_is_error_text_and_the_loop_continues(
     assert not requests[4].tool_results()[0]["is_error"]
 
     # and the turn went on to succeed
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert [(a.name, a.version) for a in result.artifacts] == [("later", 1)]
     assert len(result.run_ids) == 1
 
@@ -403,7 +405,8 @@ def test_a_turn_that_skips_a_declared_output_fails_naming_it(
 
     result = agent.run_analysis(_spec("forgot-output", outputs=[{"kind": "report", "name": "findings"}]))
 
-    assert result.status == "failed" and result.error is not None
+    assert_status(result, "failed")
+    assert result.error is not None
     assert result.error.name == "MissingOutputsError"
     assert result.error.value.startswith("outputs: the coder finished without registering report findings")
 
@@ -423,7 +426,8 @@ def test_exceeding_max_turns_fails_the_turn_with_the_reason(
     result = agent.run_analysis(_spec("endless", max_runs=1))
 
     # Then it failed with MaxTurnsError saying so, after exactly 12 model requests
-    assert result.status == "failed" and result.error is not None
+    assert_status(result, "failed")
+    assert result.error is not None
     assert result.error.name == "MaxTurnsError"
     assert result.error.value.startswith(
         "max turns: the coder used all 12 model turns (2 x constraints.max_runs + 10) without finishing [coder: 12 model turns"
@@ -453,12 +457,13 @@ def test_the_turn_timeout_cuts_the_run_and_fails_the_turn(
     elapsed = time.monotonic() - started
 
     # Then the run was cut to the turn's remaining time and the turn failed with the reason, on time
-    assert result.status == "failed" and result.error is not None
+    assert_status(result, "failed")
+    assert result.error is not None
     assert result.error.name == "CoderTimeoutError"
     assert result.error.value.startswith("turn timeout: the coder ran past constraints.turn_timeout_s (10 s)")
     assert elapsed < 15, f"the turn ended {elapsed:.1f} s after it started (budget 10 s)"
     (only,) = agent.history(USER, ConversationScope(conversation_id="slow"))
-    assert only.status == "timeout"
+    assert_status(only, "timeout")
     assert _tool_uses(_lines(agent, "slow", result))[0] == "mcp__alphaagent__run_in_env"
 
     # and the CLI is gone with its private config dir
@@ -475,7 +480,7 @@ def test_api_errors_are_retried_then_surfaced_cleanly(agent: AlphaAgent, api: Sc
 
     # When a turn runs, the CLI retries and the turn completes
     recovered = agent.run_analysis(_spec("api-flaky"))
-    assert recovered.status == "completed", recovered.error
+    assert_status(recovered, "completed")
     assert recovered.summary.startswith("Recovered.\n\n[coder: 1 model turns")
     assert len(api.message_requests()) == 3
     retries = [line for line in _lines(agent, "api-flaky", recovered) if line["type"] == "SystemMessage"]
@@ -488,7 +493,8 @@ def test_api_errors_are_retried_then_surfaced_cleanly(agent: AlphaAgent, api: Sc
 
     # When a turn runs, it fails after the retries with a clean message
     failed = agent.run_analysis(_spec("api-down"))
-    assert failed.status == "failed" and failed.error is not None
+    assert_status(failed, "failed")
+    assert failed.error is not None
     assert failed.error.name == "ModelApiError"
     assert failed.error.value.startswith(
         f"model API error: HTTP 529 overloaded_error after {MAX_RETRIES} retries: 529 Overloaded [coder: 0 model turns, 0 runs"
@@ -561,7 +567,7 @@ def test_the_coder_talks_to_the_model_endpoint_only(
     time.sleep(0.5)  # anything the CLI sent on its way out has reached the trap by now
 
     # Then the scripted server saw only model requests, and nothing else left the machine
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert api.routes() == {"POST /v1/messages"}
     assert {r.headers.get("x-api-key") for r in api.requests} == {API_KEY}
     assert trap == []

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from assertions import assert_status
+
 
 def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
     # Given an empty ALPHAAGENT_HOME
@@ -25,7 +27,8 @@ def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     first, second = report["turns"]
-    assert first["status"] == second["status"] == "completed"
+    assert_status(first, "completed")
+    assert_status(second, "completed")
     assert [(a["kind"], a["name"], a["version"]) for a in first["artifacts"]] == [
         ("dataset", "species_summary", 1),
         ("chart", "body_mass", 1),

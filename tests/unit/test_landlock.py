@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.sandbox import landlock
 from alphaagent.sandbox.config import SandboxConfig
@@ -126,6 +127,6 @@ def test_the_sandbox_zygote_denies_every_run_the_configured_port(
         state = box.info["landlock"]
     # Then each run is refused the denied port only, and the zygote says the restriction is in force
     for result in results:
-        assert result.status == "ok", result.stderr
+        assert_status(result, "ok", result.stderr)
         assert json.loads(result.stdout) == {str(denied): "EACCES", str(other): "connected"}
     assert state["in_force"] is True and state["denied_tcp_ports"] == [denied]

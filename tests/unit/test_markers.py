@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.api import AlphaAgent
 from alphaagent.cli import main
@@ -134,7 +135,7 @@ def test_alphaagent_history_shows_both_sizes(
         "steps": [{"title": "print", "code": "print('z' * 2_999_999)"}],
     }
     with AlphaAgent(home) as agent:
-        assert agent.run_analysis(spec).status == "completed"
+        assert_status(agent.run_analysis(spec), "completed")
     # When the history is shown
     monkeypatch.setenv("ALPHAAGENT_HOME", str(home))
     assert main(["history", "--user", "u", "--conversation", "c-hist"]) == 0

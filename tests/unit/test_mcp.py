@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 pytest.importorskip("mcp")
 
@@ -162,7 +163,8 @@ def test_an_orchestrator_runs_a_spec_and_reads_its_artifacts_over_stdio(home: Pa
     result: CallToolResult = got["result"]
     assert not result.is_error, text_of(result)
     structured = result.structured_content
-    assert structured is not None and structured["status"] == "completed", text_of(result)
+    assert structured is not None, text_of(result)
+    assert_status(structured, "completed", text_of(result))
     assert {(a["kind"], a["name"], a["version"]) for a in structured["artifacts"]} == {
         ("dataset", "mass-by-species", 1),
         ("chart", "mass", 1),
@@ -194,7 +196,8 @@ def test_an_orchestrator_runs_a_spec_and_reads_its_artifacts_over_stdio(home: Pa
     listed = got["listed"].structured_content["artifacts"]
     assert [(a["name"], a["version"]) for a in listed] == [("mass", 1), ("mass-by-species", 1)]
     [turn] = got["turns"].structured_content["turns"]
-    assert turn["status"] == "completed" and turn["turn_id"] == structured["turn_id"]
+    assert_status(turn, "completed")
+    assert turn["turn_id"] == structured["turn_id"]
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -252,7 +255,7 @@ def test_another_users_spec_or_scope_is_refused_exactly_like_a_missing_scope(
     # Given bob's conversation, with one turn in it
     monkeypatch.setenv("ALPHAAGENT_FILE_ROOTS", str(sources))
     with connect(backend="local", user=BOB, home=home, coder=None) as bob:
-        assert bob.run_analysis(penguin_spec(sources, "bobs")).status == "completed"
+        assert_status(bob.run_analysis(penguin_spec(sources, "bobs")), "completed")
 
     async def scenario() -> dict[str, CallToolResult]:
         async with mcp_session(home, sources, user=ALICE) as client:

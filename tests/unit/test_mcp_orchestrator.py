@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 pytest.importorskip("claude_agent_sdk")
 pytest.importorskip("mcp")
@@ -125,7 +126,7 @@ def test_the_agent_sdk_orchestrates_a_turn_through_alphaagent_mcp(tmp_path: Path
     [ran] = loop[1].tool_results()
     assert not ran["is_error"], ran["text"]
     shown, _end = json.JSONDecoder().raw_decode(ran["text"])
-    assert shown["status"] == "completed", shown
+    assert_status(shown, "completed", shown)
     assert {(a["kind"], a["name"], a["version"], a["path"]) for a in shown["artifacts"]} == {
         ("dataset", "growth", 1, "datasets/growth.csv"),
         ("report", "growth-report", 1, "reports/growth.md"),

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.names import settle_names
@@ -52,7 +53,7 @@ def test_a_decomposed_name_is_stored_listed_read_exported_and_registered_as_nfc(
     # When the turn runs
     result = agent.run_analysis(_spec(conversation, code, outputs=outputs))
     # Then the artifact is registered, under the NFC path
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     scope = ConversationScope(conversation_id=conversation)
     (version,) = agent.artifacts(USER, scope)
     assert version.path == NFC and version.size_bytes == len("# café\n".encode())
@@ -77,7 +78,7 @@ def _run(tmp_path: Path, code: str) -> FileChangeReport:
         result = executor.run(root, code, limits=RunLimits(timeout_s=30), run_id=new_ulid(), origin=origin)
     finally:
         executor.close()
-    assert result.status == "ok", result.stderr
+    assert_status(result, "ok", result.stderr)
     assert result.files_changed == sorted({*result.files.created, *result.files.modified})
     return result.files
 
@@ -143,7 +144,8 @@ def test_a_missing_output_names_the_closest_existing_file(agent: AlphaAgent) -> 
     # When the turn runs
     result = agent.run_analysis(_spec(conversation, code, outputs=outputs))
     # Then it fails naming the missing path and the file the code did write
-    assert result.status == "failed" and result.error is not None
+    assert_status(result, "failed")
+    assert result.error is not None
     assert "path 'reports/report.pdf': no regular file there" in result.error.value
     assert "the closest existing file is 'work/out/report.pdf'" in result.error.value, result.error.value
 

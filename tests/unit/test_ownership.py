@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.api import AUDIT_FILE, AlphaAgent
 from alphaagent.cli import main
@@ -182,7 +183,7 @@ def homes(tmp_path_factory: pytest.TempPathFactory) -> Homes:
     with open_agent(root / "a") as agent:
         for spec in (tiny_spec(ALICE, CONVERSATION_SCOPE), tiny_spec(ALICE, NODE_SCOPE)):
             result = agent.run_analysis(spec)
-            assert result.status == "completed", result
+            assert_status(result, "completed", result)
         # The owner can read everything bob is about to ask for, so bob's "not found" is not vacuous.
         assert agent.read_file(ALICE, conversation, "datasets/tiny.csv") == CSV_BYTES
         assert agent.artifact(ALICE, conversation, "tiny", 1)[1] == CSV_BYTES
@@ -193,7 +194,7 @@ def homes(tmp_path_factory: pytest.TempPathFactory) -> Homes:
         (node_session,) = agent.sessions(ALICE, node)
     open_agent(root / "b").close()
     with open_agent(root / "c") as agent:
-        assert agent.run_analysis(tiny_spec(BOB, CONVERSATION_SCOPE)).status == "completed"
+        assert_status(agent.run_analysis(tiny_spec(BOB, CONVERSATION_SCOPE)), "completed")
         (bob_session,) = agent.sessions(BOB, conversation)
     return Homes(
         alice=root / "a",
@@ -508,14 +509,14 @@ def test_a_session_stays_alive_while_its_turn_runs_code_longer_than_the_idle_tim
     settings = TurnSettings(session_idle_timeout_s=2)
     with AlphaAgent(home, connectors=ConnectorSettings(), turns=settings, coder=coder) as agent:
         warm = agent.run_analysis(tiny_spec(ALICE, {"conversation_id": "c-warm"}, register=False))
-        assert warm.status == "completed", warm  # the zygote's start is not part of the runs timed here
+        assert_status(warm, "completed", warm)
         spec = tiny_spec(ALICE, CONVERSATION_SCOPE, register=False)
         del spec["steps"]
         # When the turn runs
         result = agent.run_analysis(spec)
         # Then the session counted as in use until each run ended: it was touched after the last run,
         # so it is the same, live session at the end of the turn
-        assert result.status == "completed", result
+        assert_status(result, "completed", result)
         (session,) = agent.sessions(ALICE, scope)
         (turn,) = agent.turns(ALICE, scope)
         assert session.session_id == turn.session_id
@@ -528,7 +529,7 @@ def test_an_idle_session_is_replaced_and_the_scopes_files_survive(tmp_path: Path
     home, scope = tmp_path / "home", ConversationScope(**CONVERSATION_SCOPE)
     with open_agent(home, TurnSettings(session_idle_timeout_s=1)) as agent:
         first = agent.run_analysis(tiny_spec(ALICE, CONVERSATION_SCOPE))
-        assert first.status == "completed", first
+        assert_status(first, "completed", first)
         (session,) = agent.sessions(ALICE, scope)
 
         # When she runs a second turn after the session has been idle for longer than that
@@ -549,7 +550,7 @@ def test_an_idle_session_is_replaced_and_the_scopes_files_survive(tmp_path: Path
         events = [(e.detail_type, getattr(e.detail, "session_id", None)) for e in agent.store.list_events()]
 
     # Then the second turn ran in a new session and the first session was ended
-    assert second.status == "completed", second
+    assert_status(second, "completed", second)
     assert [s.session_id for s in sessions] == [turns[0].session_id, turns[1].session_id]
     old, new = sessions
     assert old.session_id != new.session_id
@@ -585,14 +586,14 @@ def test_a_session_in_continuous_use_still_ends_at_its_maximum_lifetime(tmp_path
     max_lifetime = timedelta(seconds=2)
     settings = TurnSettings(session_idle_timeout_s=600, session_max_lifetime_s=2)
     with open_agent(home, settings) as agent:
-        assert agent.run_analysis(tiny_spec(ALICE, {"conversation_id": "c-warm"})).status == "completed"
+        assert_status(agent.run_analysis(tiny_spec(ALICE, {"conversation_id": "c-warm"})), "completed")
 
         # When alice runs turn after turn without pause until a turn gets a new session
         turns = []
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             result = agent.run_analysis(tiny_spec(ALICE, CONVERSATION_SCOPE, register=False))
-            assert result.status == "completed", result
+            assert_status(result, "completed", result)
             turns = agent.turns(ALICE, scope)
             if len({t.session_id for t in turns}) > 1:
                 break

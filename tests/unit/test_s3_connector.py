@@ -4,13 +4,12 @@ download, and a missing object; each answer is a ``ToolError`` naming the reques
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
+from moto_account import MotoAccount
 
 from alphaagent.domain.backend import ConnectorSettings
 from alphaagent.domain.tools import CONNECTORS, fetch
@@ -33,27 +32,17 @@ class RecordingS3:
 
 
 @pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingS3]:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        for bucket in ("research-data", "open-bucket"):
-            client.create_bucket(Bucket=bucket)
-        client.put_object(
-            Bucket="research-data", Key="shared/penguins.csv", Body=b"species,mass\nAdelie,3700\n"
-        )
-        client.put_object(Bucket="research-data", Key="private/salaries.csv", Body=b"name,salary\n")
-        client.put_object(Bucket="research-data", Key="shared/huge.csv", Body=b"x" * (CAP_BYTES + 1))
-        client.put_object(Bucket="open-bucket", Key="a/b/notes.md", Body=b"# notes\n")
-        # The connector creates its clients from the default session: a fresh one, observed.
-        session = boto3.session.Session()
-        monkeypatch.setattr(boto3, "DEFAULT_SESSION", session)
-        yield RecordingS3(client, session)
+def s3(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> RecordingS3:
+    for bucket in ("research-data", "open-bucket"):
+        client = moto.bucket(bucket)
+    client.put_object(Bucket="research-data", Key="shared/penguins.csv", Body=b"species,mass\nAdelie,3700\n")
+    client.put_object(Bucket="research-data", Key="private/salaries.csv", Body=b"name,salary\n")
+    client.put_object(Bucket="research-data", Key="shared/huge.csv", Body=b"x" * (CAP_BYTES + 1))
+    client.put_object(Bucket="open-bucket", Key="a/b/notes.md", Body=b"# notes\n")
+    # The connector creates its clients from the default session: a fresh one, observed.
+    session = boto3.session.Session()
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", session)
+    return RecordingS3(client, session)
 
 
 def test_an_allowed_object_is_fetched_with_its_name_and_source(s3: RecordingS3) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.errors import InvalidRequestError
 from alphaagent.models.run import RunLimits
@@ -62,7 +63,8 @@ def test_ok_run_returns_output_and_timing(any_sandbox: Sandbox, tmp_path: Path) 
     # When a run prints to both streams
     result = any_sandbox.run("import sys\nprint('hello')\nprint('warn', file=sys.stderr)", cwd=tmp_path)
     # Then the result carries both, with exact byte counts and no error
-    assert result.status == "ok" and result.exit_code == 0
+    assert_status(result, "ok")
+    assert result.exit_code == 0
     assert result.stdout == "hello\n" and result.stderr == "warn\n"
     assert (result.stdout_bytes, result.stderr_bytes) == (6, 5)
     assert not result.stdout_truncated and not result.stderr_truncated
@@ -77,7 +79,8 @@ def test_exception_is_data_with_user_frames_only(any_sandbox: Sandbox, tmp_path:
     # When it runs
     result = any_sandbox.run(code, cwd=tmp_path)
     # Then the failure is data: name, value and a traceback of the user's frames, not the sandbox's
-    assert result.status == "error" and result.exit_code == 1
+    assert_status(result, "error")
+    assert result.exit_code == 1
     assert result.stdout == "before\n"
     assert result.error is not None
     assert (result.error.name, result.error.value) == ("KeyError", "'missing'")
@@ -89,7 +92,7 @@ def test_exception_is_data_with_user_frames_only(any_sandbox: Sandbox, tmp_path:
 
 def test_syntax_error_is_reported_with_the_offending_line(sandbox: Sandbox, tmp_path: Path) -> None:
     result = sandbox.run("x = (1,\nprint(2)\n", cwd=tmp_path)
-    assert result.status == "error"
+    assert_status(result, "error")
     assert result.error is not None and result.error.name == "SyntaxError"
     assert "x = (1," in result.error.traceback and "zygote" not in result.error.traceback
 
@@ -97,8 +100,10 @@ def test_syntax_error_is_reported_with_the_offending_line(sandbox: Sandbox, tmp_
 def test_sys_exit_codes(sandbox: Sandbox, tmp_path: Path) -> None:
     ok = sandbox.run("import sys\nsys.exit(0)", cwd=tmp_path)
     failed = sandbox.run("import sys\nsys.exit(3)", cwd=tmp_path)
-    assert ok.status == "ok" and ok.exit_code == 0
-    assert failed.status == "error" and failed.exit_code == 3
+    assert_status(ok, "ok")
+    assert ok.exit_code == 0
+    assert_status(failed, "error")
+    assert failed.exit_code == 3
     assert failed.error is not None and failed.error.name == "SystemExit"
 
 
@@ -133,7 +138,7 @@ def test_infinite_loop_ends_within_one_second_of_its_limit(any_sandbox: Sandbox,
     result = any_sandbox.run("while True:\n    pass\n", cwd=tmp_path, limits=RunLimits(timeout_s=1.5))
     elapsed = time.monotonic() - started
     # Then the run ends as a timeout within 1 s of the limit, and says where it was stuck
-    assert result.status == "timeout"
+    assert_status(result, "timeout")
     assert 1.5 <= elapsed < 2.5
     assert result.error is not None and result.error.name == "TimeoutError"
     assert "1.5 s" in (result.reason or "")
@@ -142,12 +147,13 @@ def test_infinite_loop_ends_within_one_second_of_its_limit(any_sandbox: Sandbox,
 
 def test_sleeping_code_times_out_too(sandbox: Sandbox, tmp_path: Path) -> None:
     result = sandbox.run("import time\ntime.sleep(60)", cwd=tmp_path, limits=RunLimits(timeout_s=1))
-    assert result.status == "timeout" and result.duration_ms < 2000
+    assert_status(result, "timeout")
+    assert result.duration_ms < 2000
 
 
 def test_cpu_limit_is_distinct_from_the_wall_clock(any_sandbox: Sandbox, tmp_path: Path) -> None:
     result = any_sandbox.run("while True:\n    pass", cwd=tmp_path, limits=RunLimits(timeout_s=10, cpu_s=1))
-    assert result.status == "killed"
+    assert_status(result, "killed")
     assert result.error is not None and result.error.name == "CpuLimitExceeded"
     assert "CPU time limit exceeded (1 s)" in (result.reason or "")
     assert result.duration_ms < 4000
@@ -158,7 +164,7 @@ def test_memory_bomb_is_contained_and_reported(any_sandbox: Sandbox, tmp_path: P
     code = "print('allocating', flush=True)\nhog = []\nwhile True:\n    hog.append(bytearray(64 * 1024 * 1024))\n"
     result = any_sandbox.run(code, cwd=tmp_path, limits=RunLimits(timeout_s=20, memory_mb=1024))
     # Then the run is killed for memory — not a timeout, not a plain exception — and output is kept
-    assert result.status == "killed"
+    assert_status(result, "killed")
     assert result.reason == "memory limit exceeded (1024 MB)"
     assert result.error is not None and result.error.name == "MemoryLimitExceeded"
     assert result.stdout == "allocating\n"
@@ -171,16 +177,17 @@ def test_fork_bomb_is_contained_and_the_next_run_works(any_sandbox: Sandbox, tmp
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     result = any_sandbox.run(code, cwd=tmp_path, limits=RunLimits(timeout_s=2, processes=32))
     # Then it ends at the timeout, the report names the process limit, and nothing of it survives
-    assert result.status == "timeout"
+    assert_status(result, "timeout")
     assert "process limit (32) was reached" in (result.reason or "")
     after = any_sandbox.run("print('alive')", cwd=tmp_path, limits=FAST)
-    assert after.status == "ok" and after.stdout == "alive\n"
+    assert_status(after, "ok")
+    assert after.stdout == "alive\n"
 
 
 def test_file_size_limit_raises_in_user_code(sandbox: Sandbox, tmp_path: Path) -> None:
     code = "with open('big.bin', 'wb') as fh:\n    fh.write(b'x' * (3 * 1024 * 1024))\n"
     result = sandbox.run(code, cwd=tmp_path, limits=RunLimits(timeout_s=5, file_size_mb=1))
-    assert result.status == "error"
+    assert_status(result, "error")
     assert result.error is not None and "File too large" in result.error.value
 
 
@@ -206,7 +213,8 @@ def test_flood_ends_at_the_output_limit_with_flat_supervisor_memory(tmp_path: Pa
         result = box.run(code, cwd=tmp_path, limits=RunLimits(timeout_s=60))
         growth_mib = (_vm_hwm_kib() - rss_before) / 1024
     # Then the run is killed at the limit, quickly, with the true byte count and a marker
-    assert result.status == "killed" and result.error is not None
+    assert_status(result, "killed")
+    assert result.error is not None
     assert result.error.name == "OutputLimitExceeded"
     assert result.stdout_bytes > 64 * 2**20 and result.stdout_truncated
     assert len(result.stdout.encode()) <= 2**20
@@ -248,7 +256,8 @@ def test_planted_symlink_at_the_spill_path_is_not_followed(sandbox: Sandbox, tmp
     result = sandbox.run(code, cwd=scope)
     # Then nothing is written through the link, and the run still returns its output
     assert list(outside.iterdir()) == []
-    assert result.status == "ok" and result.stdout_bytes == 100_001
+    assert_status(result, "ok")
+    assert result.stdout_bytes == 100001
     assert result.stdout_path is None
 
 
@@ -355,8 +364,10 @@ def test_network_is_off_by_default_and_on_when_asked(sandbox: Sandbox, tmp_path:
     finally:
         server.close()
     # Then the run cannot reach it without network, and can with network=on
-    assert off.status == "error" and off.network == "off"
-    assert on.status == "ok" and on.stdout == "connected\n" and on.network == "on"
+    assert_status(off, "error")
+    assert off.network == "off"
+    assert_status(on, "ok")
+    assert on.stdout == "connected\n" and on.network == "on"
     # And the run's own loopback works without network (local servers inside one run)
     local = "import socket\ns = socket.create_server(('127.0.0.1', 0))\nsocket.create_connection(s.getsockname()).close()\nprint('ok')"
     assert sandbox.run(local, cwd=tmp_path, limits=FAST).stdout == "ok\n"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.models.run import RunResult
 from alphaagent.sandbox.diskbudget import PERIODIC_WALK_S, WALK_COST_FACTOR, ScopeDiskBudget, scope_growth
@@ -216,7 +217,7 @@ def test_dev_01_a_run_opens_no_host_device_node(who: str | None) -> None:
     # When a run at the namespaces level tries to open each, and to make its own device node
     report = supervise(who, [{"code": f"NODES = {nodes!r}\n" + DEVICE_PROBE}])
     result = report["results"][0]
-    assert result.status == "ok", result.error
+    assert_status(result, "ok")
     probe = json.loads(result.stdout)
 
     # Then none opens, none can be made, /dev holds only the minimal set, and what programs need works
@@ -289,7 +290,7 @@ def test_sock_01_no_host_unix_socket_is_connectable_with_the_network_off(who: st
 
     # When a run without network tries to connect (or send) to each
     off, on = report["results"]
-    assert off.status == "ok", off.error
+    assert_status(off, "ok")
     probe = json.loads(off.stdout)
 
     # Then none is reachable, and socketpairs and a process pool still work
@@ -299,7 +300,7 @@ def test_sock_01_no_host_unix_socket_is_connectable_with_the_network_off(who: st
     # And with the network on the run shares the host's network namespace: socket files are
     # reachable (the README says so), abstract ones not where Landlock can scope them; the report
     # says which
-    assert on.status == "ok", on.error
+    assert_status(on, "ok")
     reached = json.loads(on.stdout)["connected"]
     assert "/var/tmp" in reached
     expected = "files_only" if landlock_abi() >= 6 else "reachable"
@@ -314,7 +315,7 @@ def test_sock_02_at_the_process_level_host_abstract_sockets_are_out_of_reach(who
     # When a run at the process level tries every host socket
     report = supervise(who, [{"code": CONNECT_PROBE}], listen=["/var/tmp", "$PARENT"], level="process")
     result = report["results"][0]
-    assert result.status == "ok", result.error
+    assert_status(result, "ok")
     reached = json.loads(result.stdout)["connected"]
 
     # Then the abstract one is refused (socket files stay reachable, as the report says)
@@ -351,7 +352,7 @@ def test_mem_01_tmp_and_shm_are_sized_per_run(who: str | None, path: str, limit:
     result = supervise(who, [{"code": code, "limits": limits}])["results"][0]
 
     # Then the write stops with ENOSPC at the size (28), and the sizes are reported
-    assert result.status == "ok", result.error
+    assert_status(result, "ok")
     written, errno = (int(v) for v in result.stdout.split())
     assert (written <= limits[limit], errno) == (True, 28), result.stdout
     assert (result.isolation.tmp_mb, result.isolation.shm_mb) == (64, 16)
@@ -414,7 +415,8 @@ def test_mem_03_without_a_cgroup_the_report_says_rlimit_as(unprivileged_user: st
     result = supervise(unprivileged_user or os.environ.get("USER"), [{"code": "print(1)"}])["results"][0]
 
     # Then the result says that only the address space was bounded, and /tmp was still sized
-    assert result.status == "ok" and result.isolation.memory_bound == "rlimit_as"
+    assert_status(result, "ok")
+    assert result.isolation.memory_bound == "rlimit_as"
     assert result.isolation.tmp_mb == 1024  # half of the default 2048 MB
 
 
@@ -453,7 +455,7 @@ def test_disk_01_a_burst_faster_than_a_poll_is_still_reported() -> None:
 
     # Then its result says it went past the budget, even if no poll saw it while it ran (then it
     # finished on its own: an error, not a kill)
-    assert result.status in ("killed", "error"), result
+    assert_status(result, ("killed", "error"), result)
     assert result.error is not None and result.error.name == "DiskLimitExceeded"
     assert "burst.bin" in result.files_changed
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 import pytest
+from assertions import assert_status
 
 from alphaagent.models.run import RunLimits, RunResult
 from alphaagent.sandbox.capture import STORED_HISTORY_CAP_BYTES, truncate_text
@@ -194,7 +195,7 @@ def test_out_01_endless_rows_end_at_the_limit_with_a_marked_head_and_tail(
     result = run(sandbox, code, scope, timeout_s=2)
 
     # Then it ends at the wall clock, or earlier at the output cap if the flood is fast enough
-    assert result.status in ("timeout", "killed")
+    assert_status(result, ("timeout", "killed"))
     expected_error = "TimeoutError" if result.status == "timeout" else "OutputLimitExceeded"
     assert result.error is not None and result.error.name == expected_error
     assert result.duration_ms <= 3000  # within 1 s of the limit
@@ -232,7 +233,7 @@ def test_out_01_a_flood_past_the_spill_cap_is_killed_at_the_cap(
     result = run(small_cap_sandbox, code, scope, timeout_s=20)
 
     # Then it is killed for its output, long before the timeout, with a reason the coder can act on
-    assert result.status == "killed"
+    assert_status(result, "killed")
     assert result.error is not None and result.error.name == "OutputLimitExceeded"
     assert result.reason is not None and "output limit" in result.reason and "datasets/" in result.reason
     assert result.duration_ms < 10_000
@@ -275,7 +276,7 @@ def test_out_04_nul_flood_is_cut_at_the_cap_with_flat_supervisor_memory(
         result = run(sandbox, code, scope, timeout_s=30)
 
     # Then the run is killed for its output, not by the wall clock
-    assert result.status == "killed"
+    assert_status(result, "killed")
     assert result.error is not None and result.error.name == "OutputLimitExceeded"
     assert result.reason is not None and "output limit" in result.reason
     # And it stopped at the cap: counting ends with the read (at most 64 KiB) that crossed it, and
@@ -324,7 +325,7 @@ def test_out_06_large_report_keeps_head_and_tail_flags_the_size_and_spills_it_wh
     result = run(sandbox, code, scope)
 
     # Then it succeeds, flagged truncated with the true size
-    assert result.status == "ok"
+    assert_status(result, "ok")
     assert getattr(result, f"{stream}_truncated")
     assert getattr(result, f"{stream}_bytes") == len(OUT_06_EXPECTED)
     # And the text is head + marker + tail within 1 MiB, and the tail ('END-OF-REPORT') survives
@@ -357,7 +358,7 @@ def test_out_06_output_at_the_cap_is_whole_and_one_byte_more_is_truncated(
 
     # Then at the cap the text is whole; one byte more is truncated within the cap, tail intact
     text = getattr(result, stream)
-    assert result.status == "ok"
+    assert_status(result, "ok")
     assert getattr(result, f"{stream}_bytes") == size
     assert getattr(result, f"{stream}_truncated") is truncated
     assert len(text.encode()) <= SMALL_CAP
@@ -407,7 +408,7 @@ def test_noise_01_progress_redraws_collapse_to_the_final_line_and_keep_the_raw_c
     result = run(sandbox, NOISE_01, scope)
 
     # Then the coder sees one line, the bar's final state, and 'finished'
-    assert result.status == "ok"
+    assert_status(result, "ok")
     assert result.stderr == f"processing 299990/300000 [{'#' * 29} ]\n"
     assert result.stdout == "finished\n"
     assert not result.stderr_truncated
@@ -474,7 +475,7 @@ def test_noise_01_redraws_and_escapes_are_cleaned_on_either_stream(
     result = run(sandbox, code, scope)
 
     # Then the coder reads the final visible state, and the raw byte count is kept
-    assert result.status == "ok"
+    assert_status(result, "ok")
     assert getattr(result, stream) == expected
     assert getattr(result, f"{stream}_bytes") == len("".join(writes).encode())
 
@@ -536,7 +537,7 @@ def test_enc_01_invalid_sequences_become_replacement_characters_on_either_stream
 
     # Then the words survive around U+FFFD, the flag is set and the JSON is clean
     text = getattr(result, stream)
-    assert result.status == "ok"
+    assert_status(result, "ok")
     assert result.non_utf8_output
     assert text.startswith("before ") and text.endswith(" after\n") and "\ufffd" in text
     assert getattr(result, f"{stream}_bytes") == len(b"before " + bad + b" after\n")
@@ -572,7 +573,7 @@ def test_enc_01_valid_text_is_never_flagged_nor_replaced(sandbox: Sandbox, scope
     result = run(sandbox, code, scope)
 
     # Then nothing is replaced and the flag stays off
-    assert result.status == "ok"
+    assert_status(result, "ok")
     assert not result.non_utf8_output
     assert result.stdout.count("\ufffd") == ("\\ufffd" in code)
 
@@ -610,7 +611,8 @@ def test_enc_04_cuts_land_on_code_points_within_the_cap_for_both_truncations(
     result = run(enc_sandbox, ENC_04, scope)
 
     # Then the returned text fits the cap, marker included, cut on code points, with no U+FFFD
-    assert result.status == "ok" and result.stdout_truncated and not result.non_utf8_output
+    assert_status(result, "ok")
+    assert result.stdout_truncated and not result.non_utf8_output
     assert result.stdout_bytes == len(ENC_04_EXPECTED.encode())
     assert_clean_code_point_cut(result.stdout, ENC_04_EXPECTED, cap)
     assert result.stdout.startswith("汉字汉字") and result.stdout.endswith("🙂🙂\n")
@@ -644,7 +646,8 @@ def test_enc_04_other_character_widths_are_cut_cleanly_too(
     result = run(enc_sandbox, code, scope)
 
     # Then the stderr cut is clean and within the cap
-    assert result.status == "ok" and result.stderr_truncated
+    assert_status(result, "ok")
+    assert result.stderr_truncated
     assert_clean_code_point_cut(result.stderr, expected, enc_sandbox.config.returned_output_bytes)
 
 
@@ -668,7 +671,8 @@ def test_res_02_the_case_fork_bomb_ends_and_the_next_run_works(sandbox: Sandbox,
     result = run(sandbox, code, scope, timeout_s=2, processes=32)
 
     # Then it ends with a timeout or resource-limit error, and the environment still works
-    assert result.status in ("timeout", "killed") and result.error is not None
+    assert_status(result, ("timeout", "killed"))
+    assert result.error is not None
     assert_next_run_works(sandbox, scope)
 
 
@@ -687,7 +691,8 @@ def test_res_02_fork_bomb_is_bounded_killed_entirely_and_spares_a_concurrent_use
     survivors = live_processes_with(tag)
 
     # Then the bomb ends with a timeout or resource-limit error that names the process limit
-    assert result.status in ("timeout", "killed") and result.error is not None
+    assert_status(result, ("timeout", "killed"))
+    assert result.error is not None
     assert result.reason is not None and "process limit (32)" in result.reason
     assert result.duration_ms < 2000 + 5000  # bounded by the limit plus the kill and drain
     # And no process of it survives the run
@@ -721,7 +726,7 @@ def test_res_03_memory_hog_reports_the_memory_limit_and_keeps_partial_output(
     result = run(sandbox, code, scope, timeout_s=15, memory_mb=1024)
 
     # Then the coder reads 'memory limit exceeded (1024 MB)': not a timeout, not a bare MemoryError
-    assert result.status == "killed"
+    assert_status(result, "killed")
     assert result.error is not None and result.error.name == "MemoryLimitExceeded"
     assert result.reason == "memory limit exceeded (1024 MB)"
     assert "memory limit exceeded (1024 MB)" in result.error.value
@@ -902,7 +907,7 @@ def test_proc_02_a_child_blocked_on_a_full_pipe_times_out_with_a_hint(
     result = run(sandbox, code, scope, timeout_s=2)
 
     # Then it times out within 1 s of the limit, keeping the output so far
-    assert result.status == "timeout"
+    assert_status(result, "timeout")
     assert result.error is not None and result.error.name == "TimeoutError"
     assert result.duration_ms <= 3000
     assert result.stdout == partial
@@ -958,7 +963,7 @@ def test_proc_02_b_both_streams_are_drained_concurrently(sandbox: Sandbox, scope
     result = run(sandbox, code, scope, timeout_s=10)
 
     # Then it finishes normally with the exact byte counts and both ends intact
-    assert result.status == "ok", result.reason
+    assert_status(result, "ok", result.reason)
     assert result.stdout_bytes == 3_000_000 + len("\nOUT-END\n")
     assert result.stderr_bytes == 3_000_000 + len("\nERR-END\n")
     assert result.stdout.endswith("o\nOUT-END\n") and result.stderr.endswith("e\nERR-END\n")
@@ -1022,9 +1027,11 @@ def test_env_01_user_b_sees_nothing_of_user_a_on_the_same_warm_sandbox(
     )
 
     # Then B finds no handoff file and none of A's environment, and nothing foreign anywhere there
-    assert first.status == "ok" and first.isolation.level == "namespaces"
+    assert_status(first, "ok")
+    assert first.isolation.level == "namespaces"
     listing, rest = second.stdout.split("\n", 1)
-    assert second.status == "ok" and "handoff" not in listing
+    assert_status(second, "ok")
+    assert "handoff" not in listing
     assert rest == "False None\n"
     assert walk.stdout == "[] []\n", walk.error
 
@@ -1136,7 +1143,7 @@ def test_env_01_no_kind_of_state_carries_over_to_the_next_run(
     # Given user A's run leaving state behind in one way
     box: Sandbox = request.getfixturevalue("sandbox" if level == "namespaces" else "process_sandbox")
     first = run(box, leave, fresh_scope(tmp_path, "user-a"))
-    assert first.status == "ok", first.error
+    assert_status(first, "ok")
     left = repr(first.stdout.strip().splitlines()[-1]) if first.stdout.strip() else "''"
     # When user B runs next on the same warm sandbox
     scope_b = fresh_scope(tmp_path, "user-b")
@@ -1300,7 +1307,7 @@ def test_art_01_asking_for_a_gui_backend_fails_fast_with_a_traceback(
     result = run(sandbox, code, scope, timeout_s=10)
 
     # Then it returns quickly with the import error's traceback; it never hangs on a display
-    assert result.status == "error"
+    assert_status(result, "error")
     assert result.error is not None and result.error.name in ("ImportError", "ModuleNotFoundError")
     assert result.error.traceback.rstrip().splitlines()[-1].startswith(result.error.name)
     assert 'matplotlib.use("' in result.error.traceback
@@ -1420,7 +1427,7 @@ class TestIso03PlatformCredentials:
 
         # Then it sees no platform variable, and (with the network off) boto3 is denied: the case's
         # single try block prints 'denied' once, at the first call
-        assert result.status == "ok", result.error
+        assert_status(result, "ok")
         assert result.stdout.startswith("{}\n")
         if box.isolation == "namespaces":
             assert result.network == "off"
@@ -1436,7 +1443,7 @@ class TestIso03PlatformCredentials:
         report = json.loads(result.stdout)
 
         # Then it finds none (the probe itself works: it can read its own environ)
-        assert result.status == "ok"
+        assert_status(result, "ok")
         assert report["self_readable"]
         assert (report["names"], report["values_in_env"], report["leaks"]) == ([], [], [])
         assert 1 in report["listed"] and report["ppid"] in report["listed"]
@@ -1492,7 +1499,7 @@ class TestIso03PlatformCredentials:
         result = run(box, template.format(secret=secret), scope)
 
         # Then the value comes back as [REDACTED] everywhere: the result and the spill files
-        assert result.status == "ok"
+        assert_status(result, "ok")
         assert secret not in result.model_dump_json()
         assert "[REDACTED]" in result.stdout + result.stderr
         for spill in (result.stdout_path, result.stderr_path):
@@ -1511,7 +1518,8 @@ class TestIso03PlatformCredentials:
         result = run(box, code, scope)
 
         # Then the error the coder reads (value and traceback) carries [REDACTED], not the value
-        assert result.status == "error" and result.error is not None
+        assert_status(result, "error")
+        assert result.error is not None
         assert secret not in result.model_dump_json()
         assert "[REDACTED]" in result.error.value
 
@@ -1533,7 +1541,7 @@ def test_iso_03_credentials_in_the_supervisors_exec_environment_are_unreadable(
 
     # Then no value is found anywhere, and at the process level, where the supervisor is visible,
     # its environ cannot be read
-    assert result.status == "ok"
+    assert_status(result, "ok")
     assert (report["names"], report["values_in_env"], report["leaks"]) == ([], [], [])
     if result.isolation.level == "process":
         assert out["supervisor_pid"] in report["listed"]
@@ -1633,7 +1641,7 @@ def test_path_01_the_output_spill_never_writes_through_a_symlinked_work_runs(
     outside.mkdir()
     plant = f"import os\nos.symlink({str(outside)!r}, 'work/runs')\n"
     if when == "planted-by-an-earlier-run":
-        assert run(sandbox, plant, scope).status == "ok"
+        assert_status(run(sandbox, plant, scope), "ok")
         code = "print('x' * 100_000)"
     else:
         code = plant + "print('x' * 100_000)"
@@ -1641,7 +1649,8 @@ def test_path_01_the_output_spill_never_writes_through_a_symlinked_work_runs(
     result = run(sandbox, code, scope)
 
     # Then the run still succeeds, and nothing was written outside the scope
-    assert result.status == "ok" and result.stdout_bytes == 100_001
+    assert_status(result, "ok")
+    assert result.stdout_bytes == 100001
     assert list(outside.iterdir()) == []
     assert result.stdout_path is None or not (scope / result.stdout_path).is_symlink()
     # And the link itself never shows up as a file
@@ -1748,10 +1757,10 @@ def test_env_01_exclusive_mode_resets_the_scratch_root_between_runs(
 
     # Then A left all of it, and B finds the scratch root exactly as A found it at its start (the
     # zygote's log, matplotlib's config dir and cache as the zygote built them), nothing of A's
-    assert first.status == "ok", first.error
+    assert_status(first, "ok")
     a_state, written = (json.loads(line) for line in first.stdout.splitlines())
     assert len(written) == 7 and any(w.startswith("mplconfig/fontlist") for w in written)
-    assert second.status == "ok", second.error
+    assert_status(second, "ok")
     b_state, log_has_it = second.stdout.splitlines()
     b = json.loads(b_state)
     assert b["after"] == a_state["before"]
@@ -1788,7 +1797,8 @@ def test_env_01_exclusive_mode_replaces_the_zygote_when_its_log_gets_a_second_na
     first, second, third = (RunResult.model_validate(r) for r in out["results"])
 
     # Then B ran on a new zygote in a new scratch root, the old one is gone, and runs keep working
-    assert first.status == "ok" and second.status == "ok", (first.error, second.error)
+    assert_status(first, "ok", (first.error, second.error))
+    assert_status(second, "ok", (first.error, second.error))
     a, b = json.loads(first.stdout), json.loads(second.stdout)
     assert b["zygote"] != a["zygote"] and b["root"] != a["root"]
     assert b["siblings"] == [Path(b["root"]).name]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.local import safefs
 from alphaagent.models.run import RunLimits, RunResult
@@ -154,7 +155,7 @@ def test_usage_figures_come_from_the_wait_status_not_the_report(box: Sandbox, sc
     result = run(box, code, scope)
 
     # Then the CPU time is the kernel's account, not the report's
-    assert result.status == "ok", result.reason
+    assert_status(result, "ok", result.reason)
     assert result.cpu_ms is not None and result.cpu_ms >= 250
     assert result.peak_rss_mb is not None and result.peak_rss_mb > 1
 
@@ -177,7 +178,7 @@ def test_stdout_can_be_reconfigured_and_says_it_is_not_seekable(box: Sandbox, sc
     result = run(box, code, scope)
 
     # Then nothing raises, the pipes say they cannot seek, and every write arrives
-    assert result.status == "ok", result.error
+    assert_status(result, "ok")
     assert result.stdout == "False False BufferedWriter\nraw bytes\n"
     assert result.stderr == "caf\u00e9\n"
 
@@ -195,7 +196,7 @@ def test_a_module_planted_under_a_standard_name_does_not_shadow_it(box: Sandbox,
         with open("numpy/__init__.py", "w") as fh:
             fh.write("print('PLANTED numpy')\\n")
     """
-    assert run(box, plant, scope).status == "ok"
+    assert_status(run(box, plant, scope), "ok")
     # When a later run of the scope imports those names
     code = """
         import json, sys
@@ -205,7 +206,7 @@ def test_a_module_planted_under_a_standard_name_does_not_shadow_it(box: Sandbox,
     result = run(box, code, scope)
 
     # Then it gets the standard library, and the scope is the last place looked in
-    assert result.status == "ok", result.error
+    assert_status(result, "ok")
     assert result.stdout == "False True\nTrue\n"
     assert "PLANTED" not in result.stdout
 
@@ -402,7 +403,7 @@ def test_an_ancestors_credentials_are_unreadable_by_the_run(
         return
     result = RunResult.model_validate(out["result"])
     report = json.loads(result.stdout)
-    assert result.status == "ok", result.error
+    assert_status(result, "ok")
     assert report["self_readable"] and report["leaks"] == []
     if result.isolation == "process":  # (with namespaces, pid numbers are the run's own)
         assert out["ancestor_pid"] in report["listed"]

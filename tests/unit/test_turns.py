@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from assertions import assert_status
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
@@ -276,7 +277,7 @@ def test_steps_run_in_order_and_later_steps_see_earlier_files(
     # Given a turn whose second step reads what the first wrote (see the fixture)
     spec, result = two_step_turn
     # Then the turn completed with one run per step, in order
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     runs = agent.history(USER, _scope(spec))
     assert [run.run_id for run in runs] == result.run_ids and len(runs) == 2
     assert [run.code for run in runs] == [step["code"] for step in spec["steps"]]
@@ -322,7 +323,8 @@ def test_result_json_and_spec_are_written_into_the_scope(
     )
     # And the turn record agrees
     (turn,) = agent.turns(USER, scope)
-    assert turn.status == "completed" and turn.result == result and turn.finished_at is not None
+    assert_status(turn, "completed")
+    assert turn.result == result and turn.finished_at is not None
 
 
 def test_events_of_a_completed_turn_come_in_order(
@@ -361,7 +363,7 @@ def test_a_failing_step_fails_the_turn_with_its_error_and_later_steps_do_not_run
     # When the turn runs
     result = agent.run_analysis(spec)
     # Then it failed with that step's error: name, value and a traceback of the user's frames
-    assert result.status == "failed"
+    assert_status(result, "failed")
     assert result.failed_step == "load the regions"
     assert result.error is not None
     assert (result.error.name, result.error.value) == ("ValueError", "no data for north")
@@ -374,7 +376,8 @@ def test_a_failing_step_fails_the_turn_with_its_error_and_later_steps_do_not_run
     assert agent.artifacts(USER, scope) == []
     # And the failure is on record: result.json, the turn record, and TurnFailed last in the log
     written = json.loads(agent.read_file(USER, scope, f"work/turns/{result.turn_id}/result.json"))
-    assert written["status"] == "failed" and written["failed_step"] == "load the regions"
+    assert_status(written, "failed")
+    assert written["failed_step"] == "load the regions"
     assert [t.status for t in agent.turns(USER, scope)] == ["failed"]
     events = _turn_events(agent, result.turn_id)
     assert events[-1] == "TurnFailed" and "TurnCompleted" not in events
@@ -391,7 +394,8 @@ def test_an_output_without_path_needs_exactly_one_matching_file(agent: AlphaAgen
     # When the turn runs
     result = agent.run_analysis(spec)
     # Then it fails naming the output and both candidates, and registers nothing
-    assert result.status == "failed" and result.error is not None
+    assert_status(result, "failed")
+    assert result.error is not None
     assert "outputs[0].path" in result.error.value
     assert "reports/summary.md" in result.error.value and "reports/summary.txt" in result.error.value
     assert agent.artifacts(USER, _scope(spec)) == []
@@ -423,7 +427,7 @@ def test_a_100_kb_output_is_stored_truncated_with_the_full_output_in_a_spill_fil
     spec = _spec(_conversation(), "print('é' * 50_000)")
     # When the turn runs
     result = agent.run_analysis(spec)
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     # Then its run record keeps at most 16 KiB of UTF-8, with the marker and the true byte count
     (run,) = agent.history(USER, _scope(spec))
     assert run == agent.run_record(USER, result.run_ids[0])
@@ -531,7 +535,7 @@ def test_every_kind_accepts_its_file_types(
 ) -> None:
     # Given a turn that registered a file of every accepted type (see the fixture)
     spec, result = every_file_type
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     # Then this file is an artifact of its kind, with the file's exact bytes
     (version,) = [v for v in agent.artifacts(USER, _scope(spec)) if v.path == path]
     assert version.kind == kind and version.version == 1
@@ -592,7 +596,8 @@ def test_a_registration_breaking_a_rule_fails_naming_the_path(
     # When the turn runs
     result = agent.run_analysis(spec)
     # Then the turn fails with an error naming the output and the path, and nothing is registered
-    assert result.status == "failed" and result.error is not None
+    assert_status(result, "failed")
+    assert result.error is not None
     assert result.error.value.startswith("outputs[0]") and message in result.error.value, result.error.value
     assert agent.artifacts(USER, _scope(spec)) == []
 
@@ -627,7 +632,7 @@ def test_register_artifact_refuses_paths_leaving_the_scope(agent: AlphaAgent, co
         result = agent.run_analysis(spec)
     finally:
         coder.script = None
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     # Then every registration was refused with a message naming the path and saying it must stay inside
     for path in PATH_03:
         refusal = refusals[path]
@@ -648,7 +653,8 @@ def test_artifact_versions_are_immutable(agent: AlphaAgent) -> None:
     second = agent.run_analysis(
         _spec(conversation, "open('reports/notes.md', 'w').write('second draft')", outputs=output)
     )
-    assert first.status == second.status == "completed"
+    assert_status(first, "completed")
+    assert_status(second, "completed")
     scope = ConversationScope(conversation_id=conversation)
     # When v1 is read back
     v1, v1_bytes = agent.artifact(USER, scope, "notes", 1)
@@ -672,7 +678,7 @@ def test_an_artifact_name_keeps_its_kind(agent: AlphaAgent) -> None:
             outputs=[{"kind": "dataset", "name": "tiny", "path": "datasets/tiny.csv"}],
         )
     )
-    assert first.status == "completed", first.error
+    assert_status(first, "completed")
     # When a later turn registers a report under the same name
     second = agent.run_analysis(
         _spec(
@@ -682,7 +688,8 @@ def test_an_artifact_name_keeps_its_kind(agent: AlphaAgent) -> None:
         )
     )
     # Then it is refused, naming the name and its kind, and the latest "tiny" is still the dataset
-    assert second.status == "failed" and second.error is not None
+    assert_status(second, "failed")
+    assert second.error is not None
     assert "name 'tiny': already a dataset" in second.error.value
     latest, _data = agent.artifact(USER, ConversationScope(conversation_id=conversation), "tiny")
     assert (latest.kind, latest.version) == ("dataset", 1)
@@ -700,7 +707,7 @@ def test_an_xlsx_that_unpacks_to_megabytes_is_registered_without_parsing_it(agen
     spec = _spec(_conversation(), code, outputs=output, constraints={"run_timeout_s": 120})
     result = agent.run_analysis(spec)
     # Then it is a dataset version without a profile, saying why, and nothing parsed it
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     [version] = [a for a in agent.artifacts(USER, _scope(spec)) if a.name == "bomb"]
     assert version.metadata == {"profiled": False, "reason": "unpacks to more than 4 MiB"}
 
@@ -720,7 +727,7 @@ def test_a_document_input_must_be_in_the_scope_and_is_cited(agent: AlphaAgent) -
     )
     result = agent.run_analysis(spec)
     # Then the steps read it, and the turn cites it
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert agent.run_record(USER, result.run_ids[0]).stdout == "# Brief\n\n"
     assert [c.source for c in result.citations] == ["docs/brief.md"]
 
@@ -737,7 +744,7 @@ def test_a_dataset_input_is_copied_into_docs_by_version(agent: AlphaAgent) -> No
                 outputs=output,
             )
         )
-        assert done.status == "completed", done.error
+        assert_status(done, "completed")
     # When a turn asks for v1 and for the latest
     spec = _spec(
         conversation,
@@ -747,7 +754,7 @@ def test_a_dataset_input_is_copied_into_docs_by_version(agent: AlphaAgent) -> No
     result = agent.run_analysis(spec)
     # Then both versions are in docs/ with their registered bytes, and the steps read them: the
     # first under the stable name, the second version asked for under its versioned name
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     scope = _scope(spec)
     for version, path in ((1, "docs/sales.csv"), (2, "docs/sales.v2.csv")):
         _v, data = agent.artifact(USER, scope, "sales", version)
@@ -771,7 +778,7 @@ def test_a_file_connector_copies_from_an_allowed_root(agent: AlphaAgent, roots: 
     # When a turn takes it as an input
     result = agent.run_analysis(spec)
     # Then a copy is in docs/, the steps read it, and it is cited
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert (
         agent.read_file(USER, _scope(spec), "docs/penguins.csv")
         == (roots["allowed"] / "penguins.csv").read_bytes()
@@ -790,7 +797,7 @@ def test_an_http_connector_copies_from_an_allowed_host(agent: AlphaAgent, http_b
     # When a turn takes it as an input
     result = agent.run_analysis(spec)
     # Then a copy is in docs/ and the steps read it
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     assert agent.read_file(USER, _scope(spec), "docs/rates.csv") == b"currency,rate\nEUR,1.08\n"
     assert agent.run_record(USER, result.run_ids[0]).stdout == "EUR,1.08\n"
 
@@ -979,7 +986,9 @@ def test_two_turns_on_one_conversation_never_overlap(agent: AlphaAgent) -> None:
     # When both are started at the same moment from two threads
     outcomes = _run_in_threads(agent, specs)
     # Then both complete, one after the other: their steps' intervals do not intersect
-    assert all(isinstance(o, TurnResult) and o.status == "completed" for o in outcomes), outcomes
+    for outcome in outcomes:
+        assert isinstance(outcome, TurnResult), outcome
+        assert_status(outcome, "completed")
     (a_start, a_end), (b_start, b_end) = (
         _interval(agent, conversation, "a"),
         _interval(agent, conversation, "b"),
@@ -994,7 +1003,9 @@ def test_turns_on_different_conversations_run_in_parallel(agent: AlphaAgent) -> 
     # When both are started at the same moment from two threads
     outcomes = _run_in_threads(agent, specs)
     # Then both complete, and their steps ran at the same time
-    assert all(isinstance(o, TurnResult) and o.status == "completed" for o in outcomes), outcomes
+    for outcome in outcomes:
+        assert isinstance(outcome, TurnResult), outcome
+        assert_status(outcome, "completed")
     (a_start, a_end), (b_start, b_end) = (_interval(agent, c, "x") for c in conversations)
     assert a_start < b_end and b_start < a_end, ((a_start, a_end), (b_start, b_end))
 
@@ -1025,7 +1036,9 @@ def _assert_ran_once(agent: AlphaAgent, spec: dict[str, Any], result: TurnResult
     scope = _scope(spec)
     assert agent.read_file(USER, scope, "work/executions.txt") == b"ran\n"
     (turn,) = agent.turns(USER, scope)
-    assert turn.turn_id == spec["turn_id"] and turn.status == "completed" and turn.result == result
+    assert turn.turn_id == spec["turn_id"]
+    assert_status(turn, "completed")
+    assert turn.result == result
     assert [(v.name, v.version) for v in agent.artifacts(USER, scope)] == [("revenue", 1)]
     assert len(agent.history(USER, scope)) == 1
     assert _turn_events(agent, spec["turn_id"]).count("TurnCompleted") == 1
@@ -1035,7 +1048,7 @@ def test_the_same_turn_submitted_twice_runs_once(agent: AlphaAgent) -> None:
     # Given a spec with a turn_id that has completed
     spec = _once_only_spec(_conversation(), new_ulid())
     first = agent.run_analysis(spec)
-    assert first.status == "completed", first.error
+    assert_status(first, "completed")
     # When the very same spec is delivered again
     second = agent.run_analysis(spec)
     # Then the duplicate gets the first result; one turn, one run, one artifact version
@@ -1050,7 +1063,9 @@ def test_the_same_turn_submitted_concurrently_runs_once(agent: AlphaAgent) -> No
     outcomes = _run_in_threads(agent, [spec, spec])
     # Then one runs it; the other gets the same result, or is told to retry (a RetryableError)
     results = [o for o in outcomes if isinstance(o, TurnResult)]
-    assert results and all(r.status == "completed" for r in results), outcomes
+    assert results, outcomes
+    for result in results:
+        assert_status(result, "completed")
     assert all(isinstance(o, TurnResult | ScopeBusyError) for o in outcomes), outcomes
     # And a retry after both returned gets that one result; the turn ran once
     retried = agent.run_analysis(spec)
@@ -1085,7 +1100,9 @@ def test_a_duplicate_delivery_never_opens_the_conversation_to_another_turn(agent
     record = next(
         t for t in agent.turns(USER, ConversationScope(conversation_id=conversation)) if t.turn_id == turn_id
     )
-    assert told and all(r.status == "completed" for r in told), duplicates
+    assert told, duplicates
+    for answer in told:
+        assert_status(answer, "completed")
     overlap = not (f_end <= o_start or o_end <= f_start)
     assert (overlap, record.status) == (False, "completed"), (
         f"first {f_start:.2f}-{f_end:.2f}, other {o_start:.2f}-{o_end:.2f}; the first's record: {record.result}"
@@ -1096,7 +1113,7 @@ def test_a_turn_id_reused_for_a_different_spec_is_refused(agent: AlphaAgent, tmp
     # Given a turn that completed under a turn id
     spec = _once_only_spec(_conversation(), new_ulid())
     first = agent.run_analysis(spec)
-    assert first.status == "completed", first.error
+    assert_status(first, "completed")
     # When a different spec (another goal; then other code) arrives under the same turn id
     for changed in ({**spec, "goal": "revenue by country"}, {**spec, "steps": [{"title": "x", "code": "1"}]}):
         with pytest.raises(InvalidSpecError) as refused:
@@ -1128,13 +1145,14 @@ def test_a_terminal_status_never_regresses(agent: AlphaAgent) -> None:
     # Given a turn that failed
     spec = _spec(_conversation(), "raise RuntimeError('first attempt failed')", turn_id=new_ulid())
     failed = agent.run_analysis(spec)
-    assert failed.status == "failed"
+    assert_status(failed, "failed")
     # When the same turn is delivered again (its code unchanged, so nothing reruns)
     again = agent.run_analysis(spec)
     # Then the first outcome stands: same result, still failed, one run
     assert again == failed
     (turn,) = agent.turns(USER, _scope(spec))
-    assert turn.status == "failed" and turn.result == failed
+    assert_status(turn, "failed")
+    assert turn.result == failed
     assert len(agent.history(USER, _scope(spec))) == 1
 
 
@@ -1186,7 +1204,7 @@ def test_a_killed_turn_leaves_no_half_registered_artifact_and_does_not_block_the
     first = agent.run_analysis(
         _spec(conversation, "open('reports/notes.md', 'w').write('v1')", outputs=output)
     )
-    assert first.status == "completed", first.error
+    assert_status(first, "completed")
     doomed = _spec(
         conversation, DOOMED_STEP, turn_id=new_ulid(), outputs=output, constraints={"run_timeout_s": 40}
     )
@@ -1195,15 +1213,14 @@ def test_a_killed_turn_leaves_no_half_registered_artifact_and_does_not_block_the
     # When the next turn on that conversation is submitted
     following = agent.run_analysis(_spec(conversation, "print('after the crash')"))
     # Then it completes once the 2 s lease has expired, well under 10 s
-    assert following.status == "completed", following.error
+    assert_status(following, "completed")
     assert time.monotonic() - killed_at < 10
     # And the killed turn is recorded as failed (abandoned), not left running
     scope = ConversationScope(conversation_id=conversation)
     statuses = {t.turn_id: t for t in agent.turns(USER, scope)}
     abandoned = statuses[doomed["turn_id"]]
-    assert (
-        abandoned.status == "failed" and abandoned.result is not None and abandoned.result.error is not None
-    )
+    assert_status(abandoned, "failed")
+    assert abandoned.result is not None and abandoned.result.error is not None
     assert abandoned.result.error.name == "TurnAbandoned"
     assert _turn_events(agent, doomed["turn_id"])[-1] == "TurnFailed"
     # And every artifact version has its blob, whose bytes match its sha256
@@ -1233,9 +1250,10 @@ def test_a_killed_turn_delivered_again_gets_an_answer_once_its_lease_expired(
     # Then the redelivery is answered with the turn's terminal outcome (abandoned), instead of being
     # told forever that the turn is still running
     assert isinstance(outcome, TurnResult), f"{type(outcome).__name__}: {outcome}"
-    assert outcome.status == "failed" and outcome.error is not None and outcome.error.name == "TurnAbandoned"
+    assert_status(outcome, "failed")
+    assert outcome.error is not None and outcome.error.name == "TurnAbandoned"
     (turn,) = agent.turns(USER, ConversationScope(conversation_id=conversation))
-    assert turn.status == "failed"
+    assert_status(turn, "failed")
 
 
 # ----------------------------------------------------------------------------- export (ZIP-01)
@@ -1253,7 +1271,7 @@ def test_export_lists_files_over_the_ceiling_and_includes_the_rest(agent: AlphaA
             "open('reports/summary.md', 'w').write('# summary\\n')\n",
         )
     )
-    assert result.status == "completed", result.error
+    assert_status(result, "completed")
     omitted = {"datasets/full.csv": 30 * MiB, "datasets/over.csv": 25 * MiB + 1}
     out = tmp_path / "out.zip"
     common = ("--user", USER, "--conversation", conversation, "-o", str(out))

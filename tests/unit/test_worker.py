@@ -28,7 +28,9 @@ from typing import Any
 
 import boto3
 import pytest
+from assertions import assert_status
 from moto import mock_aws
+from moto_account import MotoAccount
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.tools import TurnContext
@@ -145,8 +147,13 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) 
         time.sleep(0.05)
 
 
+MOTO_CONFIG: dict[str, Any] = {"stepfunctions": {"execute_state_machine": True}}
+"""Step Functions runs the test machine (its only state waits for the worker's task token)."""
+
+
 def mocked_aws() -> AbstractContextManager[Any]:
-    return mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+    """The moto account of a scenario run in a child process (the ``moto`` fixture is in-process)."""
+    return mock_aws(config=MOTO_CONFIG)
 
 
 def spec_of(*steps: str, **fields: Any) -> dict[str, Any]:
@@ -183,11 +190,14 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlphaAgent]:
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Aws]:
-    for name, value in FAKE_AWS.items():
-        monkeypatch.setenv(name, value)
-    with mocked_aws():
-        yield Aws()
+def moto_config() -> dict[str, Any]:
+    return MOTO_CONFIG
+
+
+@pytest.fixture
+def aws(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> Aws:
+    monkeypatch.setenv("AWS_REGION", REGION)
+    return Aws()
 
 
 class Running:
@@ -226,7 +236,7 @@ def test_task_token_round_trip_ends_in_success_with_the_result_pointer(agent: Al
         running.finish()
 
     # Then the execution succeeds with the pointer to the stored result, and the message is gone
-    assert ended["status"] == "SUCCEEDED", ended
+    assert_status(ended, "SUCCEEDED", ended)
     pointer = json.loads(ended["output"])
     turn_id = spec["turn_id"]
     scope_key = f"conversations/{spec['scope']['conversation_id']}"
@@ -238,7 +248,7 @@ def test_task_token_round_trip_ends_in_success_with_the_result_pointer(agent: Al
     }
     scope = ConversationScope(conversation_id=spec["scope"]["conversation_id"])
     stored = json.loads(agent.workspace.read_bytes(scope, pointer["result_key"]))
-    assert stored["status"] == "completed"
+    assert_status(stored, "completed")
     assert [a["name"] for a in stored["artifacts"]] == ["n"]
     assert [call["taskToken"] for call in aws.sfn.named("send_task_success")] != []
     assert aws.sfn.named("send_task_failure") == []
@@ -281,9 +291,11 @@ def test_a_prepared_turn_runs_only_its_coding_step_under_the_executions_lease(
     [answer] = aws.sfn.named("send_task_success")
     pointer = json.loads(answer["output"])
     stored = json.loads(agent.workspace.read_bytes(spec.scope, pointer["result_key"]))
-    assert stored["status"] == "completed" and [a["name"] for a in stored["artifacts"]] == ["n"]
+    assert_status(stored, "completed")
+    assert [a["name"] for a in stored["artifacts"]] == ["n"]
     turn = agent.store.get_turn(USER, spec.turn_id)
-    assert turn is not None and turn.status == "running"
+    assert turn is not None
+    assert_status(turn, "running")
     assert not agent.store.acquire_lock(spec.scope.key, "another-execution", utcnow(), 60)
     assert aws.queued() == 0 and aws.in_flight() == 0
 
@@ -414,7 +426,7 @@ def test_heartbeats_are_sent_while_a_long_turn_runs(agent: AlphaAgent, aws: Aws)
         running.finish()
 
     # Then several heartbeats went out with the execution's token, before the one answer
-    assert ended["status"] == "SUCCEEDED", ended
+    assert_status(ended, "SUCCEEDED", ended)
     names = [name for name, _ in aws.sfn.calls if name.startswith("send_task")]
     assert names.count("send_task_heartbeat") >= 3, names
     assert names[-1] == "send_task_success" and names.count("send_task_success") == 1
@@ -440,7 +452,7 @@ def test_a_crashing_coder_ends_in_send_task_failure_with_the_error_class(agent: 
         running.finish()
 
     # Then the task fails with the class name (the Retry/Catch contract) and the message is gone
-    assert ended["status"] == "FAILED"
+    assert_status(ended, "FAILED")
     assert ended["error"] == "RuntimeError"
     [failure] = aws.sfn.named("send_task_failure")
     assert failure["error"] == "RuntimeError" and failure["cause"] == "the coder has a bug"
@@ -457,7 +469,8 @@ def test_a_spec_the_backend_refuses_fails_with_invalid_spec_error(agent: AlphaAg
     finally:
         running.finish()
 
-    assert ended["status"] == "FAILED" and ended["error"] == "InvalidSpecError"
+    assert_status(ended, "FAILED")
+    assert ended["error"] == "InvalidSpecError"
     [failure] = aws.sfn.named("send_task_failure")
     assert "ANTHROPIC_API_KEY" in failure["cause"]
 
@@ -507,7 +520,9 @@ def _sigterm_scenario(home: Path, step_s: float, stop_timeout_s: float) -> dict[
 
 
 def _run_sigterm_scenario(tmp_path: Path, step_s: float, stop_timeout_s: float) -> dict[str, Any]:
-    env = {**os.environ, **FAKE_AWS}
+    # The script imports the tests' shared helpers (assertions, moto_account) as pytest's pythonpath does.
+    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, **FAKE_AWS, "PYTHONPATH": path}
     args = [sys.executable, __file__, str(tmp_path / "home"), str(step_s), str(stop_timeout_s)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]

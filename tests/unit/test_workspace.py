@@ -1,5 +1,7 @@
-"""Behaviour of the local conversation filesystem (DESIGN §4.2): the S3 key layout on disk, the path
-rules, symlinks never followed at any component (PATH-01, PATH-03), atomic writes, immutable blobs."""
+"""What only the local conversation filesystem shows (DESIGN §4.2): the S3 key layout on disk,
+symlinks never followed at any component (PATH-01, PATH-03), atomic writes, read-only blobs. The
+behaviour both Workspace adapters share (path rules, NFC names, listing, blobs) is the contract suite,
+tests/integration/test_workspace_contract.py."""
 
 from __future__ import annotations
 
@@ -8,9 +10,7 @@ import os
 import shutil
 import stat
 import tracemalloc
-import unicodedata
 from collections.abc import Callable
-from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -111,155 +111,6 @@ def test_a_workflow_node_scope_lives_under_workflows_nodes(home: Path) -> None:
     # Then it lives at home/workflows/{id}/nodes/{node}/ and reads back
     assert (home / "workflows/wf1/nodes/n1/reports/r.md").read_bytes() == b"# r\n"
     assert workspace.read_bytes(node, "reports/r.md") == b"# r\n"
-
-
-def test_a_scope_that_was_never_created_has_no_files(workspace: LocalWorkspace) -> None:
-    # Given a conversation nobody created (and not even a home directory)
-    ghost = ConversationScope(conversation_id="ghost")
-
-    # When it is read, stat'ed and listed
-    # Then it simply has no files
-    with pytest.raises(FileNotFoundError):
-        workspace.read_bytes(ghost, "reports/a.md")
-    assert workspace.stat(ghost, "reports/a.md") is None
-    assert workspace.list_files(ghost) == []
-    assert workspace.scope_exists(ghost) is False
-
-
-# -- path rules (DESIGN §4.2, PATH-03) ---------------------------------------------------------------
-
-REJECTED_PATHS = [
-    "../../conv-OTHER/reports/leak.md",
-    "charts/../../../spec/override.json",
-    "/etc/hosts",
-    "reports/a\x00b.md",
-    "reports/a\x01b.md",
-    "reports/a\nb.md",
-    "reports/a\x7fb.md",
-    "a//b",
-    "reports/",
-    "",
-    "./reports/a.md",
-    "reports/.",
-    "..",
-    "reports\\..\\..\\conv-OTHER\\reports\\leak.md",
-    "datasets/c1-\x85-\x9b[31m.csv",  # C1 controls: U+009B is the terminal's CSI
-    "reports/rtl-\u202egnp.exe",  # a right-to-left override: shows as "rtl-exe.png"
-    "reports/isolate-\u2066x.md",
-    "reports/mark-\u200fx.md",  # a right-to-left mark
-    "reports/line\u2028break.md",  # splitlines() splits here: a fake line in a listing
-    "reports/para\u2029break.md",
-    "reports/" + "a" * 256 + ".md",  # a segment over NAME_MAX (255 bytes)
-    "reports/" + "é" * 128 + ".md",  # 256 + 3 bytes in UTF-8, though 131 characters
-]
-
-
-@pytest.mark.parametrize("path", REJECTED_PATHS)
-def test_every_operation_rejects_a_path_that_breaks_a_rule(
-    workspace: LocalWorkspace, scope: ConversationScope, other: ConversationScope, tmp_path: Path, path: str
-) -> None:
-    # Given two conversations and a snapshot of everything on disk
-    before = tree(tmp_path)
-
-    # When each operation is handed the bad path
-    # Then each one refuses it with PathRuleError ...
-    operations: list[Callable[[], object]] = [
-        lambda: workspace.read_bytes(scope, path),
-        lambda: workspace.open_file(scope, path),
-        lambda: workspace.write_bytes(scope, path, b"pwned"),
-        lambda: workspace.stat(scope, path),
-        lambda: workspace.put_blob(scope, path),
-    ]
-    if path not in ("", "reports/"):  # '' lists everything; one trailing '/' names the folder
-        operations.append(lambda: workspace.list_files(scope, path))
-    for operation in operations:
-        with pytest.raises(PathRuleError):
-            operation()
-
-    # ... and nothing was read into a blob or written anywhere, in this scope or outside it
-    assert tree(tmp_path) == before
-
-
-def test_percent_encoded_dots_are_a_literal_name_that_stays_inside_the_scope(
-    workspace: LocalWorkspace, scope: ConversationScope, other: ConversationScope, home: Path
-) -> None:
-    # Given another conversation holding datasets/x.csv
-    literal = "..%2F..%2Fconv-OTHER%2Fdatasets%2Fx.csv"
-    others_file = home / "conversations/conv-OTHER/datasets/x.csv"
-    others_bytes = others_file.read_bytes()
-
-    # When the percent-encoded traversal is used: percent-encoding is never decoded (check_workspace_path),
-    # so it is one literal file name at the top of *this* scope
-    # Then reading it does not reach the other conversation's file
-    with pytest.raises(FileNotFoundError):
-        workspace.read_bytes(scope, literal)
-    assert workspace.stat(scope, literal) is None
-
-    # And writing it creates exactly one file, inside this scope, under that literal name
-    workspace.write_bytes(scope, literal, b"mine")
-    assert (home / "conversations/c1" / literal).read_bytes() == b"mine"
-    assert workspace.read_bytes(scope, literal) == b"mine"
-    assert others_file.read_bytes() == others_bytes
-    assert [info.path for info in workspace.list_files(scope)] == [literal]
-
-
-def test_the_1024_byte_key_limit_counts_utf8_bytes_of_the_full_key(
-    workspace: LocalWorkspace, scope: ConversationScope
-) -> None:
-    # Given paths whose full key "conversations/c1/<path>" is exactly 1,024 and 1,025 UTF-8 bytes
-    # (segments of at most 255 bytes, with 2-byte 'é's so characters and bytes differ)
-    prefix = "conversations/c1/"
-    at_limit = "/".join(["a" * 200] * 4) + "/" + "é" * 101 + "f"
-    assert len((prefix + at_limit).encode()) == 1024
-    assert len(prefix + at_limit) < 1000
-    over_limit = at_limit + "g"
-
-    # When both are written
-    workspace.write_bytes(scope, at_limit, b"fits")
-
-    # Then the 1,024-byte key is accepted and reads back, the 1,025-byte key is refused for every use
-    assert workspace.read_bytes(scope, at_limit) == b"fits"
-    with pytest.raises(PathRuleError, match="1024"):
-        workspace.write_bytes(scope, over_limit, b"too long")
-    with pytest.raises(PathRuleError):
-        workspace.read_bytes(scope, over_limit)
-
-
-def test_a_segment_over_the_local_255_byte_name_limit_is_never_found_and_never_written(
-    workspace: LocalWorkspace, scope: ConversationScope
-) -> None:
-    # Given a path whose last segment is 256 bytes, more than a file name may hold
-    path = "reports/" + "n" * 256
-
-    # When it is written, read and stat'ed
-    # Then each is refused with a rule error naming the limit (the same rule as on S3, so every
-    # object of a scope can be synced to a working copy)
-    for operation in (
-        lambda: workspace.write_bytes(scope, path, b"x"),
-        lambda: workspace.read_bytes(scope, path),
-        lambda: workspace.stat(scope, path),
-    ):
-        with pytest.raises(PathRuleError, match="255"):
-            operation()
-
-
-def test_an_nfd_spelling_finds_the_nfc_file_and_files_are_stored_nfc(
-    workspace: LocalWorkspace, scope: ConversationScope
-) -> None:
-    # Given a file written under its decomposed (NFD) spelling
-    nfc = "reports/café.md"
-    nfd = unicodedata.normalize("NFD", nfc)
-    assert nfd != nfc
-    workspace.write_bytes(scope, nfd, b"cafe")
-
-    # When it is looked up under either spelling
-    # Then both find it, and it is stored and listed under the composed (NFC) name
-    assert workspace.read_bytes(scope, nfc) == b"cafe"
-    assert workspace.read_bytes(scope, nfd) == b"cafe"
-    info = workspace.stat(scope, nfd)
-    assert info is not None and info.path == nfc
-    assert os.listdir(workspace.local_root(scope) / "reports") == ["café.md"]
-    assert [item.path for item in workspace.list_files(scope)] == [nfc]
 
 
 # -- symlinks, never followed (PATH-01, PATH-03) ----------------------------------------------------
@@ -414,41 +265,12 @@ def test_a_directory_where_a_file_is_expected_and_a_file_where_a_folder_is_expec
 # -- listing -----------------------------------------------------------------------------------------
 
 
-def test_list_files_is_sorted_and_filtered_by_whole_folder_components(
-    workspace: LocalWorkspace, scope: ConversationScope
-) -> None:
-    # Given files in several folders, including one whose name extends another's
-    for path in ("reports/b.md", "reports/2024/q1.md", "reports2/x.md", "datasets/a.csv", "top.txt"):
-        workspace.write_bytes(scope, path, path.encode())
-
-    # When the scope and a folder are listed
-    everything = workspace.list_files(scope)
-    reports = workspace.list_files(scope, "reports")
-
-    # Then paths are sorted, workspace-relative, with sizes and UTC times; the folder is matched whole
-    assert [info.path for info in everything] == [
-        "datasets/a.csv",
-        "reports/2024/q1.md",
-        "reports/b.md",
-        "reports2/x.md",
-        "top.txt",
-    ]
-    assert [info.path for info in reports] == ["reports/2024/q1.md", "reports/b.md"]
-    assert workspace.list_files(scope, "reports/") == reports
-    assert all(info.size_bytes == len(info.path) for info in everything)
-    assert all(info.modified_at.tzinfo == UTC for info in everything)
-    assert workspace.list_files(scope, "missing") == []
-    assert workspace.list_files(scope, "top.txt") == []
-
-
-def test_names_no_workspace_method_could_address_are_not_listed(
+def test_a_file_name_that_is_not_utf8_is_not_listed(
     workspace: LocalWorkspace, scope: ConversationScope, home: Path
 ) -> None:
-    # Given files created by user code under names that break the path rules or are not NFC
-    root = home / "conversations/c1/reports"
-    for name in ("back\\slash.md", "new\nline.md", unicodedata.normalize("NFD", "café.md")):
-        (root / name).write_bytes(b"x")
-    (root / os.fsdecode(b"bad\xff.md")).write_bytes(b"x")
+    # Given a file user code created under a name that is not UTF-8 (no S3 key can be; the names
+    # both adapters refuse are in the contract suite)
+    (home / "conversations/c1/reports" / os.fsdecode(b"bad\xff.md")).write_bytes(b"x")
     workspace.write_bytes(scope, "reports/ok.md", b"ok")
 
     # When the scope is listed
@@ -458,24 +280,6 @@ def test_names_no_workspace_method_could_address_are_not_listed(
 
 
 # -- atomic writes ------------------------------------------------------------------------------------
-
-
-def test_write_bytes_replaces_atomically_and_leaves_no_temporary_file(
-    workspace: LocalWorkspace, scope: ConversationScope, home: Path
-) -> None:
-    # Given a report and a reader that opened its first version
-    workspace.write_bytes(scope, "reports/a.md", b"version 1\n" * 1000)
-    reader = workspace.open_file(scope, "reports/a.md")
-
-    # When the report is rewritten
-    workspace.write_bytes(scope, "reports/a.md", b"version 2\n")
-
-    # Then the open reader still sees the whole first version, new reads see the second, and the
-    # folder holds nothing but the report
-    with reader:
-        assert reader.read() == b"version 1\n" * 1000
-    assert workspace.read_bytes(scope, "reports/a.md") == b"version 2\n"
-    assert os.listdir(home / "conversations/c1/reports") == ["a.md"]
 
 
 def test_a_failed_write_keeps_the_old_content_and_leaves_no_temporary_file(
@@ -499,81 +303,22 @@ def test_a_failed_write_keeps_the_old_content_and_leaves_no_temporary_file(
     assert os.listdir(home / "conversations/c1/reports") == ["a.md"]
 
 
-def test_write_bytes_creates_missing_parent_folders(
-    workspace: LocalWorkspace, scope: ConversationScope
-) -> None:
-    # Given a scope without a reports/2024/q1 folder
-    # When a report is written there
-    workspace.write_bytes(scope, "reports/2024/q1/summary.md", b"# Q1\n")
-
-    # Then the folders are created and the file reads back
-    assert workspace.read_bytes(scope, "reports/2024/q1/summary.md") == b"# Q1\n"
-
-
 # -- blobs --------------------------------------------------------------------------------------------
 
 
-def test_put_blob_stores_a_read_only_content_addressed_copy(
+def test_put_blob_stores_a_read_only_copy_and_leaves_no_temporary_file(
     workspace: LocalWorkspace, scope: ConversationScope, home: Path
 ) -> None:
     # Given a chart
-    content = b"\x89PNG fake chart bytes"
-    workspace.write_bytes(scope, "charts/plot.png", content)
+    workspace.write_bytes(scope, "charts/plot.png", b"\x89PNG fake chart bytes")
 
     # When it is put into blob storage
-    digest, size = workspace.put_blob(scope, "charts/plot.png")
+    digest, _ = workspace.put_blob(scope, "charts/plot.png")
 
-    # Then the blob is named by its sha256, sized in bytes, read-only, and reads back
-    assert digest == hashlib.sha256(content).hexdigest()
-    assert size == len(content)
+    # Then the blob file is read-only, and the staging folder is empty again
     blob = home / "blobs" / "sha256" / digest[:2] / digest
-    assert blob.read_bytes() == content
     assert stat.S_IMODE(blob.stat().st_mode) == 0o444
-    assert workspace.read_blob(digest) == content
     assert os.listdir(home / "blobs" / "tmp") == []
-
-
-def test_a_blob_keeps_its_bytes_when_the_file_changes_and_is_never_rewritten(
-    workspace: LocalWorkspace, scope: ConversationScope, home: Path
-) -> None:
-    # Given a dataset registered as a blob
-    workspace.write_bytes(scope, "datasets/a.csv", b"v1\n")
-    first, _ = workspace.put_blob(scope, "datasets/a.csv")
-    blob = home / "blobs" / "sha256" / first[:2] / first
-    identity = (blob.stat().st_ino, blob.stat().st_mtime_ns)
-
-    # When the file changes and is registered again, and a copy of v1 elsewhere is registered too
-    workspace.write_bytes(scope, "datasets/a.csv", b"v2\n")
-    second, _ = workspace.put_blob(scope, "datasets/a.csv")
-    workspace.write_bytes(scope, "datasets/copy.csv", b"v1\n")
-    again, _ = workspace.put_blob(scope, "datasets/copy.csv")
-
-    # Then each version keeps its own bytes, and the v1 blob was not rewritten (same inode, same mtime)
-    assert second != first and again == first
-    assert workspace.read_blob(first) == b"v1\n"
-    assert workspace.read_blob(second) == b"v2\n"
-    assert (blob.stat().st_ino, blob.stat().st_mtime_ns) == identity
-
-
-def test_an_empty_file_is_a_valid_blob(workspace: LocalWorkspace, scope: ConversationScope) -> None:
-    # Given an empty file
-    workspace.write_bytes(scope, "work/empty.txt", b"")
-
-    # When it is put into blob storage
-    # Then its digest is sha256 of nothing and it reads back empty
-    assert workspace.put_blob(scope, "work/empty.txt") == (hashlib.sha256(b"").hexdigest(), 0)
-    assert workspace.read_blob(hashlib.sha256(b"").hexdigest()) == b""
-
-
-@pytest.mark.parametrize("digest", ["0" * 64, "../../../../etc/passwd", "A" * 64, "abc", ""])
-def test_read_blob_of_an_unknown_or_malformed_digest_is_not_found(
-    workspace: LocalWorkspace, scope: ConversationScope, digest: str
-) -> None:
-    # Given a blob store (possibly empty)
-    # When an unknown or malformed digest is read
-    # Then nothing is found, and no path outside the store is ever reached
-    with pytest.raises(FileNotFoundError):
-        workspace.read_blob(digest)
 
 
 def test_put_blob_streams_in_constant_memory(
