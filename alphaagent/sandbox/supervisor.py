@@ -1,6 +1,11 @@
 """The supervisor: runs untrusted Python through a warm zygote, enforces limits, captures output and
 builds the run result (DESIGN §4.4, §5).
 
+This module holds the zygote's lifecycle and the supervise loop of a run. What a run's end means
+(the status line checked against the kernel, the ``RunResult``) is ``alphaagent.sandbox.classify``;
+the readable rendering is ``render``; the scratch areas put back after a run are ``scratch``; the
+``/proc`` helpers that find and wait for a run's processes are ``procs``.
+
 One ``Sandbox`` serves one execution environment (one interpreter and its preloaded modules). It is
 used unchanged by the local backend and by the env Lambda (``exclusive=True`` there: one run at a
 time, and after each run every other process of the uid is killed and the shared ``/tmp`` wiped).
@@ -20,10 +25,8 @@ import json
 import os
 import queue
 import selectors
-import shutil
 import signal
 import socket
-import stat
 import subprocess
 import tempfile
 import threading
@@ -35,22 +38,45 @@ from typing import Any
 
 from alphaagent.errors import EnvStartError, InvalidRequestError, SandboxError
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import printable_path
 from alphaagent.models.run import (
     FileChangeReport,
     IsolationReport,
-    RunError,
     RunLimits,
     RunResult,
     SkippedPath,
-    StateReport,
 )
-from alphaagent.sandbox.capture import REDACTED, OutputSink, StreamCapture
+from alphaagent.sandbox.capture import OutputSink, StreamCapture
 from alphaagent.sandbox.cgroup import RunCgroups, oom_kills, pids_limit_reached
+from alphaagent.sandbox.classify import (
+    Outcome,
+    build_result,
+    code_started,
+    credentials_refusal,
+    mib,
+    parse_status,
+)
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.diskbudget import ScopeDiskBudget, scope_growth
 from alphaagent.sandbox.environment import child_environment, secrets_to_redact, zygote_environment
 from alphaagent.sandbox.pathsafe import ThresholdSpill
+from alphaagent.sandbox.procs import (
+    DEATH_WAIT_S,
+    descendants,
+    diagnose_hang,
+    proc_stat,
+    send_signal,
+    wait_until_gone,
+)
+from alphaagent.sandbox.render import iter_result_lines, state_line
+from alphaagent.sandbox.scratch import (
+    ZYGOTE_LOG,
+    ScratchBaseline,
+    default_scratch_dir,
+    remove_path,
+    sweep_uid_except_ancestors,
+    wipe_contents,
+    write_all,
+)
 from alphaagent.sandbox.session import SESSIONS_DIR, StateRequest
 from alphaagent.sandbox.snapshot import FileChanges, HashCache, TreeSnapshot, diff_snapshots, take_snapshot
 from alphaagent.sandbox.treestate import TreeState, TreeStates
@@ -61,16 +87,9 @@ _READ_CHUNK = 1 << 16
 _PR_SET_DUMPABLE = 4
 _GRACE_AFTER_INTERRUPT_S = 0.5
 _DRAIN_AFTER_KILL_S = 2.0
-_DEATH_WAIT_S = 2.0
-"""How long a kill waits for the killed processes to be gone: SIGKILL is delivered at once, but a
-process with a large address space takes a while to exit on a loaded machine, and a run is only
-over when nothing of it runs any more."""
 _SPILL_DIR = "work/runs"
 _PLATFORM_DIRS = [_SPILL_DIR, SESSIONS_DIR]
 """Where the platform writes in a scope (spill files; sessions' live state): never the code's changes."""
-_ZYGOTE_LOG = "zygote.log"
-# What exclusive mode keeps of the scratch root's start-up contents (matplotlib's font cache is ~40 KiB).
-_BASELINE_MAX_BYTES = 8 * 2**20
 
 
 def _set_not_dumpable() -> None:
@@ -103,7 +122,7 @@ class Sandbox:
         self._reader: threading.Thread | None = None
         self._ready: dict[str, Any] = {}
         self._scratch_root: Path | None = None
-        self._scratch_baseline: _ScratchBaseline | None = None
+        self._scratch_baseline: ScratchBaseline | None = None
         self._hash_cache = HashCache()
         self._trees = TreeStates()
         self._cgroup: RunCgroups | None = None
@@ -158,7 +177,7 @@ class Sandbox:
         _set_not_dumpable()
         self._scratch_root = Path(
             tempfile.mkdtemp(
-                prefix="alphaagent-sandbox-", dir=self.config.scratch_dir or _default_scratch_dir()
+                prefix="alphaagent-sandbox-", dir=self.config.scratch_dir or default_scratch_dir()
             )
         )
         controllers = (("pids",) if self.config.use_cgroup else ()) + (
@@ -184,7 +203,7 @@ class Sandbox:
             "landlock": self.config.landlock,
             "credential_names": list(self.config.redact_env),
         }
-        log_path = self._scratch_root / _ZYGOTE_LOG
+        log_path = self._scratch_root / ZYGOTE_LOG
         try:
             # O_APPEND: exclusive mode empties the log after each run, and the zygote's next line then
             # starts at offset 0 rather than after a hole.
@@ -215,10 +234,10 @@ class Sandbox:
         parent.settimeout(None)
         if ready.get("readable_credentials"):
             self._kill_zygote()
-            raise SandboxError(_credentials_refusal(ready["readable_credentials"]))
+            raise SandboxError(credentials_refusal(ready["readable_credentials"]))
         self._ready = ready
         if self.config.exclusive:
-            self._scratch_baseline = _ScratchBaseline.capture(self._scratch_root, log_path)
+            self._scratch_baseline = ScratchBaseline.capture(self._scratch_root, log_path)
         self._reader = threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True)
         self._reader.start()
 
@@ -231,7 +250,7 @@ class Sandbox:
     def _teardown(self) -> None:
         self._kill_zygote()
         if self._scratch_root is not None:
-            _remove_path(self._scratch_root)
+            remove_path(self._scratch_root)
             self._scratch_root = None
         self._scratch_baseline = None
         if self._cgroup is not None:
@@ -295,7 +314,7 @@ class Sandbox:
                 zygote.kill()
             # Gone before the next run asks ``start()``, which would otherwise find it still alive.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                zygote.wait(timeout=_DEATH_WAIT_S)
+                zygote.wait(timeout=DEATH_WAIT_S)
 
     # ------------------------------------------------------------------ runs
 
@@ -371,7 +390,7 @@ class Sandbox:
         spill_rel = f"{_SPILL_DIR}/{run_id}"
         (scratch / "tmp").mkdir(parents=True, mode=0o700)
         code_fd = os.memfd_create(f"code-{run_id}", os.MFD_CLOEXEC)
-        _write_all(code_fd, source.encode("utf-8"))
+        write_all(code_fd, source.encode("utf-8"))
         tmp_dir = "/tmp" if namespaced else str(scratch / "tmp")
         tmp_bytes = limits.effective_tmp_mb() * 2**20 if self.config.sized_tmp else 0
         # Where the AF_UNIX filter is off (network on, process level), Landlock 6+ keeps host abstract
@@ -462,8 +481,8 @@ class Sandbox:
             except BaseException:
                 # Ctrl-C (KeyboardInterrupt) in the caller, or any other way out mid-run: the run
                 # ends with it, never goes on unsupervised.
-                self._kill_run(pid, _Outcome(pid=pid, cgroup=cgroup))
-                _remove_path(scratch)
+                self._kill_run(pid, Outcome(pid=pid, cgroup=cgroup))
+                remove_path(scratch)
                 raise
             outcome.memory_bound = memory_cgroup is not None
             if memory_cgroup:
@@ -485,10 +504,10 @@ class Sandbox:
                     outcome.kill_reason = "disk_limit"
                     outcome.disk_over_after_run = True
                     outcome.hint = (
-                        f"the run added {_mib(grown)} to its scope, over its budget of"
-                        f" {_mib(disk.budget_bytes)} (disk_mb; found when the run ended)"
+                        f"the run added {mib(grown)} to its scope, over its budget of"
+                        f" {mib(disk.budget_bytes)} (disk_mb; found when the run ended)"
                     )
-            _remove_path(scratch)
+            remove_path(scratch)
             if outcome.exit_event is None:
                 # The wait status, always, even after a report: the status pipe is the code's to write
                 # (or to close and reopen); the zygote's waitpid is not (DESIGN §4.4).
@@ -502,7 +521,7 @@ class Sandbox:
             if tree is not None:
                 # Kept only when the run's after-walk brought it up to date; else walked afresh next time.
                 (self._trees.checkin if tree.walks > before_walks else self._trees.discard)(tree)
-        return _build_result(
+        return build_result(
             run_id=run_id,
             outcome=outcome,
             limits=limits,
@@ -604,7 +623,7 @@ class Sandbox:
         zygote = self._zygote
         if zygote is None or zygote.poll() is not None:
             return False
-        fields = _proc_stat(zygote.pid)
+        fields = proc_stat(zygote.pid)
         return fields is not None and fields[0] not in ("T", "t", "Z", "X")
 
     def _cancel_spawn(self, channel: _RunChannel, run_id: str) -> dict[str, Any]:
@@ -620,7 +639,7 @@ class Sandbox:
             answer = {"event": "spawn_failed"}
         if answer["event"] == "spawned":  # taken just before the cancel arrived: end it unstarted
             pid = int(answer["pid"])
-            self._kill_run(pid, _Outcome(pid=pid, cgroup=answer.get("cgroup")))
+            self._kill_run(pid, Outcome(pid=pid, cgroup=answer.get("cgroup")))
             self._await_exit(channel)
         return {"event": "spawn_failed", "message": waited}
 
@@ -636,7 +655,7 @@ class Sandbox:
         started: float,
         disk: ScopeDiskBudget,
         on_output: OutputSink | None = None,
-    ) -> _Outcome:
+    ) -> Outcome:
         """Read stdout, stderr and status concurrently until EOF; enforce the wall clock, the output
         cap and the scope's write budget (polled every ``disk_poll_s``)."""
         out_fd, err_fd, status_fd = fds
@@ -657,7 +676,7 @@ class Sandbox:
             for fd, spill in spills.items()
         }
         status_buf = bytearray()
-        outcome = _Outcome(pid=pid, cgroup=cgroup)
+        outcome = Outcome(pid=pid, cgroup=cgroup)
         deadline = started + limits.timeout_s
         next_disk_poll = started + self.config.disk_poll_s
         kill_at: float | None = None
@@ -675,8 +694,8 @@ class Sandbox:
                 if outcome.kill_reason is None and now >= deadline:
                     outcome.timed_out = True
                     outcome.kill_reason = "timeout"
-                    outcome.hint = _diagnose_hang(pid)
-                    _signal(pid, signal.SIGINT)  # a traceback of where the code was stuck
+                    outcome.hint = diagnose_hang(pid)
+                    send_signal(pid, signal.SIGINT)  # a traceback of where the code was stuck
                     kill_at = now + _GRACE_AFTER_INTERRUPT_S
                 if outcome.kill_reason is None and now >= next_disk_poll:
                     next_disk_poll = now + self.config.disk_poll_s
@@ -684,8 +703,8 @@ class Sandbox:
                     if grown is not None:
                         outcome.kill_reason = "disk_limit"
                         outcome.hint = (
-                            f"the run added {_mib(grown)} to its scope, over its budget of"
-                            f" {_mib(disk.budget_bytes)} (disk_mb)"
+                            f"the run added {mib(grown)} to its scope, over its budget of"
+                            f" {mib(disk.budget_bytes)} (disk_mb)"
                         )
                         self._kill_run(pid, outcome)
                         drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
@@ -718,7 +737,7 @@ class Sandbox:
                         stream = "stdout" if fd == out_fd else "stderr"
                         outcome.kill_reason = "output_limit"
                         outcome.hint = (
-                            f"{stream} exceeded {_mib(self.config.spill_bytes)}; write large results"
+                            f"{stream} exceeded {mib(self.config.spill_bytes)}; write large results"
                             " to files (datasets/) instead of printing them"
                         )
                         self._kill_run(pid, outcome)
@@ -728,8 +747,8 @@ class Sandbox:
         outcome.stdout = captures[out_fd].finish()
         outcome.stderr = captures[err_fd].finish()
         outcome.stdout_spilled, outcome.stderr_spilled = spills[out_fd].opened, spills[err_fd].opened
-        outcome.status_line = _parse_status(bytes(status_buf))
-        outcome.code_started = _code_started(bytes(status_buf))
+        outcome.status_line = parse_status(bytes(status_buf))
+        outcome.code_started = code_started(bytes(status_buf))
         if outcome.status_line is None or outcome.kill_reason is not None:
             # No report from the child (it was killed, or is still exiting): the wait status decides.
             if outcome.kill_reason is not None:
@@ -737,19 +756,19 @@ class Sandbox:
             outcome.exit_event = self._await_exit(channel)
         return outcome  # after a report, ``_run`` still awaits the exit: the report alone proves nothing
 
-    def _kill_run(self, pid: int, outcome: _Outcome) -> None:
+    def _kill_run(self, pid: int, outcome: Outcome) -> None:
         """SIGKILL the run's tree: its process group, every descendant found, then the run itself
         (with namespaces, the death of the namespace's init also ends everything left in it)."""
-        tree = _descendants(pid)
+        tree = descendants(pid)
         if outcome.processes_at_kill is None:
             outcome.processes_at_kill = 1 + len(tree)
             outcome.process_limit_hit = outcome.cgroup is not None and pids_limit_reached(outcome.cgroup)
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
         for member in tree:
-            _signal(member, signal.SIGKILL)
-        _signal(pid, signal.SIGKILL)
-        _wait_until_gone(pid, tree, _DEATH_WAIT_S)
+            send_signal(member, signal.SIGKILL)
+        send_signal(pid, signal.SIGKILL)
+        wait_until_gone(pid, tree, DEATH_WAIT_S)
 
     def _await_exit(self, channel: _RunChannel) -> dict[str, Any] | None:
         deadline = time.monotonic() + 5
@@ -783,12 +802,12 @@ class Sandbox:
         finally:
             self._channels.pop(run_id, None)
         if not swept:
-            _sweep_uid_except_ancestors()
+            sweep_uid_except_ancestors()
         keep = {Path(k) for k in self.config.wipe_keep}
         if self._scratch_root is not None:
             keep.add(self._scratch_root)
         for root in self.config.wipe_paths:
-            _wipe_contents(Path(root), keep=keep)
+            wipe_contents(Path(root), keep=keep)
         self._reset_scratch_root()
 
     def _reset_scratch_root(self) -> None:
@@ -809,54 +828,6 @@ class Sandbox:
                 self._teardown()
 
 
-def _sweep_uid_except_ancestors() -> None:
-    """Kill every process of our uid except this process and its ancestors (never as root)."""
-    uid = os.getuid()
-    if uid == 0:
-        return
-    keep, pid = {os.getpid()}, os.getpid()
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-        keep.add(pid)
-    for _ in range(50):
-        victims = []
-        for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) not in keep:
-                with contextlib.suppress(OSError):
-                    if os.stat(f"/proc/{name}").st_uid == uid:
-                        victims.append(int(name))
-        if not victims:
-            return
-        for victim in victims:
-            _signal(victim, signal.SIGKILL)
-        time.sleep(0.01)
-
-
-@dataclass
-class _Outcome:
-    pid: int
-    cgroup: str | None = None
-    stdout: Any = None
-    stderr: Any = None
-    status_line: dict[str, Any] | None = None
-    exit_event: dict[str, Any] | None = None
-    timed_out: bool = False
-    kill_reason: str | None = None
-    hint: str | None = None
-    processes_at_kill: int | None = None
-    process_limit_hit: bool = False
-    oom_kills: int = 0
-    disk_over_after_run: bool = False
-    stdout_spilled: bool = False
-    stderr_spilled: bool = False
-    code_started: bool = False
-    memory_bound: bool = False
-
-
 def _sink_for(on_output: OutputSink, is_stdout: bool) -> Callable[[bytes], None]:
     stream = "stdout" if is_stdout else "stderr"
     return lambda data: on_output(stream, data)
@@ -866,194 +837,6 @@ def _fd_array(fds: list[int]) -> bytes:
     import array
 
     return array.array("i", fds).tobytes()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _default_scratch_dir() -> str | None:
-    """/dev/shm when it is a writable tmpfs (directory churn there costs microseconds, not a disk's
-    milliseconds); otherwise the platform's temporary directory (Lambda has no /dev/shm)."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pid, sig)
-
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids.extend(int(p) for p in fh.read().split())
-    return kids
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    stack = _children(pid)
-    while stack and len(found) < 100_000:
-        child = stack.pop()
-        found.append(child)
-        stack.extend(_children(child))
-    return found
-
-
-def _wait_until_gone(pgid: int, pids: list[int], timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` seconds until none of ``pids`` and no member of process group
-    ``pgid`` is alive (exited or a zombie): what was killed has stopped running when this returns."""
-    deadline = time.monotonic() + timeout_s
-    pending = {pgid, *pids}
-    while time.monotonic() < deadline:
-        pending = {p for p in pending if _running(p)} | set(_group_members(pgid))
-        if not pending:
-            return
-        time.sleep(0.01)
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            text = stat_file.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()
-
-
-def _running(pid: int) -> bool:
-    fields = _proc_stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _proc_stat(int(entry))
-            if fields is not None and fields[0] not in ("Z", "X") and fields[2] == str(pgid):
-                members.append(int(entry))
-    return members
-
-
-def _diagnose_hang(pid: int) -> str | None:
-    """At the timeout: name the common deadlock of a child process blocked on a full pipe."""
-    for child in _descendants(pid):
-        with contextlib.suppress(OSError), open(f"/proc/{child}/wchan") as fh:
-            if "pipe_write" in fh.read():  # pipe_write, or anon_pipe_write since Linux 6.15
-                return (
-                    "a child process was blocked writing to a full pipe: read its output while it runs"
-                    " (subprocess.run(..., capture_output=True) or Popen.communicate()) instead of"
-                    " calling wait() first"
-                )
-    return None
-
-
-def _parse_status(data: bytes) -> dict[str, Any] | None:
-    """The child's report, read defensively: the status pipe is writable by the user's code.
-
-    Only the child writes before its ``started`` line, so a ``setup_error`` counts only before it;
-    after it, the last well-formed ``done`` line counts. Anything malformed is ignored, so forged or
-    broken lines can make a run look failed, never make ``run()`` raise.
-    """
-    started, report = False, None
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            message = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(message, dict):
-            continue
-        phase = message.get("phase")
-        if phase == "started":
-            started = True
-        elif phase == "setup_error" and not started:
-            return {"phase": "setup_error", "message": str(message.get("message"))[:2000]}
-        elif phase == "done" and started and _well_formed_done(message):
-            report = message
-    return report
-
-
-def _well_formed_done(message: dict[str, Any]) -> bool:
-    error = message.get("error")
-    error_ok = error is None or (
-        isinstance(error, dict) and all(isinstance(error.get(k), str) for k in ("name", "value", "traceback"))
-    )
-    numbers_ok = all(isinstance(message.get(k, 0), int | float) for k in ("cpu_s", "maxrss_kb"))
-    return (
-        isinstance(message.get("exit_code"), int)
-        and not isinstance(message.get("exit_code"), bool)
-        and error_ok
-        and numbers_ok
-        and all(isinstance(message.get(k, False), bool) for k in ("memory_error", "interrupted"))
-    )
-
-
-def _code_started(data: bytes) -> bool:
-    """Whether the child wrote its ``started`` line (the first line of the status pipe, written
-    just before the code runs; only the child writes before it)."""
-    first = data.split(b"\n", 1)[0]
-    try:
-        return bool(json.loads(first).get("phase") == "started")
-    except (ValueError, AttributeError):
-        return False
-
-
-def _unexplained_sigkill(limits: RunLimits, *, memory_bound: bool) -> str:
-    """What a SIGKILL with no recorded cause says: none of this run's limits and none of the
-    sandbox's own kills (timeout, output, disk, memory cgroup, CPU) sent it."""
-    memory = (
-        "the memory cgroup counted no OOM kill"
-        if memory_bound
-        else "no memory cgroup watched the run (the machine's OOM killer may pick a run below"
-        f" {limits.memory_mb} MB; see dmesg)"
-    )
-    return (
-        f": not by a limit of this run nor by the sandbox (no timeout, output, disk or CPU limit was"
-        f" reached; {memory}); sent by the code itself or from outside the run"
-    )
-
-
-def _contradiction(status_line: dict[str, Any], wait_code: int | None) -> str | None:
-    """Why the child's report cannot be believed, or None when it agrees with the wait status.
-
-    The genuine report is written just before the child exits with the very code it names, so a
-    ``done`` report whose ``exit_code`` differs from what ``waitpid`` says was written by the code
-    (and the genuine one suppressed); a run whose exit status is unknown (the zygote died) cannot
-    be confirmed at all. A run killed by a signal is decided by the signal, whatever was reported.
-    """
-    if status_line.get("phase") != "done":
-        return None
-    if wait_code is None:
-        return "the run's exit status could not be read (the zygote died): its own report was ignored"
-    reported = status_line.get("exit_code")
-    if wait_code >= 0 and reported != wait_code:
-        return (
-            f"the run's status report (exit {reported}) contradicts its real exit status ({wait_code});"
-            " the report was written by the code and is ignored"
-        )
-    return None
-
-
-def _credentials_refusal(holders: list[dict[str, Any]]) -> str:
-    """The one-line refusal of the process level when a run could read a credential (README,
-    "What is isolated"): which process holds which variable names (never their values)."""
-    first = holders[0]
-    others = f" and {len(holders) - 1} other process(es)" if len(holders) > 1 else ""
-    return (
-        f"process isolation refused: pid {first['pid']} ({first['command']}){others} holds"
-        f" {', '.join(first['names'])} in an environment a run of this uid could read, and neither"
-        " namespaces nor Landlock are available to hide it; start alphaagent from an environment"
-        " without credentials (for example `env -u AWS_SECRET_ACCESS_KEY ...`), or on a kernel that"
-        " allows user namespaces or Landlock"
-    )
 
 
 def _rlimits(limits: RunLimits) -> dict[str, int]:
@@ -1088,348 +871,6 @@ def _validate_workdir(cwd: Path) -> Path:
     if not path.is_dir():
         raise InvalidRequestError(f"workdir: {path} is not a directory")
     return path.resolve()
-
-
-def _wipe_contents(root: Path, keep: set[Path]) -> None:
-    """Remove everything under ``root`` except the paths in ``keep`` (and their ancestors).
-
-    Paths are compared as written, never resolved: an entry that is a symlink to ``/`` (or to a kept
-    path) is not an ancestor of a kept path, and is removed like any other entry."""
-    root = Path(os.path.abspath(root))
-    if not root.is_dir():
-        return
-    keep_abs = {Path(os.path.abspath(k)) for k in keep}
-    for entry in os.scandir(root):
-        path = root / entry.name
-        if path in keep_abs or any(path in k.parents for k in keep_abs):
-            continue
-        _remove_path(path)
-
-
-def _remove_path(path: Path) -> bool:
-    """Remove ``path`` -- a file, a symlink (never followed) or a whole tree; True when it is gone.
-
-    A directory its owner made unwritable or unreadable (``chmod 500``) would make ``rmtree`` leave
-    its contents: if the first pass leaves anything, every directory of the tree is given back to
-    its owner (``u+rwx``) and the removal is tried once more."""
-    for attempt in range(2):
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        if not stat.S_ISDIR(mode):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            continue
-        if attempt:
-            _grant_owner_access(path)
-        with contextlib.suppress(RecursionError):  # a tree deeper than Python's recursion limit
-            shutil.rmtree(path, ignore_errors=True)
-    return not os.path.lexists(path)
-
-
-def _grant_owner_access(top: Path) -> None:
-    """``chmod 700`` every directory under ``top``, not following symlinks. Never as root (root
-    needs no permission to remove, and ``chmod`` follows a symlink swapped in after ``lstat``);
-    otherwise only called once every other process of the uid is gone, so nothing swaps it."""
-    if os.geteuid() == 0:
-        return
-    stack = [str(top)]
-    while stack:
-        directory = stack.pop()
-        with contextlib.suppress(OSError):
-            if not stat.S_ISDIR(os.lstat(directory).st_mode):
-                continue
-            os.chmod(directory, 0o700)
-            with os.scandir(directory) as entries:
-                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
-
-
-@dataclass(frozen=True)
-class _ScratchBaseline:
-    """The scratch root as it was when the zygote became ready, which exclusive mode restores after
-    each run: its directories and regular files (matplotlib's config dir and font cache, built by
-    the preload), and the identity of the root and of the zygote's log (its stderr, kept open)."""
-
-    root_id: tuple[int, int]
-    log_id: tuple[int, int]
-    log_mode: int
-    dirs: tuple[tuple[str, int], ...]  # (path relative to the root, mode), parents first
-    files: tuple[tuple[str, int, bytes], ...]  # (path relative to the root, mode, content)
-
-    @classmethod
-    def capture(cls, root: Path, log: Path) -> _ScratchBaseline:
-        root_stat, log_stat = os.lstat(root), os.lstat(log)
-        dirs: list[tuple[str, int]] = []
-        files: list[tuple[str, int, bytes]] = []
-        budget = _BASELINE_MAX_BYTES
-        for current, dirnames, filenames in os.walk(root):  # symlinks are neither followed nor kept
-            for name in sorted(dirnames):
-                path = os.path.join(current, name)
-                st = os.lstat(path)
-                if stat.S_ISDIR(st.st_mode):
-                    dirs.append((os.path.relpath(path, root), stat.S_IMODE(st.st_mode)))
-            for name in sorted(filenames):
-                path = os.path.join(current, name)
-                st = os.lstat(path)
-                if path == str(log) or not stat.S_ISREG(st.st_mode) or st.st_size > budget:
-                    continue  # a cache too big to hold is simply not restored
-                with open(path, "rb") as fh:
-                    content = fh.read(budget + 1)
-                if len(content) <= budget:
-                    budget -= len(content)
-                    files.append((os.path.relpath(path, root), stat.S_IMODE(st.st_mode), content))
-        return cls(
-            root_id=(root_stat.st_dev, root_stat.st_ino),
-            log_id=(log_stat.st_dev, log_stat.st_ino),
-            log_mode=stat.S_IMODE(log_stat.st_mode),
-            dirs=tuple(dirs),
-            files=tuple(files),
-        )
-
-    def restore(self, root: Path) -> bool:
-        """Remove everything under ``root`` but the log, recreate the baseline and empty the log in
-        place; False when that cannot be done safely (see ``Sandbox._reset_scratch_root``)."""
-        try:
-            st = os.lstat(root)
-            if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != self.root_id:
-                return False  # replaced (renamed away, a symlink put in its place): never follow it
-            os.chmod(root, 0o700)  # as mkdtemp made it; a run may have taken its own write access away
-            with os.scandir(root) as entries:
-                names = [e.name for e in entries if e.name != _ZYGOTE_LOG]
-            removed = all([_remove_path(root / name) for name in names])
-            for rel, mode in self.dirs:
-                os.mkdir(root / rel)
-                os.chmod(root / rel, mode)
-            for rel, mode, content in self.files:
-                fd = os.open(
-                    root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
-                )
-                try:
-                    _write_all(fd, content)
-                finally:
-                    os.close(fd)
-            return removed and self._empty_log(root / _ZYGOTE_LOG)
-        except OSError:
-            return False
-
-    def _empty_log(self, path: Path) -> bool:
-        """Truncate the zygote's log in place, if it is still the very file the zygote writes to and
-        has no other name (a hard link elsewhere, or no name at all, would outlive the truncation's
-        intent: the zygote is replaced then)."""
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != self.log_id:
-            return False
-        os.chmod(path, self.log_mode)  # lstat just said: a regular file, and nothing else of the uid runs
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != self.log_id or st.st_nlink != 1:
-                return False
-            os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)
-        return True
-
-
-def _mib(size: int) -> str:
-    return f"{size / 2**20:g} MiB"
-
-
-def _redact(text: str, secrets: tuple[str, ...]) -> str:
-    """Replace every secret in ``text`` (an error's value or traceback) with ``[REDACTED]``."""
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _build_result(
-    *,
-    run_id: str,
-    outcome: _Outcome,
-    limits: RunLimits,
-    duration_ms: int,
-    queued_ms: int,
-    changes: FileChangeReport,
-    isolation: IsolationReport,
-    network: str,
-    spill_rel: str,
-    secrets: tuple[str, ...],
-) -> RunResult:
-    status_line = outcome.status_line or {}
-    if status_line.get("phase") == "setup_error":
-        raise SandboxError(f"run {run_id} could not start: {status_line.get('message')}")
-    exit_event = outcome.exit_event or {}
-    wait_code = exit_event.get("exit_code")  # negative: killed by that signal
-    signum = -wait_code if wait_code is not None and wait_code < 0 else None
-    tampered = _contradiction(status_line, wait_code)
-    if tampered is not None:
-        status_line = {}  # the report is ignored: the wait status alone decides below
-    error_data = status_line.get("error")
-    error = RunError(**{k: _redact(str(v), secrets) for k, v in error_data.items()}) if error_data else None
-    reason: str | None = None
-    if outcome.timed_out:
-        status = "timeout"
-        reason = f"wall-clock limit of {limits.timeout_s:g} s exceeded"
-        if outcome.process_limit_hit or (outcome.processes_at_kill or 0) >= limits.processes:
-            reason += f"; the process limit ({limits.processes}) was reached"
-        if outcome.hint:
-            reason += f"; {outcome.hint}"
-        where = error.traceback if error and status_line.get("interrupted") else ""
-        error = RunError(name="TimeoutError", value=reason, traceback=where)
-        exit_code = wait_code
-    elif outcome.kill_reason == "output_limit":
-        status = "killed"
-        reason = f"output limit: {outcome.hint}"
-        error = RunError(name="OutputLimitExceeded", value=reason, traceback="")
-        exit_code = -signal.SIGKILL
-    elif tampered is not None:
-        status = "error"
-        exit_code = wait_code
-        reason = tampered
-        error = RunError(name="StatusReportTampered", value=reason, traceback="")
-    elif outcome.kill_reason == "disk_limit":
-        # Killed while it ran; or over the budget only by the time it ended (a burst between two
-        # polls): it then finished on its own, and its exit status is its own.
-        after_run = outcome.disk_over_after_run
-        status = "error" if after_run else "killed"
-        reason = f"disk limit: {outcome.hint}"
-        error = RunError(name="DiskLimitExceeded", value=reason, traceback="")
-        exit_code = wait_code if wait_code is not None or after_run else -signal.SIGKILL
-    elif outcome.oom_kills:
-        status = "killed"
-        exit_code = wait_code
-        reason = (
-            f"memory limit exceeded ({limits.memory_mb} MB for the whole run, its /tmp and /dev/shm"
-            f" included): the kernel killed {outcome.oom_kills} of its processes at the memory"
-            " cgroup's limit"
-        )
-        error = RunError(name="MemoryLimitExceeded", value=reason, traceback="")
-    elif status_line.get("memory_error") and signum is None:
-        status = "killed"
-        reason = f"memory limit exceeded ({limits.memory_mb} MB)"
-        error = RunError(name="MemoryLimitExceeded", value=reason, traceback=error.traceback if error else "")
-        exit_code = wait_code
-    elif status_line.get("phase") == "done" and signum is None:
-        exit_code = int(status_line.get("exit_code", 0))
-        status = "ok" if exit_code == 0 and error is None else "error"
-    elif signum is not None:
-        status = "killed"
-        exit_code = -signum
-        if signum in (signal.SIGXCPU,) or (
-            signum == signal.SIGKILL and exit_event.get("cpu_s", 0) >= limits.effective_cpu_s()
-        ):
-            reason = f"CPU time limit exceeded ({limits.effective_cpu_s()} s)"
-            name = "CpuLimitExceeded"
-        elif not outcome.code_started:
-            # Its child died before it ran a line of the code: the platform lost the run.
-            raise SandboxError(
-                f"run {run_id}: its child was killed by {_signal_name(signum)} before the code started"
-                " (a platform failure, not the code's; see zygote.log)"
-            )
-        else:
-            reason = f"killed by {_signal_name(signum)}"
-            if signum in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
-                reason += f" (possibly the memory limit of {limits.memory_mb} MB)"
-            elif signum == signal.SIGKILL:
-                # Every kill of the sandbox and every limit has a reason of its own above: say so.
-                reason += _unexplained_sigkill(limits, memory_bound=outcome.memory_bound)
-            name = "Killed"
-        error = RunError(name=name, value=reason, traceback="")
-    elif wait_code is not None:
-        status = "error"
-        exit_code = wait_code
-        reason = "the run exited without reporting (os._exit or a crash)"
-    else:
-        raise SandboxError(f"run {run_id}: lost track of the child (the zygote died)")
-    stdout, stderr = outcome.stdout, outcome.stderr
-    # The zygote's wait4 figures (the run and every child it reaped), never the code's own report.
-    usage = exit_event if "cpu_s" in exit_event else status_line
-    return RunResult(
-        run_id=run_id,
-        status=status,
-        exit_code=exit_code,
-        stdout=stdout.text,
-        stderr=stderr.text,
-        stdout_bytes=stdout.total_bytes,
-        stderr_bytes=stderr.total_bytes,
-        stdout_truncated=stdout.truncated,
-        stderr_truncated=stderr.truncated,
-        error=error,
-        reason=reason,
-        duration_ms=duration_ms,
-        queued_ms=queued_ms,
-        files_changed=sorted({*changes.created, *changes.modified, *changes.deleted}),
-        files=changes,
-        limits={
-            **limits.model_dump(exclude={"cpu_s", "tmp_mb"}),
-            "cpu_s": limits.effective_cpu_s(),
-            "tmp_mb": limits.effective_tmp_mb(),
-        },
-        isolation=isolation,
-        network=network,
-        non_utf8_output=stdout.replaced or stderr.replaced,
-        stdout_path=f"{spill_rel}/stdout.txt" if outcome.stdout_spilled else None,
-        stderr_path=f"{spill_rel}/stderr.txt" if outcome.stderr_spilled else None,
-        cpu_ms=int(usage["cpu_s"] * 1000) if "cpu_s" in usage else None,
-        peak_rss_mb=round(usage["maxrss_kb"] / 1024, 1) if "maxrss_kb" in usage else None,
-        state=StateReport.from_child(status_line.get("state")),
-    )
-
-
-def iter_result_lines(result: RunResult) -> Iterator[str]:
-    """Readable rendering of a result for people (``alphaagent exec`` without ``--json``)."""
-    if result.stdout:
-        yield result.stdout.rstrip("\n")
-    if result.stderr:
-        yield from (f"stderr | {line}" for line in result.stderr.rstrip("\n").splitlines())
-    if result.error:
-        if result.error.traceback:
-            yield result.error.traceback.rstrip("\n")
-        else:
-            yield f"{result.error.name}: {result.error.value}"
-    summary = (
-        f"[{result.status}] exit={result.exit_code} {result.duration_ms} ms,"
-        f" isolation={result.isolation.level}"
-    )
-    if result.reason:
-        summary += f" ({result.reason})"
-    yield summary
-    for kind in ("created", "modified", "deleted"):
-        paths = getattr(result.files, kind)
-        if paths:
-            yield f"{kind}: {', '.join(printable_path(path) for path in paths)}"
-    for skipped in result.files.skipped:
-        yield f"skipped: {printable_path(skipped.path)} ({skipped.reason})"
-    if result.state is not None and (line := state_line(result.state)):
-        yield line
-    if result.stdout_truncated or result.stderr_truncated:
-        yield f"full output: {result.stdout_path or '-'} {result.stderr_path or '-'}"
-
-
-def state_line(state: StateReport) -> str:
-    """One readable line on a run's live state: what was restored, and each skipped name once with
-    its reason; "" when there is nothing to say."""
-    parts = []
-    if state.fresh:
-        parts.append("fresh globals (the saved state is kept)")
-    elif state.restored_count:
-        more = state.restored_count - len(state.restored)
-        parts.append("restored " + ", ".join(state.restored) + (f" (+{more} more)" if more > 0 else ""))
-    if state.skipped:
-        parts.append("not kept: " + "; ".join(f"{name} ({why})" for name, why in state.skipped.items()))
-    if state.save_error:
-        parts.append(f"not saved: {state.save_error}")
-    return f"state: {' | '.join(parts)}" if parts else ""
 
 
 __all__ = ["Sandbox", "iter_result_lines", "state_line"]
