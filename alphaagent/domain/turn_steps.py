@@ -20,16 +20,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
+from alphaagent.domain.inputs import resolve_inputs, write_inputs
 from alphaagent.domain.turns import (
     abandon_turn,
     check_same_spec,
     check_spec_against,
     claim_scope_and_session,
     record_turn_end,
-    resolve_inputs,
     scope_label,
     start_turn,
-    write_inputs,
 )
 from alphaagent.errors import InvalidRequestError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid

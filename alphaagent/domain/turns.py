@@ -1,4 +1,6 @@
-"""The turn driver (DESIGN §3, steps 3–8, in-process) and the steps driver for pinned code.
+"""The turn's lifecycle (DESIGN §3, steps 3–8) and its local driver, in-process: the scope lease,
+the claim and the session, the coding step and the turn's end, shared with the AWS state machine's
+steps (``turn_steps``). A turn's inputs are ``inputs``; the steps driver for pinned code is ``pinned``.
 
 lock the scope (a lease that expires) -> prepare (claim, session, ``spec/{turn_id}.json``, inputs
 into ``docs/``) -> code (pinned steps, or the coder) -> finalize (turn record, result JSON,
@@ -13,19 +15,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from pathlib import PurePosixPath
 
 from alphaagent import connectors
-from alphaagent.connectors import fetch
-from alphaagent.domain.artifacts import KIND_FOLDERS
 from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
+from alphaagent.domain.inputs import (
+    bring_inputs,
+    resolve_inputs,
+)
+from alphaagent.domain.pinned import StepFailed, run_steps
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
     TurnContext,
-    emit_citation,
-    register_artifact,
-    run_in_env,
 )
 from alphaagent.environments import check_environment
 from alphaagent.errors import (
@@ -39,19 +40,16 @@ from alphaagent.errors import (
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope, Scope, utcnow
 from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
-from alphaagent.models.records import ArtifactVersion, PreparedInput, Session, Turn, TurnResult
+from alphaagent.models.records import PreparedInput, Session, Turn, TurnResult
 from alphaagent.models.run import RunError
 from alphaagent.models.spec import (
     TURN_ID_REUSED,
     ConnectorInput,
-    DatasetInput,
-    DocumentInput,
     NodeArtifactInput,
     Spec,
-    SpecOutput,
     check_spec_rules,
 )
-from alphaagent.ports import OutputSink, Workspace
+from alphaagent.ports import OutputSink
 
 Coder = Callable[[TurnContext], str]
 """Writes and runs code for a spec without steps; returns the turn's summary (issue 5)."""
@@ -328,7 +326,7 @@ def _locked_turn(
     try:
         spec_json = spec_with_id.model_dump_json(indent=2).encode()
         backend.workspace.write_bytes(scope, f"spec/{turn_id}.json", spec_json)
-        _bring_inputs(ctx, inputs)
+        bring_inputs(ctx, inputs)
         result = _code(ctx, coder, deadline)
     except (AlphaAgentError, PathRuleError, OSError) as exc:
         result = _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
@@ -359,11 +357,11 @@ def _code(ctx: TurnContext, coder: Coder | None, deadline: float) -> TurnResult:
     propagates."""
     try:
         if ctx.spec.steps is not None:
-            summary = _run_steps(ctx, deadline)
+            summary = run_steps(ctx, deadline)
         else:
             assert coder is not None
             summary = coder(ctx)
-    except _StepFailed as failure:
+    except StepFailed as failure:
         return _failed(ctx, failure.error, failure.step)
     except (AlphaAgentError, PathRuleError, OSError) as exc:
         return _failed(ctx, RunError(name=type(exc).__name__, value=str(exc), traceback=""), None)
@@ -447,12 +445,6 @@ def _finish_checked(backend: Backend, turn: Turn, result: TurnResult, lease: _Le
     return record_turn_end(backend, turn, result)
 
 
-class _StepFailed(Exception):
-    def __init__(self, step: str, error: RunError) -> None:
-        super().__init__(error.value)
-        self.step, self.error = step, error
-
-
 def _failed(ctx: TurnContext, error: RunError, step: str | None) -> TurnResult:
     return TurnResult(
         turn_id=ctx.turn_id,
@@ -511,198 +503,7 @@ def _fail_abandoned_turns(backend: Backend, scope: Scope, user_id: str, turn_id:
 # ----------------------------------------------------------------------------- prepare
 
 
-SIDECAR_SUFFIX = ".version.json"
-"""A registered artifact copied into ``docs/`` gets a sidecar next to it, ``docs/NAME.EXT`` +
-``.version.json``, naming the artifact version the copy holds (code can read it; people can too)."""
-
-
-class ResolvedInput:
-    """A declared input, resolved: where it goes in ``docs/`` and what to put there (``None``: a
-    document already in the scope, used in place; ``blob``: a registered artifact version's
-    content, copied under a stable name with a sidecar)."""
-
-    def __init__(
-        self,
-        path: str,
-        data: bytes | None,
-        note: str,
-        blob: str | None = None,
-        artifact: ArtifactVersion | None = None,
-    ) -> None:
-        self.path, self.data, self.note, self.blob, self.artifact = path, data, note, blob, artifact
-
-    def prepared(self) -> PreparedInput:
-        """What the turn records of this input (its result's ``inputs``)."""
-        found = self.artifact
-        if found is None:
-            return PreparedInput(path=self.path, note=self.note)
-        return PreparedInput(
-            path=self.path, note=self.note, artifact=found.name, version=found.version, sha256=found.sha256
-        )
-
-    def written_paths(self) -> list[str]:
-        """The ``docs/`` paths bringing this input writes (none for a document used in place)."""
-        if self.blob is not None:
-            return [self.path, self.path + SIDECAR_SUFFIX]
-        return [self.path] if self.data is not None else []
-
-
-def _copy_path(folder: str, found: ArtifactVersion, taken: set[str]) -> str:
-    """``{folder}/NAME.EXT``: the same name for every version, so code that reads it never reads an
-    older version by accident (the previous turn's copy is replaced; the sidecar names the version).
-    A spec that asks for a second version of the same artifact (to compare them) gets that one as
-    ``{folder}/NAME.vN.EXT``: a name it asked for by version, never one it could read by accident."""
-    suffix = PurePosixPath(found.path).suffix
-    stable = f"{folder}/{found.name}{suffix}"
-    if stable not in taken:
-        taken.add(stable)
-        return stable
-    return f"{folder}/{found.name}.v{found.version}{suffix}"
-
-
-def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
-    """Check and fetch every declared input into memory; raise ``InvalidSpecError`` naming
-    ``inputs[i]`` for the first that is missing, not allowed or too large. Nothing is written."""
-    workspace, store, scope, user_id = backend.workspace, backend.store, spec.scope, spec.user_id
-    owned = store.owner_of(scope.owner_key) == user_id
-    resolved: list[ResolvedInput] = []
-    stable_names: set[str] = set()
-    for i, item in enumerate(spec.inputs):
-        if isinstance(item, DocumentInput):
-            if not owned or workspace.stat(scope, item.path) is None:
-                raise InvalidSpecError(f"inputs[{i}].path: {item.path!r} is not a file of this scope")
-            resolved.append(ResolvedInput(item.path, None, f"using {item.path}"))
-        elif isinstance(item, DatasetInput):
-            found = store.get_artifact(user_id, scope.key, item.name, item.version) if owned else None
-            if found is None or found.kind != "dataset":
-                wanted = f"{item.name} v{item.version}" if item.version else item.name
-                raise InvalidSpecError(f"inputs[{i}]: no registered dataset {wanted} in this scope")
-            note = f"copied dataset {found.name} v{found.version}"
-            target = _copy_path("docs", found, stable_names)
-            # copied one at a time later, so that only one blob is in memory at once
-            resolved.append(ResolvedInput(target, None, note, blob=found.sha256, artifact=found))
-        elif isinstance(item, ConnectorInput):
-            try:
-                target, data, source = fetch(backend.connectors, item.connector, item.request)
-            except ToolError as exc:
-                raise InvalidSpecError(f"inputs[{i}].{exc}") from None
-            resolved.append(ResolvedInput(target, data, f"fetched from {source}"))
-        elif isinstance(item, NodeArtifactInput):
-            assert isinstance(scope, NodeScope)
-            source_scope = NodeScope(workflow_execution_id=scope.workflow_execution_id, node_id=item.node_id)
-            found = store.get_artifact(user_id, source_scope.key, item.artifact, item.version)
-            if found is None:
-                raise InvalidSpecError(f"inputs[{i}]: node {item.node_id} has no artifact {item.artifact}")
-            target = _copy_path(f"docs/{item.node_id}", found, stable_names)
-            note = f"copied {item.node_id}/{found.name} v{found.version}"
-            resolved.append(ResolvedInput(target, None, note, blob=found.sha256, artifact=found))
-    seen: dict[str, int] = {}
-    for i, resolved_input in enumerate(resolved):
-        for path in resolved_input.written_paths():
-            if path in seen:
-                raise InvalidSpecError(
-                    f"inputs[{i}]: would be written to {path}, as inputs[{seen[path]}] is; give one of"
-                    " them another name"
-                )
-            seen[path] = i
-    return resolved
-
-
-def write_inputs(
-    workspace: Workspace, scope: Scope, turn_id: str, inputs: Sequence[ResolvedInput]
-) -> list[PreparedInput]:
-    """Write resolved inputs into the scope's ``docs/`` (DESIGN §3 step 4): fetched bytes as they
-    are, a registered version under its stable name (replacing the previous turn's copy) with its
-    sidecar. Shared by the local driver and the AWS prepare step. Returns what was brought."""
-    brought: list[PreparedInput] = []
-    for item in inputs:
-        if item.blob is not None:
-            assert item.artifact is not None
-            workspace.write_bytes(scope, item.path, workspace.read_blob(item.blob))
-            workspace.write_bytes(scope, item.path + SIDECAR_SUFFIX, _sidecar(item.artifact, turn_id))
-        elif item.data is not None:
-            workspace.write_bytes(scope, item.path, item.data)
-        brought.append(item.prepared())
-    return brought
-
-
-def _sidecar(found: ArtifactVersion, turn_id: str) -> bytes:
-    document = {
-        "artifact": found.name,
-        "kind": found.kind,
-        "version": found.version,
-        "sha256": found.sha256,
-        "size_bytes": found.size_bytes,
-        "registered_path": found.path,
-        "copied_by_turn": turn_id,
-    }
-    return (json.dumps(document, indent=2) + "\n").encode()
-
-
-def _bring_inputs(ctx: TurnContext, inputs: list[ResolvedInput]) -> None:
-    """Write the resolved inputs into ``docs/`` (DESIGN §3 step 4)."""
-    for item in write_inputs(ctx.backend.workspace, ctx.scope, ctx.turn_id, inputs):
-        ctx.fetched.append(item.path)
-        ctx.origins[item.path] = item.note
-        ctx.inputs.append(item)
-        ctx.progress(f"{item.note} -> {item.path}")
-
-
 # ----------------------------------------------------------------------------- steps
-
-
-def _run_steps(ctx: TurnContext, deadline: float) -> str:
-    """Run pinned steps in order through ``run_in_env``; register every declared output; cite the
-    inputs the steps were given. The first failing step fails the turn with its error."""
-    steps = ctx.spec.steps or []
-    for i, step in enumerate(steps, start=1):
-        if time.monotonic() >= deadline:
-            error = RunError(name="TurnTimeout", value="constraints.turn_timeout_s exceeded", traceback="")
-            raise _StepFailed(step.title, error)
-        ctx.progress(f"step {i}/{len(steps)}: {step.title}")
-        result = run_in_env(ctx, step.code, fresh=step.fresh)
-        ctx.progress(f"step {i}/{len(steps)}: {result.status} in {result.duration_ms} ms")
-        if result.status != "ok":
-            error = result.error or RunError(
-                name="RunFailed", value=result.reason or result.status, traceback=""
-            )
-            raise _StepFailed(step.title, error)
-    for i, output in enumerate(ctx.spec.outputs):
-        path = output.path or _default_output_path(ctx, i, output)
-        try:
-            ref = register_artifact(ctx, output.kind, path, name=output.name, description=output.description)
-        except AlphaAgentError as exc:
-            raise _StepFailed(
-                f"outputs[{i}]", RunError(name=type(exc).__name__, value=f"outputs[{i}]: {exc}", traceback="")
-            ) from None
-        ctx.progress(f"registered {ref.kind} {ref.name} v{ref.version} ({ref.path})")
-    for path, origin in ctx.origins.items():
-        emit_citation(ctx, path, claim=f"input of this turn's pinned steps ({origin})")
-    registered = ", ".join(f"{a.name} v{a.version}" for a in ctx.artifacts) or "nothing"
-    return f"{len(steps)} step(s) ran; registered {registered}."
-
-
-def _default_output_path(ctx: TurnContext, index: int, output: SpecOutput) -> str:
-    folder = KIND_FOLDERS[output.kind]
-    matches = [
-        f.path
-        for f in ctx.backend.workspace.list_files(ctx.scope, folder)
-        if PurePosixPath(f.path).stem == output.name
-    ]
-    if len(matches) != 1:
-        found = "none" if not matches else ", ".join(matches)
-        raise _StepFailed(
-            f"outputs[{index}]",
-            RunError(
-                name="ArtifactError",
-                value=(
-                    f"outputs[{index}].path: not given, and no single file named"
-                    f" {output.name}.* in {folder}/ (found {found})"
-                ),
-                traceback="",
-            ),
-        )
-    return matches[0]
 
 
 def result_json(result: TurnResult) -> str:
