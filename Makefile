@@ -75,6 +75,10 @@ bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 	$(PY) bench/mcp_turn.py
 	$(PY) bench/viewer.py
 	$(PY) bench/landlock.py
+	$(PY) bench/scale.py
+	$(PY) bench/environments.py
+	$(PY) bench/session_state.py --quick
+	$(PY) bench/aws_sync.py
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock

@@ -64,7 +64,15 @@ _SUBMIT_TIMEOUT_S = 3600.0
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"alphaagent: error: {message} (see {self.prog} --help)\n")
+        text = f"{message} (see {self.prog} --help)"
+        if _JSON_FLAG in _ARGV:  # a script asked for JSON: it gets the usage error as JSON too
+            print(json.dumps({"error": {"message": text, "exit_code": EXIT_USAGE}}))
+        self.exit(EXIT_USAGE, f"alphaagent: error: {text}\n")
+
+
+_JSON_FLAG = "--json"
+_ARGV: list[str] = []
+"""The arguments being parsed, so a usage error can honour ``--json`` before parsing succeeded."""
 
 
 def _fail(message: str, code: int = EXIT_USAGE, *, as_json: bool = False) -> int:
@@ -127,13 +135,22 @@ def cmd_exec(args: argparse.Namespace) -> int:
     and print the result: without ``--json`` the run's stdout, then its stderr lines prefixed
     ``stderr | `` go to standard output as they come, then the status lines; with ``--json`` they
     go to standard error, and standard output is the result alone."""
+    import tempfile
+
     from alphaagent.sandbox.supervisor import Sandbox, _validate_code, _validate_workdir, iter_result_lines
 
     limits = _limits_from(args)
     code = _validate_code(_read_input(args.file, "code"))
-    workdir = _validate_workdir(Path(args.workdir))
     live = LiveOutput(sys.stderr if args.json else sys.stdout, stdout_prefix="", stderr_prefix="stderr | ")
-    with Sandbox() as sandbox:
+    with contextlib.ExitStack() as stack:
+        # Untrusted code may change or delete anything in its working directory, and every file in
+        # it is walked and reported: never the folder the user happens to be in, unless asked for.
+        if args.workdir is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="alphaagent-exec-"))
+            workdir = _validate_workdir(Path(folder))
+        else:
+            workdir = _validate_workdir(Path(args.workdir))
+        sandbox = stack.enter_context(Sandbox())
         result = sandbox.run(code, cwd=workdir, limits=limits, network=args.network == "on", on_output=live)
     live.end_lines()
     # The output was shown as it came; what is left to print is the error and the status lines.
@@ -864,7 +881,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("exec", help="run Python in the sandbox, exactly as run_in_env would")
     run.add_argument("file", metavar="FILE|-", help="the code to run ('-' reads standard input)")
-    run.add_argument("--workdir", default=".", help="working directory of the run (default: .)")
+    run.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="working directory of the run, which the code may change (default: a new empty folder,"
+        " removed afterwards)",
+    )
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="wall-clock limit (default 60)")
     run.add_argument("--memory-mb", type=int, metavar="N", help="address-space limit in MiB (default 2048)")
     run.add_argument("--network", choices=("on", "off"), default="off", help="network access (default off)")
@@ -1058,8 +1080,9 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alphaagent`` console script; returns the exit code."""
+    _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)  # the help text shows where the data directory is
+        args = build_parser().parse_args(_ARGV)  # the help text shows where the data directory is
     except InvalidSettingError as exc:
         words = sys.argv[1:] if argv is None else list(argv)
         return _fail(str(exc), as_json="--json" in words)

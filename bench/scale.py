@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["target"] = {
         "extra_ms_at_largest": extra_new,
         "target_ms": TARGET_EXTRA_MS_50K,
-        "pass": largest < 50_000 or extra_new <= TARGET_EXTRA_MS_50K,
+        "judged": largest >= 50_000,
+        "pass": largest >= 50_000 and extra_new <= TARGET_EXTRA_MS_50K,
     }
     summary["machine"] = machine(load)
     if args.json:
@@ -228,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {size:,} | {row['old_wall_ms']} ({row['old_cpu_ms']})"
             f" | {row['new_wall_ms']} ({row['new_cpu_ms']}) | {row['new_one_modified_wall_ms']} |"
         )
-    verdict = "PASS" if summary["target"]["pass"] else "FAIL"
-    print(f"\n{verdict}: {extra_new} ms extra at {largest:,} files (target <= {TARGET_EXTRA_MS_50K} ms)")
+    if not summary["target"]["judged"]:
+        print(f"\nNOT JUDGED: the target is for 50,000 files; the largest scope here was {largest:,}")
+    else:
+        verdict = "PASS" if summary["target"]["pass"] else "FAIL"
+        print(f"\n{verdict}: {extra_new} ms extra at {largest:,} files (target <= {TARGET_EXTRA_MS_50K} ms)")
     print(json.dumps({"machine": summary["machine"]}))
     return 0
 

@@ -28,7 +28,7 @@ from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
     TurnContext,
 )
-from alphaagent.environments import check_environment
+from alphaagent.environments import BUILTIN_ID, check_environment
 from alphaagent.errors import (
     AlphaAgentError,
     InvalidSpecError,
@@ -66,7 +66,20 @@ def scope_label(scope: Scope) -> str:
 
 def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> None:
     """Refuse, before anything is written, a spec this backend cannot run."""
-    check_environment(backend.environments, spec.environment_id)
+    environment = check_environment(backend.environments, spec.environment_id)
+    if environment.environment_id == BUILTIN_ID:
+        # Pinned code that cannot even parse fails before the conversation, the session or the
+        # inputs exist (the builtin interpreter is this one; another environment's Python may
+        # accept syntax this one does not, so its steps are left to run).
+        for i, step in enumerate(spec.steps or []):
+            try:
+                compile(step.code, f"steps[{i}].code", "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                raise InvalidSpecError(
+                    f"steps[{i}].code: {type(exc).__name__} at line {exc.lineno}: {exc.msg}"
+                ) from None
+            except ValueError as exc:  # NUL bytes in the source
+                raise InvalidSpecError(f"steps[{i}].code: {exc}") from None
     if spec.steps is None and coder is None:
         raise InvalidSpecError(
             "steps: this spec has no pinned steps and no model is configured; set ANTHROPIC_API_KEY"

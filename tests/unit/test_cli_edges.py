@@ -115,3 +115,46 @@ def test_every_command_has_a_description_and_examples_that_parse() -> None:
             assert argv[0] == "alphaagent"
             args = parser.parse_args(argv[1:])  # a wrong flag exits 2 here
             assert args.command == name
+
+
+def test_a_usage_error_under_json_is_json_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["env", "add", "q", "--json"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2
+    assert json.loads(out)["error"]["message"].startswith("the following arguments are required: --python")
+    assert err.startswith("alphaagent: error: the following arguments are required")
+
+
+def test_exec_without_a_workdir_runs_in_a_new_empty_folder_it_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine.txt").write_text("do not touch")
+    monkeypatch.chdir(tmp_path)
+    code_file = tmp_path / "job.py"
+    code_file.write_text("import os; print(os.getcwd()); print(sorted(os.listdir())); open('x', 'w')")
+    assert main(["exec", str(code_file), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    folder, listing = result["stdout"].splitlines()
+    assert listing == "[]" and folder != str(tmp_path) and not Path(folder).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py", "mine.txt"]
+
+
+def test_pinned_code_that_does_not_parse_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = {
+        "spec_version": 1,
+        "user_id": "local",
+        "scope": {"conversation_id": "c-syntax"},
+        "goal": "a typo in step 2",
+        "steps": [{"title": "ok", "code": "print(1)"}, {"title": "typo", "code": "print(1"}],
+    }
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    home = tmp_path / "home"
+    code, _, err = _run(capsys, "run", str(spec_file), "--home", str(home))
+    assert code == 2
+    assert err.startswith("alphaagent: error: steps[1].code: SyntaxError at line 1:")
+    code, out, _ = _run(capsys, "conversations", "--home", str(home), "--json")
+    assert json.loads(out) == []
