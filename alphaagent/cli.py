@@ -849,6 +849,11 @@ def _describe_commands(
         command.formatter_class = argparse.RawDescriptionHelpFormatter
         command.description = command.description or helps.get(name)
         lines = [f"  {example}" for example in examples.get(name, [])]
+        if any("--conversation penguins" in line for line in lines):
+            lines.append(
+                "  (conversation penguins is what `alphaagent run examples/penguins/turn1.json` makes,"
+                " run from the checkout)"
+            )
         command.epilog = ("examples:\n" + "\n".join(lines) + "\n\n" if lines else "") + _EXIT_STATUS
 
 
