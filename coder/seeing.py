@@ -10,9 +10,10 @@ Every byte here was written by untrusted code, so everything is bounded before i
   is named, not rasterised (no well-kept rasteriser is a dependency of the coder).
 - **Profiles**: the registered version's stored profile (``alphaagent.domain.artifacts``), rendered
   to at most ``MAX_PROFILE_CHARS`` characters whatever the width of the table.
-- **Table pages**: csv, parquet and xlsx read ``limit`` rows from row ``offset``; a csv header
-  line over ``MAX_HEADER_BYTES`` is refused before pandas sees it; a parquet file is read only in
-  the row groups the page needs, and only if their decompressed size (from the footer) is bounded.
+- **Table pages**: csv, parquet and xlsx read ``limit`` rows from row ``offset``; a csv line (the
+  header or a row) over ``MAX_HEADER_BYTES`` is refused before pandas sees it; a parquet file is
+  decoded one page-sized batch at a time (never a whole row group: the footer's sizes are the
+  writer's word); a file over ``MAX_TABLE_FILE_BYTES`` is refused.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ DEFAULT_TABLE_ROWS = 50
 MAX_TABLE_ROWS = 500
 MAX_HEADER_BYTES = 1 * 2**20
 MAX_TABLE_FILE_BYTES = 512 * 2**20
-MAX_ROW_GROUP_BYTES = 256 * 2**20
 MAX_XLSX_BYTES = 32 * 2**20
 MAX_TABLE_COLUMNS = 50
 
@@ -83,7 +83,9 @@ def _picture(data: bytes, fmt: str) -> tuple[bytes, str, str] | str:
             shown = image.convert("RGBA" if image.mode in ("RGBA", "LA", "P") else "RGB")
     except Image.DecompressionBombError:
         return f"over the {MAX_DECODE_PIXELS // 1_000_000} Mpx this tool decodes; save it smaller to see it"
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Exception) as exc:
+        # Any failure to decode what a run wrote is the picture's, never the tool call's (Pillow
+        # raises SyntaxError for a broken PNG chunk, struct.error for a short one...).
         return f"not a readable {fmt.lower()} ({type(exc).__name__})"
     out = io.BytesIO()
     shown.save(out, format="PNG", optimize=True)
@@ -174,15 +176,36 @@ def render_profile(metadata: dict[str, Any]) -> str:
 def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
     import pandas as pd
 
-    with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
-        header = raw.readline(MAX_HEADER_BYTES + 1)
-        if len(header) > MAX_HEADER_BYTES and not header.endswith(b"\n"):
+    def line(raw: Any, what: str) -> bytes:
+        # Every line is read with a cap: a row of a million fields must not reach pandas.
+        text: bytes = raw.readline(MAX_HEADER_BYTES + 1)
+        if len(text) > MAX_HEADER_BYTES and not text.endswith(b"\n"):
             raise ToolError(
-                f"path {path!r}: its header line is over {MAX_HEADER_BYTES // 2**20} MiB; read it with code"
-                " in run_in_env (e.g. pandas.read_csv(usecols=...))"
+                f"path {path!r}: {what} is over {MAX_HEADER_BYTES // 2**20} MiB; read it with code in"
+                " run_in_env (e.g. pandas.read_csv(usecols=...))"
             )
-        columns = pd.read_csv(io.BytesIO(header)).columns[:MAX_TABLE_COLUMNS]
-        frame = pd.read_csv(raw, header=None, skiprows=offset, nrows=limit + 1).iloc[:, : len(columns)]
+        return text
+
+    with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
+        header = line(raw, "its header line")
+        for number in range(offset):
+            if not line(raw, f"row {number}"):
+                break
+        rows = []
+        for number in range(offset, offset + limit + 1):
+            text = line(raw, f"row {number}")
+            if not text:
+                break
+            rows.append(text)
+    columns = pd.read_csv(io.BytesIO(header)).columns[:MAX_TABLE_COLUMNS]
+    body = b"".join(rows)
+    if not body.strip():
+        return pd.DataFrame(columns=list(columns)), None
+    frame = pd.read_csv(
+        io.BytesIO(body),
+        header=None,
+        usecols=range(min(len(columns), body.split(b"\n", 1)[0].count(b",") + 1)),
+    )
     frame.columns = list(columns)[: frame.shape[1]]
     return frame, None
 
@@ -195,21 +218,18 @@ def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple
         parquet = pq.ParquetFile(raw)
         meta = parquet.metadata
         columns = parquet.schema_arrow.names[:MAX_TABLE_COLUMNS]
-        batches, start = [], 0
-        for group in range(meta.num_row_groups):
-            rows = meta.row_group(group).num_rows
-            if start + rows > offset and start < offset + limit + 1:
-                size = meta.row_group(group).total_byte_size
-                if size > MAX_ROW_GROUP_BYTES:
-                    raise ToolError(
-                        f"path {path!r}: row group {group} decompresses to {size:,} bytes, over"
-                        f" {MAX_ROW_GROUP_BYTES // 2**20} MiB; read it with code in run_in_env"
-                    )
-                table = parquet.read_row_group(group, columns=columns)
-                batches.append(table.slice(max(offset - start, 0), limit + 1))
-            start += rows
-        frame = (pa.concat_tables(batches) if batches else parquet.schema_arrow.empty_table()).to_pandas()
-    return frame.iloc[: limit + 1], int(meta.num_rows)
+        # Decoded a page at a time: the footer's sizes are the writer's word (a dictionary-encoded
+        # column of a few hundred KB can decode to gigabytes), the rows of one batch are not.
+        batches, seen = [], 0
+        for batch in parquet.iter_batches(batch_size=limit + 1, columns=columns):
+            if seen + batch.num_rows > offset:
+                batches.append(batch.slice(max(offset - seen, 0)))
+            seen += batch.num_rows
+            if sum(b.num_rows for b in batches) > limit:
+                break
+        table = pa.Table.from_batches(batches) if batches else parquet.schema_arrow.empty_table()
+        frame = table.slice(0, limit + 1).to_pandas()
+    return frame, int(meta.num_rows)
 
 
 def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
@@ -237,8 +257,14 @@ def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
         raise ToolError(f"limit: for a table, between 1 and {MAX_TABLE_ROWS} rows")
     suffix = PurePosixPath(path).suffix.lower()
     reader = {".csv": _csv_page, ".parquet": _parquet_page, ".xlsx": _xlsx_page}[suffix]
-    if ctx.backend.workspace.stat(ctx.scope, path) is None:
+    info = ctx.backend.workspace.stat(ctx.scope, path)
+    if info is None:
         raise ToolError(f"path {path!r}: no such document in this scope")
+    if info.size_bytes > MAX_TABLE_FILE_BYTES:
+        raise ToolError(
+            f"path {path!r}: {info.size_bytes:,} bytes, over the {MAX_TABLE_FILE_BYTES // 2**20} MiB this"
+            " tool pages through; read it with code in run_in_env"
+        )
     try:
         frame, total = reader(ctx, path, offset, limit)
     except ToolError:

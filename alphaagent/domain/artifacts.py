@@ -173,7 +173,12 @@ def dataset_metadata(source: bytes | BinaryIO, suffix: str) -> dict[str, Any]:
                     "reason": f"unpacks to more than {MAX_XLSX_UNPACKED_BYTES // 2**20} MiB",
                 }
         reader = {".csv": pd.read_csv, ".json": pd.read_json, ".xlsx": pd.read_excel}[suffix]
-        frame = reader(io.BytesIO(data))
+        options: dict[str, Any] = {}
+        if suffix == ".csv" and data.split(b"\n", 1)[0].count(b",") >= MAX_PROFILE_COLUMNS:
+            # A very wide table (a 1 MB header can name 500,000 columns): parse only the columns the
+            # profile keeps, or pandas builds every one of them (minutes, gigabytes).
+            options["usecols"] = range(MAX_PROFILE_COLUMNS)
+        frame = reader(io.BytesIO(data), **options)
     except Exception as exc:  # a dataset we cannot parse is still registered, with the reason
         return {"profiled": False, "reason": f"{type(exc).__name__}: {exc}"[:500]}
     head = frame.iloc[:PREVIEW_ROWS, :MAX_PROFILE_COLUMNS]

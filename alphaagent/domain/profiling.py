@@ -54,9 +54,14 @@ def profile_dataset(reader: BinaryIO, size: int, suffix: str) -> dict[str, Any]:
         return dataset_metadata(reader, suffix)
     os.lseek(fd, 0, os.SEEK_SET)
     try:
+        # Isolated (-I: no PYTHON* variables, no user site, not the working directory on sys.path)
+        # and with an environment of its own: the file comes from untrusted code, and the backend's
+        # environment holds credentials and the model key.
         done = subprocess.run(
-            [sys.executable, "-m", "alphaagent.domain.profiling", str(fd), suffix],
+            [sys.executable, "-I", "-m", "alphaagent.domain.profiling", str(fd), suffix],
             pass_fds=(fd,),
+            env={"PATH": os.defpath, "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+            cwd="/",
             capture_output=True,
             timeout=PROFILE_TIMEOUT_S,
             check=False,

@@ -111,7 +111,10 @@ class StateReport(BaseModel):
 
         def number(key: str) -> int | None:
             value = data.get(key)
-            return int(value) if isinstance(value, int | float) and value >= 0 else None
+            # The code may have written it: NaN, infinity and absurd sizes are no number at all.
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            return int(value) if 0 <= value < 2**63 else None
 
         skipped = data.get("skipped")
         restored, saved = names("restored"), names("saved")

@@ -309,6 +309,9 @@ def restore(namespace: dict[str, Any], directory: str) -> Restored:
         if manifest.get("serializer") == "cloudpickle" and name_kind != "cloudpickle":
             restored.skipped["*"] = "the state was saved with cloudpickle, which this environment lacks"
             return restored
+        if not _safe_name(str(manifest.get("pickle", ""))):
+            restored.skipped["*"] = "the state's manifest names its pickle outside the session's folder"
+            return restored
         buffers = _map_buffers(directory, manifest, restored)
         with open(os.path.join(directory, str(manifest["pickle"])), "rb") as fh:
             restored.pickle = fh.read()
