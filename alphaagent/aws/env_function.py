@@ -13,13 +13,17 @@ For one ``EnvRequest`` it
    working copy under ``/tmp`` with the scope's listing (``alphaagent.aws.sync``): an execution
    environment serves one scope (tenant isolation), so the copy the last run left is kept and only
    what differs from S3 is downloaded (every folder but ``work/runs/``, the spill files and claim
-   checks of earlier runs); a scope over ``ENV_SYNC_MAX_BYTES`` (default 2 GiB of the function's 4 GiB
-   ephemeral storage, leaving room for what the run writes) is refused, naming its size and the cap;
+   checks of earlier runs, and ``work/sessions/``, the sessions' live state, of which the same
+   listing carries the run's own session's folder: one ListObjectsV2 for a warm run); a scope over
+   ``ENV_SYNC_MAX_BYTES`` (default 2 GiB of the function's 4 GiB ephemeral storage, leaving room for
+   what the run writes) is refused, naming its size and the cap;
    every other scope's copy is removed (nothing of another scope is visible to this run);
 3. runs the code in the process's warm ``Sandbox`` with the working copy as its working directory, the
    wall clock cut to what the invocation has left minus ``SYNC_MARGIN_S`` for the upload;
 4. uploads the files the run created or modified (in parallel), deletes in S3 the ones it deleted,
    uploads the spill files ``work/runs/{run_id}/stdout.txt``/``stderr.txt`` if the sandbox wrote them;
+   then the session's new live state (``state_up``: the manifest last, under the same deadline and
+   lease checks as the run's files);
 5. writes the full run result as the claim check ``work/runs/{run_id}/result.json`` LAST: its existence
    means the run is completely synced (``LambdaExecutor`` waits for it);
 6. sends the run's notice to the invoking coder process's queue (``notice_queue_url``,
@@ -60,7 +64,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from alphaagent.aws import sdk
 from alphaagent.aws.notices import RunNotice, send_notice
-from alphaagent.aws.session_state import state_down, state_up
+from alphaagent.aws.session_state import state_before, state_carry, state_up
 from alphaagent.aws.settings import get_env_settings
 from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.sync import WorkingCopies, client_config
@@ -459,6 +463,8 @@ def _run_locked(
 ) -> EnvPointer | None:
     """The run under the working-copy lock; None when another delivery holds the claim (nothing run)."""
     scope, key = request.scope, run_result_key(request.run_id)
+    # Before the claim: a session id that cannot name a state folder runs nothing and leaves no marker.
+    state = StateRequest(session_id=request.session_id, fresh=request.fresh, max_bytes=state_max_bytes)
     marker = json.dumps({"run_id": request.run_id, "claimed_at": time.time()}).encode("utf-8")
     if not workspace.create_exclusive(scope, claim_key(request.run_id), marker):
         return None  # await_claim_check looks for the result at once: a late duplicate gets it
@@ -466,8 +472,14 @@ def _run_locked(
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="claimed") as pool:
         looked = pool.submit(_existing_pointer, request, workspace)
         leased = pool.submit(check_in_time)
+        # One listing serves the scope and the run's own session's live state (DESIGN §4.7): the
+        # sessions' folder is excluded but for that session's, which the sync carries.
         synced = pool.submit(
-            copies.sync_down, scope, max_bytes=max_sync_bytes, exclude=[RUNS_FOLDER, SESSIONS_DIR]
+            copies.sync_down,
+            scope,
+            max_bytes=max_sync_bytes,
+            exclude=[RUNS_FOLDER, SESSIONS_DIR],
+            carry=state_carry(request.session_id, state_max_bytes),
         )
     # Leaving the pool waited for all three.
     # A delivery that ended before the claim wrote its result before it removed its marker (see
@@ -485,10 +497,8 @@ def _run_locked(
             )
         leased.result()  # a turn that no longer holds its scope runs nothing there
         down = synced.result()
-        # Only this run's own session's live state comes down (DESIGN §4.7).
-        state_before = state_down(workspace, scope, request.session_id, state_max_bytes)
-        state = StateRequest(session_id=request.session_id, fresh=request.fresh, max_bytes=state_max_bytes)
         root = workspace.local_root(scope)
+        before = state_before(down, root, request.session_id)
         logger.info(
             "synced down",
             files=len(down.transferred),
@@ -522,7 +532,7 @@ def _run_locked(
         )
         # Before the claim check: a result never points at a state that is not in S3.
         _, state_error = state_up(
-            workspace, scope, root, request.session_id, state_before, check_in_time=check_in_time
+            copies, scope, root, request.session_id, before, check_in_time=check_in_time
         )
         if state_error is not None and result.state is not None:
             result = result.model_copy(
@@ -550,22 +560,23 @@ def _deadline_check(request: EnvRequest, store: Store) -> Callable[[], None]:
     one_read = threading.Lock()  # uploads run in parallel; one lease read serves them all
 
     def check() -> None:
+        with one_read:
+            moment = time.monotonic()
+            if not checked_at or moment - checked_at[0] >= LEASE_CHECK_INTERVAL_S:
+                holder = store.lock_holder(request.scope.key, datetime.now(UTC))
+                if not holds_lease(holder, request.turn_id):
+                    raise EnvLeaseLostError(
+                        f"run {request.run_id}: turn {request.turn_id} no longer holds"
+                        f" {request.scope.key}; nothing (more) of the run is kept"
+                    )
+                checked_at[:] = [moment]
+        # The deadline last: waiting for another upload's lease read takes time and the caller may
+        # have given up meanwhile; the change starts right after this returns.
         if request.not_after is not None and now() > request.not_after:
             raise EnvRequestExpiredError(
                 f"run {request.run_id}: the caller stopped waiting before the run was synced; what was"
                 " not uploaded by then was dropped, and there is no result"
             )
-        with one_read:
-            moment = time.monotonic()
-            if checked_at and moment - checked_at[0] < LEASE_CHECK_INTERVAL_S:
-                return
-            holder = store.lock_holder(request.scope.key, datetime.now(UTC))
-            if not holds_lease(holder, request.turn_id):
-                raise EnvLeaseLostError(
-                    f"run {request.run_id}: turn {request.turn_id} no longer holds {request.scope.key};"
-                    " nothing (more) of the run is kept"
-                )
-            checked_at[:] = [moment]
 
     return check
 

@@ -1,18 +1,23 @@
 """A session's live state on AWS (DESIGN §4.7): it travels with the run like the working copy.
 
 The state folder ``work/sessions/{session_id}/`` of the scope is a platform folder: the general sync
-never brings it down nor takes a run's writes there up. The env function brings down only the
-run's own session's folder (``state_down``) and, after the run and before the claim check, uploads
-what the new manifest names that S3 does not hold yet, the manifest LAST, then deletes what it no
-longer names (``state_up``): the manifest in S3 never names an object that is not there, so a run's
-result never points at a state that does not exist, and a run that saved nothing (killed, fresh)
-leaves S3 as it was. Large files go by multipart upload (``S3Workspace.sync_up``).
+never brings it down nor takes a run's writes there up. Only the run's own session's folder comes
+down, *carried* by the working copy's sync (``state_carry``: from the same single listing as the
+rest of the scope, kept warm between runs like any other file, with its own cap); ``state_before``
+reads what S3 held there from that sync's report. After the run and before the claim check,
+``state_up`` uploads what the new manifest names that S3 does not hold yet, the manifest LAST, then
+deletes what it no longer names: the manifest in S3 never names an object that is not there, so a
+run's result never points at a state that does not exist, and a run that saved nothing (killed,
+fresh) leaves S3 as it was. Its uploads go through the working copy (``WorkingCopies.sync_up``:
+in parallel, large files by multipart upload, each one checked against the run's deadline right
+before its request), so the state obeys the same stop rule as the run's files.
 
 Example::
 
-    before = state_down(workspace, scope, session_id, max_bytes)
-    result = sandbox.run(code, cwd=root, state=StateRequest(session_id))
-    state_up(workspace, scope, root, session_id, before)
+    down = copies.sync_down(scope, max_bytes=cap, exclude=[SESSIONS_DIR], carry=state_carry(sid, mb))
+    before = state_before(down, workspace.local_root(scope), sid)
+    result = sandbox.run(code, cwd=root, state=StateRequest(sid))
+    state_up(copies, scope, root, sid, before, check_in_time=check)
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from alphaagent.aws.sync import DownReport, WorkingCopies
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.models.common import Scope
 from alphaagent.sandbox.session import MANIFEST, state_files, state_path
@@ -40,26 +46,33 @@ class StateBefore:
     bytes: int = 0
 
 
-def state_down(workspace: S3Workspace, scope: Scope, session_id: str, max_bytes: int) -> StateBefore:
-    """Bring the session's state folder into the working copy (at most ``max_bytes`` +
-    ``STATE_SLACK_BYTES``; a state larger than that, which no run of ours writes, is not brought
-    down and the run starts with empty globals). Returns what S3 held."""
-    folder = state_path(session_id)
-    listed = workspace.list_files(scope, folder)
-    before = StateBefore(paths={info.path for info in listed}, bytes=sum(i.size_bytes for i in listed))
-    if not listed or before.bytes > max_bytes + STATE_SLACK_BYTES:
-        return before
-    workspace.sync_down(scope, [folder], max_bytes + STATE_SLACK_BYTES)
-    manifest = workspace.local_root(scope) / folder / MANIFEST
-    try:
-        before.manifest_sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
-    except OSError:
-        before.manifest_sha256 = None
+def state_carry(session_id: str, max_bytes: int) -> dict[str, int]:
+    """The ``carry`` of ``WorkingCopies.sync_down`` that brings the session's state folder down: at
+    most ``max_bytes`` + ``STATE_SLACK_BYTES`` (a larger state, which no run of ours writes, is not
+    brought down and the run starts with empty globals). No other session's folder is named, so no
+    other session's state is ever downloaded."""
+    return {state_path(session_id): max_bytes + STATE_SLACK_BYTES}
+
+
+def state_before(down: DownReport, root: Path, session_id: str) -> StateBefore:
+    """What S3 held in the session's state folder, from the sync down that carried it
+    (``state_carry``; no request of its own), and the digest of the manifest it brought into the
+    working copy ``root`` (the copy matches S3 once synced)."""
+    carried = down.carried.get(state_path(session_id))
+    if carried is None:
+        return StateBefore()
+    before = StateBefore(paths=set(carried.sizes), bytes=sum(carried.sizes.values()))
+    if carried.brought_down and f"{state_path(session_id)}/{MANIFEST}" in carried.sizes:
+        try:
+            manifest = root / state_path(session_id) / MANIFEST
+            before.manifest_sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        except OSError:
+            before.manifest_sha256 = None
     return before
 
 
 def state_up(
-    workspace: S3Workspace,
+    copies: WorkingCopies,
     scope: Scope,
     root: Path,
     session_id: str,
@@ -72,9 +85,10 @@ def state_up(
     uploaded: the manifest then is not, and S3 keeps the previous state).
 
     Only files the new manifest names are uploaded (never other files a run left in the folder),
-    each file once (state files are never rewritten under the same name), the manifest last; then
-    the objects the manifest no longer names are deleted. Nothing changes when the manifest is the
-    one brought down. ``check_in_time`` is called before each change (it raises to stop).
+    each file once (state files are never rewritten under the same name), in parallel, the manifest
+    last and alone; then the objects the manifest no longer names are deleted (one DeleteObjects).
+    Nothing changes when the manifest is the one brought down. ``check_in_time`` is called right
+    before each upload's request and before the delete (it raises to stop, as for the run's files).
 
     Raises:
         botocore errors: S3 failed (a platform failure: the run gets no claim check).
@@ -90,21 +104,19 @@ def state_up(
     if digest == before.manifest_sha256:
         return 0, None
     uploads = [path for path in current[:-1] if path not in before.paths]
-    sent = 0
-    for path in uploads:
-        check_in_time()
-        report = workspace.sync_up(scope, [path])
-        if report.skipped:  # replaced by the code (a symlink, removed): the new state is not kept
-            return sent, f"not kept: {path} could not be uploaded ({report.skipped[0].reason})"
-        sent += report.bytes_transferred
-    check_in_time()
-    report = workspace.sync_up(scope, [manifest_path])
+    report = copies.sync_up(scope, uploads, check=check_in_time)
+    sent = report.bytes_transferred
+    if report.skipped:  # replaced by the code (a symlink, removed): the new state is not kept
+        first = min(report.skipped, key=lambda item: item.path)
+        return sent, f"not kept: {first.path} could not be uploaded ({first.reason})"
+    report = copies.sync_up(scope, [manifest_path], check=check_in_time)
     if report.skipped:
         return sent, f"not kept: the manifest could not be uploaded ({report.skipped[0].reason})"
     sent += report.bytes_transferred
-    for stale in sorted(before.paths - set(current)):
+    stale = sorted(before.paths - set(current))
+    if stale:
         check_in_time()
-        workspace.delete(scope, stale)
+        copies.delete(scope, stale)
     return sent, None
 
 

@@ -9,7 +9,9 @@ copy the last run left is reused instead of being wiped and downloaded again:
 
 1. **list** the scope (ListObjectsV2, 1,000 keys a call; a page that ends inside an excluded folder
    such as ``work/runs/`` jumps over it with ``StartAfter``, so the platform's growing run records
-   cost at most one call);
+   cost at most one call). A *carried* folder inside an excluded one (the run's own session state,
+   ``work/sessions/{session_id}/``) comes from the same listing, with its own byte cap: a warm run
+   still lists once, and the jump over the excluded folder lands on the carried one;
 2. **reconcile** the local tree with the listing: a local file is kept only when its S3 object still
    has the ETag it was downloaded (or uploaded) as *and* the file is exactly as it was then (inode,
    size, mtime and ctime: a run cannot set a ctime back, so a change whose upload failed or was
@@ -33,7 +35,11 @@ names its size and the cap): a run on part of its files would be a run on a scop
 Example::
 
     copies = WorkingCopies(workspace)
-    down = copies.sync_down(scope, max_bytes=2 * 2**30, exclude=["work/runs"])
+    down = copies.sync_down(
+        scope, max_bytes=2 * 2**30, exclude=["work/runs", "work/sessions"],
+        carry={"work/sessions/s-1": 576 * 2**20},
+    )
+    down.carried["work/sessions/s-1"].sizes  # what S3 held there: {path: bytes}
     ...  # run code in workspace.local_root(scope)
     up = copies.sync_up(scope, ["reports/summary.md"])
     copies.delete(scope, ["datasets/old.csv"])
@@ -46,7 +52,7 @@ import functools
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +87,10 @@ LIST_PAGE_KEYS: Final = 1000
 _LAST_KEY_CHAR: Final = "\U0010ffff"
 """The largest code point: ``{folder}/`` followed by it sorts after every key S3 can list in the folder
 that a workspace path can name (S3 lists in UTF-8 byte order)."""
+
+_BEFORE_SLASH: Final = "."
+"""The character just below ``/`` (0x2E < 0x2F): ``{folder}.`` followed by ``_LAST_KEY_CHAR`` sorts
+after every key that is not in ``{folder}/`` and before all that are (a listing can start there)."""
 
 
 def client_config() -> dict[str, Any]:
@@ -118,12 +128,24 @@ class Entry:
 
 
 @dataclass
+class CarriedFolder:
+    """What S3 held in a carried folder when it was listed: ``sizes`` is ``{path: bytes}``.
+    ``brought_down`` is False when they added up to more than the folder's cap: then nothing of it is
+    in the working copy (its local files were removed too)."""
+
+    sizes: dict[str, int] = field(default_factory=dict)
+    brought_down: bool = True
+
+
+@dataclass
 class DownReport(SyncReport):
-    """A ``SyncReport`` of a sync down, with what the reconciliation kept and removed locally."""
+    """A ``SyncReport`` of a sync down, with what the reconciliation kept and removed locally, and
+    what each carried folder held in S3 (``carried``, by the folder as the caller named it)."""
 
     kept: int = 0
     removed: list[str] = field(default_factory=list)
     cold: bool = True
+    carried: dict[str, CarriedFolder] = field(default_factory=dict)
 
 
 class WorkingCopies:
@@ -145,9 +167,21 @@ class WorkingCopies:
 
     # -- down --------------------------------------------------------------------------------------
 
-    def sync_down(self, scope: Scope, *, max_bytes: int, exclude: Iterable[str] = ()) -> DownReport:
+    def sync_down(
+        self,
+        scope: Scope,
+        *,
+        max_bytes: int,
+        exclude: Iterable[str] = (),
+        carry: Mapping[str, int] | None = None,
+    ) -> DownReport:
         """Make ``local_root(scope)`` hold exactly the scope's files in S3, below no folder of
         ``exclude`` (folder paths, matched by whole components), and the six scope folders.
+
+        ``carry`` names folders (usually below an excluded one) that are synced all the same, from the
+        same listing, each with its own cap in bytes that ``max_bytes`` does not count: a carried
+        folder whose files add up to more than its cap is not brought down (its local files are
+        removed), and ``DownReport.carried`` says what S3 held in each.
 
         Keys no method could address (not NFC, breaking a rule of DESIGN §4.2) are reported as
         ``path_rule``; a key whose local path is taken by another key (S3 may hold both ``a`` and
@@ -160,13 +194,19 @@ class WorkingCopies:
             botocore errors: S3 failed (the copy is then forgotten: the next sync starts cold).
         """
         self._drop_other_scopes(scope)
-        excluded = tuple(
-            check_workspace_path(folder.rstrip("/"), prefix=f"{scope.key}/") + "/" for folder in exclude
-        )
+        excluded = tuple(_folder(scope, folder) for folder in exclude)
+        carried = {folder: _folder(scope, folder) for folder in carry or {}}
         report = DownReport()
-        remote, unaddressable = self._listing(scope, excluded)
+        remote, unaddressable = self._listing(scope, excluded, tuple(sorted(carried.values())))
         report.skipped.extend(SkippedFile(path, SKIP_PATH_RULE) for path in sorted(unaddressable))
-        total = sum(size for _, size in remote.values())
+        for folder, inside in carried.items():
+            sizes = {path: size for path, (_, size) in remote.items() if path.startswith(inside)}
+            report.carried[folder] = CarriedFolder(sizes, sum(sizes.values()) <= (carry or {})[folder])
+            if not report.carried[folder].brought_down:
+                for path in sizes:  # not in the copy: reconciling removes what is local
+                    del remote[path]
+        carried_prefixes = tuple(carried.values())
+        total = sum(size for path, (_, size) in remote.items() if not path.startswith(carried_prefixes))
         if total > max_bytes:
             self.forget(scope)
             raise EnvScopeTooLargeError(
@@ -223,8 +263,9 @@ class WorkingCopies:
 
         Regular files only, opened without following a link at any component (case PATH-01): others
         are ``not_regular_file``, unreadable ones ``not_readable``, rule-breaking names ``path_rule``.
-        ``check`` is called right before each upload starts (from the transfer threads: it must be
-        thread-safe); what it raises stops the sync and propagates.
+        ``check`` is called right before each upload's first request to S3, once the file is open
+        (from the transfer threads: it must be thread-safe), so a deadline it enforces holds for the
+        request itself; what it raises stops the sync and propagates.
 
         Raises:
             botocore errors: S3 failed (the copy is forgotten: the next sync starts cold).
@@ -241,7 +282,7 @@ class WorkingCopies:
             entries.pop(path, None)
             todo.append(path)
         try:
-            for path, outcome in self._parallel(todo, lambda path: self._upload(scope, path), check=check):
+            for path, outcome in self._parallel(todo, lambda path: self._upload(scope, path, check)):
                 if isinstance(outcome, Entry):
                     entries[path] = outcome
                     report.transferred.append(path)
@@ -295,12 +336,14 @@ class WorkingCopies:
     # -- helpers -----------------------------------------------------------------------------------
 
     def _listing(
-        self, scope: Scope, excluded: tuple[str, ...]
+        self, scope: Scope, excluded: tuple[str, ...], carried: tuple[str, ...] = ()
     ) -> tuple[dict[str, tuple[str, int]], set[str]]:
-        """``{path: (etag, size)}`` of the scope's addressable files outside ``excluded``, and the
-        paths of unaddressable keys (folder markers left out)."""
+        """``{path: (etag, size)}`` of the scope's addressable files outside ``excluded`` or inside
+        ``carried`` (sorted folder paths ending in ``/``), and the paths of unaddressable keys (folder
+        markers left out)."""
         prefix = f"{scope.key}/"
         skip = tuple(prefix + folder for folder in excluded)
+        keep = tuple(prefix + folder for folder in carried)
         remote: dict[str, tuple[str, int]] = {}
         unaddressable: set[str] = set()
         bucket = self.workspace.bucket
@@ -310,7 +353,7 @@ class WorkingCopies:
             contents = page.get("Contents", [])
             for item in contents:
                 key: str = item["Key"]
-                if key.startswith(skip):
+                if key.startswith(skip) and not key.startswith(keep):
                     continue
                 path = key[len(prefix) :]
                 if _addressable(path, prefix):
@@ -322,31 +365,25 @@ class WorkingCopies:
             last = contents[-1]["Key"]
             inside = next((folder for folder in skip if last.startswith(folder)), None)
             arguments = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": LIST_PAGE_KEYS}
-            if inside is not None:  # the rest of that folder is never synced: jump over it
-                arguments["StartAfter"] = inside + _LAST_KEY_CHAR
+            if inside is not None and not last.startswith(keep):
+                # The rest of that folder is never synced: jump over it, or to the next carried folder
+                # in it (every key between the two is in the excluded folder and in no carried one).
+                ahead = next((folder for folder in keep if folder.startswith(inside) and folder > last), None)
+                if ahead is None:
+                    arguments["StartAfter"] = inside + _LAST_KEY_CHAR
+                else:
+                    arguments["StartAfter"] = max(last, ahead[:-1] + _BEFORE_SLASH + _LAST_KEY_CHAR)
             else:
                 arguments["ContinuationToken"] = page["NextContinuationToken"]
 
-    def _parallel(
-        self,
-        paths: list[str],
-        task: Callable[[str], Any],
-        *,
-        check: Callable[[], None] = lambda: None,
-    ) -> Iterator[tuple[str, Any]]:
-        """``(path, task(path))`` for every path, at most ``pool_size`` in flight. ``check`` is called
-        in the worker right before each task starts (so nothing starts once it raises; it must be
-        thread-safe). The first exception stops new tasks and is raised once those in flight are done.
-        """
-
-        def checked(path: str) -> Any:
-            check()
-            return task(path)
-
+    def _parallel(self, paths: list[str], task: Callable[[str], Any]) -> Iterator[tuple[str, Any]]:
+        """``(path, task(path))`` for every path, at most ``pool_size`` in flight. The first exception
+        stops new tasks and is raised once those in flight are done (a task that must not start
+        after a deadline checks it itself, right before its request: ``_upload``)."""
         if not paths:
             return
         if len(paths) == 1:  # one transfer (a warm run's usual case) needs no thread
-            yield paths[0], checked(paths[0])
+            yield paths[0], task(paths[0])
             return
         workers = min(self.pool_size, len(paths))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sync") as pool:
@@ -358,7 +395,7 @@ class WorkingCopies:
                     path = next(queue, None)
                     if path is None:
                         break
-                    pending[pool.submit(checked, path)] = path
+                    pending[pool.submit(task, path)] = path
                 if not pending:
                     break
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -424,8 +461,9 @@ class WorkingCopies:
             raise
         return Entry.of(etag, os.lstat(target))
 
-    def _upload(self, scope: Scope, path: str) -> Entry | str:
-        """One local file to S3; its entry, or the ``SKIP_*`` reason it was not uploaded."""
+    def _upload(self, scope: Scope, path: str, check: Callable[[], None]) -> Entry | str:
+        """One local file to S3; its entry, or the ``SKIP_*`` reason it was not uploaded. ``check`` is
+        called last before the first request (what it raises propagates: nothing is sent)."""
         base = safefs.open_root(self.workspace.local_dir, create=True)
         try:
             root = safefs.open_dir(base, scope.key.split("/"))
@@ -444,6 +482,7 @@ class WorkingCopies:
         client = self.workspace.client
         with os.fdopen(fd, "rb") as reader:
             info = os.fstat(reader.fileno())
+            check()  # here, not when the task starts: the deadline holds for the request itself
             if info.st_size >= self.workspace.multipart_bytes:
                 client.upload_fileobj(
                     reader, self.workspace.bucket, key, Config=self.workspace._transfer_config()
@@ -529,6 +568,15 @@ def wipe_tree(path: Path) -> None:
                 with contextlib.suppress(OSError):
                     os.chmod(child, 0o700)
     shutil.rmtree(path)
+
+
+def _folder(scope: Scope, folder: str) -> str:
+    """``folder`` as a checked workspace path of ``scope`` ending in ``/``.
+
+    Raises:
+        PathRuleError: it breaks a workspace path rule.
+    """
+    return check_workspace_path(folder.rstrip("/"), prefix=f"{scope.key}/") + "/"
 
 
 def _addressable(path: str, scope_prefix: str) -> bool:

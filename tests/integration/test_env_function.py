@@ -25,7 +25,7 @@ from iam import Iam, Physical
 from moto import mock_aws
 from pydantic import ValidationError
 
-from alphaagent.aws import env_function
+from alphaagent.aws import env_function, sync
 from alphaagent.aws.executor import (
     DESTINATION_HEADROOM_BYTES,
     MAX_ASYNC_PAYLOAD_BYTES,
@@ -1572,3 +1572,79 @@ def test_the_expired_sessions_state_objects_are_deleted(aws: Any, workspace: S3W
     objects = scope_objects(aws, with_state=True)
     assert not any(p.startswith(STATE_PREFIX) for p in objects)
     assert objects["reports/kept.md"] == b"kept"
+
+
+def test_a_warm_run_of_a_session_lists_the_scope_once_and_keeps_its_state_warm(
+    aws: Any, workspace: S3Workspace
+) -> None:
+    # Given a session that saved x in a first run, and another session's state in the same scope
+    invoke("x = 41", run_id="01RUNSTATE0000000000000031")
+    workspace.write_bytes(SCOPE, "work/sessions/another-session/manifest.json", b"{}")
+
+    # When the session's next run comes to the same execution environment
+    calls = s3_calls(aws)
+    invoke("print(x + 1)", run_id="01RUNSTATE0000000000000032")
+    made = list(calls)
+
+    # Then it has its state, from the one listing of the scope and the copy the last run left
+    assert stored_result(workspace, "01RUNSTATE0000000000000032").stdout == "42\n"
+    assert made.count("ListObjectsV2") == 1 and made.count("GetObject") == 0, made
+    # And the other session's state never came down
+    assert not (workspace.local_root(SCOPE) / "work" / "sessions" / "another-session").exists()
+
+
+def test_the_listing_jumps_over_other_sessions_to_the_carried_one(
+    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two keys a page, run records, other sessions' state on both sides of the run's own
+    # (one whose id extends the run's, which sorts just before it), and files of the scope
+    monkeypatch.setattr(sync, "LIST_PAGE_KEYS", 2)
+    names = [
+        "datasets/a.csv",
+        *(f"work/runs/r{i}/result.json" for i in range(5)),
+        *(f"work/sessions/aaa/g{i}.pkl" for i in range(5)),
+        *(f"work/sessions/mine-x/g{i}.pkl" for i in range(3)),
+        *(f"work/sessions/mine/g{i}.pkl" for i in range(3)),
+        *(f"work/sessions/zzz/g{i}.pkl" for i in range(5)),
+        "work/z.txt",
+    ]
+    for name in names:
+        workspace.write_bytes(SCOPE, name, b"x")
+    copies = WorkingCopies(workspace)
+    listed: list[str] = []
+    aws.meta.events.register(
+        "after-call.s3.ListObjectsV2",
+        lambda parsed, **_: listed.extend(
+            item["Key"][len(SCOPE.key) + 1 :] for item in parsed.get("Contents", [])
+        ),
+    )
+
+    # When the scope is synced down with the sessions excluded but for the run's own
+    down = copies.sync_down(
+        SCOPE, max_bytes=2**20, exclude=["work/runs", "work/sessions"], carry={"work/sessions/mine": 3}
+    )
+
+    # Then exactly the scope's files and that session's state came down, and what S3 held there is
+    # reported
+    mine = {f"work/sessions/mine/g{i}.pkl" for i in range(3)}
+    assert set(local_files_with_state(workspace)) == {"datasets/a.csv", "work/z.txt", *mine}
+    assert down.carried["work/sessions/mine"].sizes == dict.fromkeys(mine, 1)
+    # And the listing jumped: over the runs after their first page, from "aaa" to "mine" (past
+    # "mine-x"), and over "zzz" after its first page
+    assert "work/runs/r1/result.json" not in listed and "work/sessions/aaa/g2.pkl" not in listed
+    assert not [key for key in listed if key.startswith("work/sessions/mine-x/")], listed
+    assert "work/sessions/zzz/g1.pkl" not in listed and listed[-1] == "work/z.txt"
+
+    # When the state is over its cap; Then it is reported, not brought down, and gone locally
+    down = copies.sync_down(
+        SCOPE, max_bytes=2**20, exclude=["work/runs", "work/sessions"], carry={"work/sessions/mine": 2}
+    )
+    assert not down.carried["work/sessions/mine"].brought_down
+    assert set(down.carried["work/sessions/mine"].sizes) == mine
+    assert set(local_files_with_state(workspace)) == {"datasets/a.csv", "work/z.txt"}
+
+
+def local_files_with_state(workspace: S3Workspace) -> list[str]:
+    """Every regular file of the scope's working copy, the sessions' state included."""
+    root = workspace.local_root(SCOPE)
+    return [path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()]
