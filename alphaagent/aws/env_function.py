@@ -532,7 +532,13 @@ def _run_locked(
         )
         # Before the claim check: a result never points at a state that is not in S3.
         _, state_error = state_up(
-            copies, scope, root, request.session_id, before, check_in_time=check_in_time
+            copies,
+            scope,
+            root,
+            request.session_id,
+            before,
+            max_bytes=state_max_bytes,
+            check_in_time=check_in_time,
         )
         if state_error is not None and result.state is not None:
             result = result.model_copy(

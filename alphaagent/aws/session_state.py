@@ -78,6 +78,7 @@ def state_up(
     session_id: str,
     before: StateBefore,
     *,
+    max_bytes: int | None = None,
     check_in_time: Callable[[], None] = lambda: None,
 ) -> tuple[int, str | None]:
     """Upload the session's new state from the working copy ``root``; return the bytes uploaded and
@@ -87,7 +88,8 @@ def state_up(
     Only files the new manifest names are uploaded (never other files a run left in the folder),
     each file once (state files are never rewritten under the same name), in parallel, the manifest
     last and alone; then the objects the manifest no longer names are deleted (one DeleteObjects).
-    Nothing changes when the manifest is the one brought down. ``check_in_time`` is called right
+    Nothing changes when the manifest is the one brought down; a state over ``max_bytes`` (plus
+    ``STATE_SLACK_BYTES``) is not kept. ``check_in_time`` is called right
     before each upload's request and before the delete (it raises to stop, as for the run's files).
 
     Raises:
@@ -103,6 +105,12 @@ def state_up(
         return 0, None
     if digest == before.manifest_sha256:
         return 0, None
+    if max_bytes is not None:
+        # The child keeps to its cap, but the folder is the run's to write: a state larger than the
+        # next run would bring down (``state_carry``) is not kept, nor paid for in S3.
+        total = sum((root / path).lstat().st_size for path in current if (root / path).exists())
+        if total > max_bytes + STATE_SLACK_BYTES:
+            return 0, f"not kept: {total:,} bytes is over the {max_bytes // 2**20} MiB state cap"
     uploads = [path for path in current[:-1] if path not in before.paths]
     report = copies.sync_up(scope, uploads, check=check_in_time)
     sent = report.bytes_transferred
