@@ -24,34 +24,11 @@ import pytest
 from alphaagent.errors import SandboxError
 from alphaagent.models.run import RunLimits, RunResult
 from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.procs import descendants
 from alphaagent.sandbox.supervisor import Sandbox
 
 ZYGOTE = Path(__file__).resolve().parents[2] / "alphaagent" / "sandbox" / "zygote.py"
 LIGHT = {"preload": (), "warmup": ""}  # no scientific stack: a zygote that starts in a moment
-
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids.extend(int(p) for p in fh.read().split())
-        except OSError:
-            continue
-    return kids
-
-
-def _descendants(pid: int) -> list[int]:
-    found, stack = [], _children(pid)
-    while stack:
-        child = stack.pop()
-        found.append(child)
-        stack.extend(_children(child))
-    return found
 
 
 def _cwd(pid: int) -> str | None:
@@ -137,15 +114,15 @@ def test_a_stalled_spare_is_replaced_and_fails_no_run(stalling_box: Sandbox, tmp
     thread, long_run = _in_thread(box, code, long_scope, RunLimits(timeout_s=60))
     _wait_for(long_scope / "started")
     time.sleep(0.5)  # the pool refills once the long run has its spare
-    descendants = _descendants(zygote)
-    running = {p for p in descendants if _cwd(p) == str(long_scope)}
+    tree = descendants(zygote)
+    running = {p for p in tree if _cwd(p) == str(long_scope)}
     assert running, "the long run's process was not found"
     keep = set(running)
     for pid in running:  # with namespaces, the run's init (its parent) too
         while (pid := _parent(pid)) not in (zygote, 1):
             keep.add(pid)
-    keep |= {d for p in running for d in _descendants(p)}
-    stopped = [p for p in descendants if p not in keep]
+    keep |= {d for p in running for d in descendants(p)}
+    stopped = [p for p in tree if p not in keep]
     assert stopped, "no spare to stop"
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -173,7 +150,7 @@ def test_a_spare_that_died_idle_is_replaced(stalling_box: Sandbox, tmp_path: Pat
     box.run("pass", cwd=tmp_path)
     zygote = int(box.info["pid"])
     time.sleep(0.5)
-    spares = _descendants(zygote)
+    spares = descendants(zygote)
     assert spares
     for pid in spares:
         os.kill(pid, signal.SIGKILL)
