@@ -411,16 +411,8 @@ class WorkingCopies:
 
     def _open_root(self, scope: Scope) -> None:
         """Create the copy's root, refusing a link on the way (``PathRuleError``)."""
-        base = safefs.open_root(self.workspace.local_dir, create=True)
-        try:
-            fd = safefs.open_dir(base, scope.key.split("/"), create=True)
-        except OSError as error:
-            raise PathRuleError(
-                f"local working copy of {scope.key!r} is unusable: {safefs.describe(error)}"
-            ) from None
-        finally:
-            os.close(base)
-        os.close(fd)
+        with self.workspace.local_scope_dir(scope):
+            pass
 
     def _download(self, scope: Scope, remote: dict[str, tuple[str, int]], path: str) -> Entry | None:
         """One object into the working copy (temporary file, then rename); the entry of the file, or

@@ -435,7 +435,7 @@ class S3Workspace:
             for path in sorted(dict.fromkeys(path for path, _ in unaddressable))
             if not path.startswith(excluded)
         )
-        with self._local_scope_dir(scope) as root:
+        with self.local_scope_dir(scope) as root:
             for path in sorted(wanted):
                 size = wanted[path].size_bytes
                 if report.bytes_transferred + size > max_bytes:
@@ -459,7 +459,7 @@ class S3Workspace:
         """
         report = SyncReport()
         config = self._transfer_config()
-        with self._local_scope_dir(scope) as root:
+        with self.local_scope_dir(scope) as root:
             for raw in changed_paths:
                 try:
                     path = check_workspace_path(raw, prefix=f"{scope.key}/")
@@ -522,7 +522,7 @@ class S3Workspace:
             yield from page.get("Contents", [])
 
     @contextlib.contextmanager
-    def _local_scope_dir(self, scope: Scope) -> Iterator[int]:
+    def local_scope_dir(self, scope: Scope) -> Iterator[int]:
         """The working copy's root fd, created if missing, reached without following a link below
         ``local_dir`` (``PathRuleError`` if one is in the way)."""
         base = safefs.open_root(self.local_dir, create=True)
