@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from alphaagent.domain.artifacts import MAX_XLSX_UNPACKED_BYTES
 from alphaagent.domain.tools import TurnContext
 from alphaagent.errors import ToolError
 
@@ -63,7 +64,7 @@ class Pictures:
 
 def _picture(data: bytes, fmt: str) -> tuple[bytes, str, str] | str:
     """``(encoded, mime type, size note)`` of ``data`` downscaled, or the reason it is not shown."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with warnings.catch_warnings():
@@ -83,7 +84,7 @@ def _picture(data: bytes, fmt: str) -> tuple[bytes, str, str] | str:
             shown = image.convert("RGBA" if image.mode in ("RGBA", "LA", "P") else "RGB")
     except Image.DecompressionBombError:
         return f"over the {MAX_DECODE_PIXELS // 1_000_000} Mpx this tool decodes; save it smaller to see it"
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Exception) as exc:
+    except Exception as exc:
         # Any failure to decode what a run wrote is the picture's, never the tool call's (Pillow
         # raises SyntaxError for a broken PNG chunk, struct.error for a short one...).
         return f"not a readable {fmt.lower()} ({type(exc).__name__})"
@@ -233,16 +234,14 @@ def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple
 
 
 def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+    import zipfile
+
     import pandas as pd
 
     info = ctx.backend.workspace.stat(ctx.scope, path)
     if info is not None and info.size_bytes > MAX_XLSX_BYTES:
         raise ToolError(f"path {path!r}: over {MAX_XLSX_BYTES // 2**20} MiB; read it with code in run_in_env")
-    from alphaagent.domain.artifacts import MAX_XLSX_UNPACKED_BYTES
-
     data = ctx.backend.workspace.read_bytes(ctx.scope, path)
-    import zipfile
-
     unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist())
     if unpacked > MAX_XLSX_UNPACKED_BYTES:
         raise ToolError(f"path {path!r}: unpacks to {unpacked:,} bytes; read it with code in run_in_env")

@@ -173,9 +173,9 @@ def status_line(result: RunResult) -> str:
         f"{result.duration_ms} ms",
         "files: " + (", ".join(counts) if counts else "none changed"),
     ]
-    state = getattr(result, "state", None)
-    restored = list(getattr(state, "restored", None) or [])
+    state = result.state
     if state is not None:
+        restored = state.restored
         shown = ", ".join(restored[:12]) + (f" (+{len(restored) - 12})" if len(restored) > 12 else "")
         parts.append(f"state restored: {shown}" if restored else "state: nothing restored")
     return " · ".join(parts)

@@ -137,7 +137,7 @@ REFERENCE = {
 }
 
 
-def _reference_outcome(name: str, workdir: Path) -> Outcome:
+def _reference_outcome(name: str) -> Outcome:
     frames = {
         "p": pd.read_csv(EXAMPLES_DIR / "penguins/penguins.csv"),
         "w": pd.read_csv(EXAMPLES_DIR / "eval/seattle-weather.csv"),
@@ -183,7 +183,7 @@ def test_there_are_at_least_twelve_tasks_over_shipped_public_tables() -> None:
 def test_every_task_passes_its_reference_and_fails_an_empty_or_wrong_delivery(
     task: Task, tmp_path: Path
 ) -> None:
-    right = score(task, _reference_outcome(task.name, tmp_path))
+    right = score(task, _reference_outcome(task.name))
     assert right.passed, right.detail
     assert not score(task, Outcome(status="completed")).passed
     wrong = {name: b"0\n" if name == "answer" else b"x\n1\n" for name in right_names(task)}

@@ -9,7 +9,6 @@ import base64
 import io
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -252,7 +251,7 @@ def test_the_status_line_and_the_next_steps_say_what_to_do() -> None:
     ]
 
 
-def test_a_picture_is_never_decoded_past_its_pixel_bound(tmp_path: Path) -> None:
+def test_a_picture_is_never_decoded_past_its_pixel_bound() -> None:
     # The header alone says 10,000 x 10,000: nothing is decompressed
     huge = Image.new("L", (10_000, 10_000))
     out = io.BytesIO()
