@@ -146,7 +146,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
         # Untrusted code may change or delete anything in its working directory, and every file in
         # it is walked and reported: never the folder the user happens to be in, unless asked for.
         if args.workdir is None:
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="alphaagent-exec-"))
+            # ignore_cleanup_errors: a tree the code made too deep to remove must not lose the result.
+            folder = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="alphaagent-exec-", ignore_cleanup_errors=True)
+            )
             workdir = _validate_workdir(Path(folder))
         else:
             workdir = _validate_workdir(Path(args.workdir))

@@ -51,6 +51,8 @@ MAX_TABLE_ROWS = 500
 MAX_HEADER_BYTES = 1 * 2**20
 MAX_TABLE_FILE_BYTES = 512 * 2**20
 MAX_XLSX_BYTES = 32 * 2**20
+MAX_XLSX_ROWS = 1_048_576
+"""Rows of an Excel sheet (the format's own limit)."""
 MAX_TABLE_COLUMNS = 50
 
 
@@ -241,6 +243,8 @@ def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[An
     info = ctx.backend.workspace.stat(ctx.scope, path)
     if info is not None and info.size_bytes > MAX_XLSX_BYTES:
         raise ToolError(f"path {path!r}: over {MAX_XLSX_BYTES // 2**20} MiB; read it with code in run_in_env")
+    if offset > MAX_XLSX_ROWS:  # pandas turns skiprows into a set of that size
+        raise ToolError(f"offset: an xlsx sheet has at most {MAX_XLSX_ROWS:,} rows")
     data = ctx.backend.workspace.read_bytes(ctx.scope, path)
     unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist())
     if unpacked > MAX_XLSX_UNPACKED_BYTES:

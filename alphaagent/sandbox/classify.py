@@ -53,7 +53,10 @@ def parse_status(data: bytes) -> dict[str, Any] | None:
     for line in data.decode("utf-8", "replace").splitlines():
         try:
             message = json.loads(line)
-        except ValueError:
+        except (
+            ValueError,
+            RecursionError,
+        ):  # the code writes here too: nesting deep enough to exhaust the parser
             continue
         if not isinstance(message, dict):
             continue
@@ -88,7 +91,7 @@ def code_started(data: bytes) -> bool:
     first = data.split(b"\n", 1)[0]
     try:
         return bool(json.loads(first).get("phase") == "started")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return False
 
 

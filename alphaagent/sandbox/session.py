@@ -98,7 +98,7 @@ def state_files(root: Path, session_id: str) -> list[str]:
             return []
         manifest = json.loads((folder / MANIFEST).read_bytes()[: 1 << 22])
         names = {str(manifest["pickle"]), *(str(ref["file"]) for ref in manifest.get("buffers", []))}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return []
     if not all(_STATE_FILE.fullmatch(name) for name in names):
         return []

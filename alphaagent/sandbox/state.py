@@ -283,7 +283,7 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(directory, MANIFEST), "rb") as fh:
             manifest = json.loads(fh.read(1 << 22))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return None

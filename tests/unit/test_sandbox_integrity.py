@@ -674,3 +674,24 @@ def test_a_file_on_a_filesystem_without_seek_data_is_copied_whole(
     # Then it is copied whole
     assert destination.read_bytes() == source.read_bytes() and size == 3000
     assert digest == hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def test_a_status_line_nested_past_the_parser_is_ignored_not_a_crash(box: Sandbox, scope: Path) -> None:
+    # Given code that writes a done line nested 200,000 levels deep on the status channel
+    code = """
+        import os
+        os.write(3, b'{"phase": "done", "x": ' + b"[" * 200_000 + b"\\\\n")
+        os.close(3)
+    """
+    # When it runs, Then a result comes back: the line is not the child's report
+    result = run(box, code, scope)
+    assert result.exit_code == 0, result.reason
+
+
+def test_a_session_manifest_nested_past_the_parser_names_no_state_files(tmp_path: Path) -> None:
+    from alphaagent.sandbox.session import MANIFEST, state_files, state_path
+
+    folder = tmp_path / state_path("s-deep")
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_bytes(b'{"pickle": ' + b"[" * 200_000)
+    assert state_files(tmp_path, "s-deep") == []
