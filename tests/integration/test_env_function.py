@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from assertions import assert_status
 from botocore.exceptions import ClientError
@@ -1482,11 +1481,11 @@ def result_reads(s3: Any) -> list[str]:
 
 
 def test_the_executor_learns_of_the_result_from_the_notice_without_polling(
-    aws: Any, workspace: S3Workspace, store: DynamoStore
+    moto: MotoAccount, workspace: S3Workspace, store: DynamoStore
 ) -> None:
     # Given a coder process's notice queue, and an env function that writes the claim check after
     # 0.5 s and then sends the notice, as the real one does
-    sqs = boto3.client("sqs", region_name=REGION)
+    sqs = moto.client("sqs")
     notices = RunNotices(sqs)
     sent: list[float] = []
 
@@ -1516,10 +1515,10 @@ def test_the_executor_learns_of_the_result_from_the_notice_without_polling(
 
 
 def test_a_lost_notice_falls_back_to_a_slow_poll(
-    aws: Any, workspace: S3Workspace, store: DynamoStore
+    moto: MotoAccount, workspace: S3Workspace, store: DynamoStore
 ) -> None:
     # Given an env function that writes the claim check but whose notice never arrives
-    notices = RunNotices(boto3.client("sqs", region_name=REGION))
+    notices = RunNotices(moto.client("sqs"))
 
     def the_function(request: EnvRequest) -> None:
         time.sleep(0.2)
@@ -1539,9 +1538,11 @@ def test_a_lost_notice_falls_back_to_a_slow_poll(
     assert time.monotonic() - started < 10
 
 
-def test_the_env_function_sends_the_notice_after_the_claim_check(aws: Any, workspace: S3Workspace) -> None:
+def test_the_env_function_sends_the_notice_after_the_claim_check(
+    moto: MotoAccount, workspace: S3Workspace
+) -> None:
     # Given the notice queue of the coder process that invokes
-    sqs = boto3.client("sqs", region_name=REGION)
+    sqs = moto.client("sqs")
     with _IAM[0].acting_as("CoderTaskRole"):
         url = RunNotices(sqs).queue_url
     # When the env function runs a request naming it
