@@ -256,9 +256,10 @@ class InvalidEnvironmentError(InvalidRequestError):
 
 
 class EnvScopeTooLargeError(SandboxError):
-    """The scope's files add up to more than the env function's sync cap (``ENV_SYNC_MAX_BYTES``): the
-    run is refused before anything is downloaded or run, and recorded as ``RunFailed`` with this name.
-    The message names the scope, its size and the cap."""
+    """The scope's files and the run's session state add up to more than the env function's sync cap
+    (half of ``/tmp``, or ``ENV_SYNC_MAX_BYTES`` if lower: ``alphaagent.aws.env_run.sync_cap_bytes``):
+    the run is refused before anything is downloaded or run, and recorded as ``RunFailed`` with this
+    name. The message names the scope, its size, the state's size and the cap."""
 
 
 class InvalidSettingError(InvalidRequestError, ValueError):

@@ -75,6 +75,11 @@ def _measure(code_root: str | None, counts: list[int]) -> dict[str, Any]:
     from moto import mock_aws
 
     from alphaagent.aws import env_function
+
+    try:  # where the invocation lives since the env function was split; the old code had it inline
+        from alphaagent.aws import env_run as invocation
+    except ImportError:
+        invocation = env_function
     from alphaagent.aws.store import DynamoStore, create_table
     from alphaagent.aws.workspace import S3Workspace
     from alphaagent.models.aws import EnvRequest
@@ -145,7 +150,7 @@ def _measure(code_root: str | None, counts: list[int]) -> dict[str, Any]:
                 if copies is not None:
                     arguments["copies"] = copies
                 started = time.perf_counter()
-                pointer = env_function.run_request(request, **arguments)
+                pointer = invocation.run_request(request, **arguments)
                 seconds = time.perf_counter() - started
                 assert pointer.status == "ok", pointer
                 results[f"{count}/{phase}"] = {"seconds": seconds, "calls": list(calls)}

@@ -10,7 +10,8 @@ deletes what it no longer names: the manifest in S3 never names an object that i
 run's result never points at a state that does not exist, and a run that saved nothing (killed,
 fresh) leaves S3 as it was. Its uploads go through the working copy (``WorkingCopies.sync_up``:
 in parallel, large files by multipart upload, each one checked against the run's deadline right
-before its request), so the state obeys the same stop rule as the run's files.
+before its request), so the state obeys the same stop rule as the run's files; each is tagged
+``STATE_TAGGING``, so its old versions expire within a day (template.yaml's lifecycle rule).
 
 Example::
 
@@ -31,6 +32,13 @@ from alphaagent.aws.sync import DownReport, WorkingCopies
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.models.common import Scope
 from alphaagent.sandbox.session import MANIFEST, state_files, state_path
+
+STATE_TAGGING = "alphaagent-kind=session-state"
+"""The tag set of every state object (a URL query, as S3's ``Tagging`` takes it): template.yaml's
+``ExpireSessionStateVersions`` lifecycle rule filters on it, so the versions a state leaves behind
+(each run's replaced manifest, the objects a newer state no longer names) expire after a day instead
+of the bucket's 90 days for scope files. A prefix cannot select them: every scope has its own
+``work/sessions/``."""
 
 STATE_SLACK_BYTES = 64 * 2**20
 """What a state may hold beyond its cap, in bytes, when it is brought down: the cap bounds the
@@ -112,12 +120,12 @@ def state_up(
         if total > max_bytes + STATE_SLACK_BYTES:
             return 0, f"not kept: {total:,} bytes is over the {max_bytes // 2**20} MiB state cap"
     uploads = [path for path in current[:-1] if path not in before.paths]
-    report = copies.sync_up(scope, uploads, check=check_in_time)
+    report = copies.sync_up(scope, uploads, check=check_in_time, tagging=STATE_TAGGING)
     sent = report.bytes_transferred
     if report.skipped:  # replaced by the code (a symlink, removed): the new state is not kept
         first = min(report.skipped, key=lambda item: item.path)
         return sent, f"not kept: {first.path} could not be uploaded ({first.reason})"
-    report = copies.sync_up(scope, [manifest_path], check=check_in_time)
+    report = copies.sync_up(scope, [manifest_path], check=check_in_time, tagging=STATE_TAGGING)
     if report.skipped:
         return sent, f"not kept: the manifest could not be uploaded ({report.skipped[0].reason})"
     sent += report.bytes_transferred

@@ -37,11 +37,6 @@ DEFAULT_LOCK_LEASE_S = 2 * 60 * 60
 must outlast a turn; a failed or aborted execution's lease is released by the orphan rule, and a
 crashed one expires after this long at the latest."""
 
-GiB: Final = 2**30
-DEFAULT_SYNC_MAX_BYTES: Final = 2 * GiB
-"""Bytes of scope files synced down for one run (``ENV_SYNC_MAX_BYTES``): half of the function's
-4,096 MiB ephemeral storage (template.yaml), so the run can write as much again."""
-
 S = TypeVar("S", bound="FunctionSettings")
 
 StateTable = Annotated[str, Field(description="The state table (records, leases, sessions): StateTable.")]
@@ -250,10 +245,13 @@ class EnvSettings(FunctionSettings):
     STATE_TABLE_NAME: str = Field(
         min_length=1, description="The state table, where the scopes' leases are (required)."
     )
-    ENV_SYNC_MAX_BYTES: int = Field(
-        DEFAULT_SYNC_MAX_BYTES,
+    ENV_SYNC_MAX_BYTES: int | None = Field(
+        None,
         gt=0,
-        description="Bytes of scope files synced down per run (default 2 GiB, half the ephemeral storage).",
+        description=(
+            "Bytes of scope files and session state synced down per run; default and most: half of"
+            " /tmp's size at run time (the function's EphemeralStorage)."
+        ),
         json_schema_extra=ORIGIN_DEFAULT,
     )
     ENV_STATE_MAX_MB: int = Field(

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import shutil
 import stat
@@ -59,18 +60,30 @@ from pathlib import Path
 from typing import Any, Final
 
 from alphaagent.aws import sdk
-from alphaagent.aws.workspace import (
-    SKIP_LOCAL_UNSAFE,
-    SKIP_NOT_READABLE,
-    SKIP_NOT_REGULAR,
-    SKIP_PATH_RULE,
-    S3Workspace,
-    SkippedFile,
-    SyncReport,
-)
+from alphaagent.aws.workspace import S3Workspace
 from alphaagent.errors import EnvScopeTooLargeError, PathRuleError
 from alphaagent.local import safefs
 from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
+
+MiB: Final = 2**20
+
+MIN_PART_BYTES: Final = 5 * MiB
+"""S3's minimum size of every multipart part but the last (5 MiB)."""
+
+DEFAULT_MULTIPART_BYTES: Final = 64 * MiB
+"""Transfers of files at or above this size go by boto3's managed transfer (multipart upload, ranged
+GETs), in parts of this size."""
+
+SKIP_PATH_RULE: Final = "path_rule"
+"""Skipped by a sync: the path breaks a rule of DESIGN §4.2."""
+SKIP_NOT_REGULAR: Final = "not_regular_file"
+"""Skipped by ``sync_up``: missing, a symlink (at any component), a directory, FIFO, socket or device."""
+SKIP_NOT_READABLE: Final = "not_readable"
+"""Skipped by ``sync_up``: the run took away the read permission of the file or of a folder on its
+path (``chmod 000``); the run's choice, not a platform failure."""
+SKIP_LOCAL_UNSAFE: Final = "local_path_unsafe"
+"""Skipped by ``sync_down``: the local path is taken by another key (a file where a folder is needed,
+or the reverse)."""
 
 POOL_SIZE: Final = 32
 """Transfers in flight at once. 32 connections keep a 100 KB GetObject pipeline near the bandwidth of
@@ -97,6 +110,24 @@ def client_config() -> dict[str, Any]:
     """botocore ``Config`` arguments for the env function's S3 client: a connection pool as large as the
     transfer pool (botocore's default of 10 would drop connections under ``POOL_SIZE`` threads)."""
     return {"max_pool_connections": POOL_SIZE}
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file a sync did not transfer, and why (one of the ``SKIP_*`` reasons)."""
+
+    path: str
+    reason: str
+
+
+@dataclass
+class SyncReport:
+    """What one ``sync_down`` or ``sync_up`` did: workspace paths transferred (in order), their total
+    size in bytes, and every file left out with its reason (never silently dropped, case PATH-01)."""
+
+    transferred: list[str] = field(default_factory=list)
+    bytes_transferred: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -158,11 +189,25 @@ class WorkingCopies:
     Args:
         workspace: the workspaces bucket and where the copies live (``local_root``).
         pool_size: transfers in flight at once (``POOL_SIZE``).
+        multipart_bytes: files at or above this size go by boto3's managed transfer in parts of this
+            size; at least 5 MiB (S3's minimum part size), default 64 MiB.
+
+    Raises:
+        ValueError: ``multipart_bytes`` is below 5 MiB.
     """
 
-    def __init__(self, workspace: S3Workspace, *, pool_size: int = POOL_SIZE) -> None:
+    def __init__(
+        self,
+        workspace: S3Workspace,
+        *,
+        pool_size: int = POOL_SIZE,
+        multipart_bytes: int = DEFAULT_MULTIPART_BYTES,
+    ) -> None:
+        if multipart_bytes < MIN_PART_BYTES:
+            raise ValueError(f"multipart_bytes must be at least {MIN_PART_BYTES} (S3's minimum part size)")
         self.workspace = workspace
         self.pool_size = pool_size
+        self.multipart_bytes = multipart_bytes
         self._entries: dict[str, dict[str, Entry]] = {}
 
     # -- down --------------------------------------------------------------------------------------
@@ -179,17 +224,19 @@ class WorkingCopies:
         ``exclude`` (folder paths, matched by whole components), and the six scope folders.
 
         ``carry`` names folders (usually below an excluded one) that are synced all the same, from the
-        same listing, each with its own cap in bytes that ``max_bytes`` does not count: a carried
-        folder whose files add up to more than its cap is not brought down (its local files are
-        removed), and ``DownReport.carried`` says what S3 held in each.
+        same listing, each with its own cap in bytes: a carried folder whose files add up to more than
+        its cap is not brought down (its local files are removed), and ``DownReport.carried`` says
+        what S3 held in each. What is brought down of them counts against ``max_bytes`` with the rest:
+        ``max_bytes`` bounds the whole working copy (it shares ``/tmp`` with what the run writes).
 
         Keys no method could address (not NFC, breaking a rule of DESIGN §4.2) are reported as
         ``path_rule``; a key whose local path is taken by another key (S3 may hold both ``a`` and
         ``a/b``) as ``local_path_unsafe``.
 
         Raises:
-            EnvScopeTooLargeError: the files to sync add up to more than ``max_bytes`` bytes (nothing
-                is downloaded; the message names both).
+            EnvScopeTooLargeError: the files to sync, carried folders included, add up to more than
+                ``max_bytes`` bytes (nothing is downloaded; the message names the scope's bytes, the
+                carried bytes and the cap).
             PathRuleError: an excluded folder breaks a rule, or the copy's root is blocked.
             botocore errors: S3 failed (the copy is then forgotten: the next sync starts cold).
         """
@@ -206,13 +253,17 @@ class WorkingCopies:
                 for path in sizes:  # not in the copy: reconciling removes what is local
                     del remote[path]
         carried_prefixes = tuple(carried.values())
-        total = sum(size for path, (_, size) in remote.items() if not path.startswith(carried_prefixes))
-        if total > max_bytes:
+        files = {path: size for path, (_, size) in remote.items() if not path.startswith(carried_prefixes)}
+        scope_bytes = sum(files.values())
+        carried_bytes = sum(size for _, size in remote.values()) - scope_bytes
+        if scope_bytes + carried_bytes > max_bytes:
             self.forget(scope)
+            state = f" and the session state {carried_bytes:,} bytes ({_mib(carried_bytes)})"
             raise EnvScopeTooLargeError(
-                f"scope {scope.key}: its files are {total:,} bytes ({_mib(total)}) in {len(remote):,}"
-                f" files, over the sync cap of {max_bytes:,} bytes ({_mib(max_bytes)},"
-                " ENV_SYNC_MAX_BYTES); nothing was run: delete or move files to run code here"
+                f"scope {scope.key}: its files are {scope_bytes:,} bytes ({_mib(scope_bytes)}) in"
+                f" {len(files):,} files{state if carried_bytes else ''}, over the sync cap of"
+                f" {max_bytes:,} bytes ({_mib(max_bytes)}, ENV_SYNC_MAX_BYTES, at most half of /tmp);"
+                " nothing was run: delete or move files to run code here"
             )
         root = self.workspace.local_root(scope)
         known = self._entries.get(scope.key)
@@ -256,7 +307,12 @@ class WorkingCopies:
     # -- up ----------------------------------------------------------------------------------------
 
     def sync_up(
-        self, scope: Scope, paths: Iterable[str], *, check: Callable[[], None] = lambda: None
+        self,
+        scope: Scope,
+        paths: Iterable[str],
+        *,
+        check: Callable[[], None] = lambda: None,
+        tagging: str | None = None,
     ) -> SyncReport:
         """Upload ``paths`` (workspace-relative) from the working copy, in parallel, and remember each
         uploaded file as the object's new ETag (the next sync keeps it).
@@ -265,7 +321,9 @@ class WorkingCopies:
         are ``not_regular_file``, unreadable ones ``not_readable``, rule-breaking names ``path_rule``.
         ``check`` is called right before each upload's first request to S3, once the file is open
         (from the transfer threads: it must be thread-safe), so a deadline it enforces holds for the
-        request itself; what it raises stops the sync and propagates.
+        request itself; what it raises stops the sync and propagates. ``tagging``: the objects' tag set
+        as a URL query (``key=value&...``), for a lifecycle rule that filters on it (the role needs
+        ``s3:PutObjectTagging`` as well as ``s3:PutObject`` then).
 
         Raises:
             botocore errors: S3 failed (the copy is forgotten: the next sync starts cold).
@@ -282,7 +340,7 @@ class WorkingCopies:
             entries.pop(path, None)
             todo.append(path)
         try:
-            for path, outcome in self._parallel(todo, lambda path: self._upload(scope, path, check)):
+            for path, outcome in self._parallel(todo, lambda path: self._upload(scope, path, check, tagging)):
                 if isinstance(outcome, Entry):
                     entries[path] = outcome
                     report.transferred.append(path)
@@ -411,8 +469,13 @@ class WorkingCopies:
 
     def _open_root(self, scope: Scope) -> None:
         """Create the copy's root, refusing a link on the way (``PathRuleError``)."""
-        with self.workspace.local_scope_dir(scope):
-            pass
+        os.close(open_scope_root(self.workspace.local_dir, scope))
+
+    def _transfer_config(self) -> Any:
+        transfer = importlib.import_module("boto3.s3.transfer")
+        return transfer.TransferConfig(
+            multipart_threshold=self.multipart_bytes, multipart_chunksize=self.multipart_bytes
+        )
 
     def _download(self, scope: Scope, remote: dict[str, tuple[str, int]], path: str) -> Entry | None:
         """One object into the working copy (temporary file, then rename); the entry of the file, or
@@ -429,11 +492,11 @@ class WorkingCopies:
         tmp = target.parent / safefs.temp_name()
         try:
             with open(tmp, "xb") as writer:
-                if size >= self.workspace.multipart_bytes:
+                if size >= self.multipart_bytes:
                     # Ranged GETs in parallel; a changed object gets a new ETag, so keeping the
                     # listed one at worst downloads it again next time.
                     client.download_fileobj(
-                        self.workspace.bucket, key, writer, Config=self.workspace._transfer_config()
+                        self.workspace.bucket, key, writer, Config=self._transfer_config()
                     )
                 else:
                     response = client.get_object(Bucket=self.workspace.bucket, Key=key)
@@ -453,7 +516,9 @@ class WorkingCopies:
             raise
         return Entry.of(etag, os.lstat(target))
 
-    def _upload(self, scope: Scope, path: str, check: Callable[[], None]) -> Entry | str:
+    def _upload(
+        self, scope: Scope, path: str, check: Callable[[], None], tagging: str | None = None
+    ) -> Entry | str:
         """One local file to S3; its entry, or the ``SKIP_*`` reason it was not uploaded. ``check`` is
         called last before the first request (what it raises propagates: nothing is sent)."""
         base = safefs.open_root(self.workspace.local_dir, create=True)
@@ -472,17 +537,19 @@ class WorkingCopies:
             os.close(root)
         key = f"{scope.key}/{path}"
         client = self.workspace.client
+        extra = {} if tagging is None else {"Tagging": tagging}
         with os.fdopen(fd, "rb") as reader:
             info = os.fstat(reader.fileno())
             check()  # here, not when the task starts: the deadline holds for the request itself
-            if info.st_size >= self.workspace.multipart_bytes:
+            if info.st_size >= self.multipart_bytes:
                 client.upload_fileobj(
-                    reader, self.workspace.bucket, key, Config=self.workspace._transfer_config()
+                    reader, self.workspace.bucket, key, ExtraArgs=extra, Config=self._transfer_config()
                 )
                 # The managed transfer does not return the ETag; one HeadObject per large file.
                 etag = str(client.head_object(Bucket=self.workspace.bucket, Key=key)["ETag"])
             else:
-                etag = str(client.put_object(Bucket=self.workspace.bucket, Key=key, Body=reader)["ETag"])
+                answer = client.put_object(Bucket=self.workspace.bucket, Key=key, Body=reader, **extra)
+                etag = str(answer["ETag"])
         return Entry.of(etag, info)
 
     def _drop_other_scopes(self, scope: Scope) -> None:
@@ -502,6 +569,24 @@ class WorkingCopies:
             directory = directory / part
             if depth == len(keep) - 1:
                 return
+
+
+def open_scope_root(local_dir: Path, scope: Scope) -> int:
+    """The fd of the working copy's root ``local_dir/{scope.key}``, created if missing, reached without
+    following a link below ``local_dir``; the caller closes it.
+
+    Raises:
+        PathRuleError: a link or a file is in the way (the message says what).
+    """
+    base = safefs.open_root(local_dir, create=True)
+    try:
+        return safefs.open_dir(base, scope.key.split("/"), create=True)
+    except OSError as error:
+        raise PathRuleError(
+            f"local working copy of {scope.key!r} is unusable: {safefs.describe(error)}"
+        ) from None
+    finally:
+        os.close(base)
 
 
 def _scan(root: Path) -> dict[str, os.stat_result]:

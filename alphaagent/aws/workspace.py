@@ -9,12 +9,10 @@ Layout of the bucket ``alphaagent-workspaces-{account}-{region}`` (``workspaces_
 
 Every scope file is the object ``{scope.key}/{path}``; every ``path`` goes through
 ``check_workspace_path`` with the scope prefix, so the full key is NFC and at most 1,024 UTF-8 bytes
-(S3's key limit). S3 has no symlinks, so the PATH-01 rules apply where local files meet the bucket:
-``sync_up`` uploads regular files only, opened without following a link at any component, and reports
-everything it skipped.
+(S3's key limit).
 
-Code runs in a local working copy (``local_root``): the env Lambda calls ``sync_down`` for the folders a
-run needs (with a byte budget), runs the code there, and calls ``sync_up`` with the run's changed paths.
+Code runs in a local working copy (``local_root``): the env function's ``alphaagent.aws.sync`` keeps it
+reconciled with the bucket (this adapter only names where it is).
 
 Example::
 
@@ -31,13 +29,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-import os
 import re
-import stat
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
@@ -45,7 +40,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 from alphaagent.aws import sdk
 from alphaagent.domain.names import unaddressable_reason
 from alphaagent.errors import FileChangedError, PathRuleError
-from alphaagent.local import safefs
 from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
 from alphaagent.ports import FileInfo
 
@@ -54,11 +48,9 @@ MiB: Final = 2**20
 BLOB_PREFIX: Final = "blobs/sha256/"
 """Key prefix of content-addressed storage, beside ``conversations/`` and ``workflows/``."""
 
-MIN_PART_BYTES: Final = 5 * MiB
-"""S3's minimum size of every multipart part but the last (5 MiB)."""
-
-DEFAULT_MULTIPART_BYTES: Final = 64 * MiB
-"""Uploads from a local file at or above this size go multipart, in parts of this size."""
+COPY_PART_BYTES: Final = 64 * MiB
+"""Part size of boto3's managed copy of a blob larger than ``MAX_COPY_BYTES`` (at 5 GiB and up, at
+most ~80 parts of the 10,000 S3 allows per upload until 625 GiB)."""
 
 MAX_COPY_BYTES: Final = 5 * 1024 * MiB
 """The largest object a single CopyObject can copy (5 GiB, an S3 limit); larger blobs are copied by
@@ -77,40 +69,10 @@ CONFLICT_ATTEMPTS: Final = 3
 CONFLICT_PAUSE_S: Final = 0.1
 """Seconds before the second put after a 409 conflict (twice that before the third)."""
 
-SKIP_PATH_RULE: Final = "path_rule"
-"""Skipped by a sync: the path breaks a rule of DESIGN §4.2."""
-SKIP_NOT_REGULAR: Final = "not_regular_file"
-"""Skipped by ``sync_up``: missing, a symlink (at any component), a directory, FIFO, socket or device."""
-SKIP_NOT_READABLE: Final = "not_readable"
-"""Skipped by ``sync_up``: the run took away the read permission of the file or of a folder on its
-path (``chmod 000``); the run's choice, not a platform failure."""
-SKIP_OVER_BUDGET: Final = "over_budget"
-"""Skipped by ``sync_down``: taking it would pass the byte budget."""
-SKIP_LOCAL_UNSAFE: Final = "local_path_unsafe"
-"""Skipped by ``sync_down``: the local path is blocked by a symlink, a file or a directory."""
-
 
 def workspaces_bucket_name(account: str, region: str) -> str:
     """The workspaces bucket of a deployment: ``alphaagent-workspaces-{account}-{region}`` (DESIGN §1)."""
     return f"alphaagent-workspaces-{account}-{region}"
-
-
-@dataclass(frozen=True)
-class SkippedFile:
-    """A file a sync did not transfer, and why (one of the ``SKIP_*`` reasons)."""
-
-    path: str
-    reason: str
-
-
-@dataclass
-class SyncReport:
-    """What one ``sync_down`` or ``sync_up`` did: workspace paths transferred (in order), their total
-    size in bytes, and every file left out with its reason (never silently dropped, case PATH-01)."""
-
-    transferred: list[str] = field(default_factory=list)
-    bytes_transferred: int = 0
-    skipped: list[SkippedFile] = field(default_factory=list)
 
 
 class S3Workspace:
@@ -132,11 +94,6 @@ class S3Workspace:
         client: a boto3 S3 client; created on first use (``boto3.client("s3")``) when None.
         local_dir: where ``local_root`` places local working copies (the env Lambda's ``/tmp``);
             default ``<tempdir>/alphaagent-workspaces``.
-        multipart_bytes: uploads from local files (``sync_up``) at or above this size use multipart
-            upload in parts of this size; at least 5 MiB (S3's minimum part size), default 64 MiB.
-
-    Raises:
-        ValueError: ``multipart_bytes`` is below 5 MiB.
     """
 
     def __init__(
@@ -145,15 +102,11 @@ class S3Workspace:
         *,
         client: Any = None,
         local_dir: Path | None = None,
-        multipart_bytes: int = DEFAULT_MULTIPART_BYTES,
     ) -> None:
-        if multipart_bytes < MIN_PART_BYTES:
-            raise ValueError(f"multipart_bytes must be at least {MIN_PART_BYTES} (S3's minimum part size)")
         self.bucket = bucket
         self._client = client
         default_dir = Path(tempfile.gettempdir()) / "alphaagent-workspaces"
         self.local_dir = (Path(local_dir) if local_dir is not None else default_dir).absolute()
-        self.multipart_bytes = multipart_bytes
 
     @property
     def client(self) -> Any:
@@ -162,10 +115,10 @@ class S3Workspace:
             self._client = sdk.client("s3")
         return self._client
 
-    def _transfer_config(self) -> Any:
+    def _copy_config(self) -> Any:
         transfer = importlib.import_module("boto3.s3.transfer")
         return transfer.TransferConfig(
-            multipart_threshold=self.multipart_bytes, multipart_chunksize=self.multipart_bytes
+            multipart_threshold=COPY_PART_BYTES, multipart_chunksize=COPY_PART_BYTES
         )
 
     # -- scopes ------------------------------------------------------------------------------------
@@ -191,7 +144,7 @@ class S3Workspace:
 
     def local_root(self, scope: Scope) -> Path:
         """``local_dir/<scope.key>``: the local working copy where code runs. Not created here: the env
-        function fills it with ``sync_down`` and sends changes back with ``sync_up``."""
+        function's ``alphaagent.aws.sync.WorkingCopies`` fills it and sends the run's changes back."""
         return self.local_dir / scope.key
 
     # -- files -------------------------------------------------------------------------------------
@@ -376,7 +329,7 @@ class S3Workspace:
                 self.bucket,
                 blob_key,
                 ExtraArgs={"CopySourceIfMatch": etag},
-                Config=self._transfer_config(),
+                Config=self._copy_config(),
             )
         return sha256, size
 
@@ -398,88 +351,6 @@ class S3Workspace:
         with contextlib.closing(response["Body"]) as body:
             data: bytes = body.read()
         return data
-
-    # -- working copy sync (the env function) ------------------------------------------------------
-
-    def sync_down(
-        self, scope: Scope, prefixes: Iterable[str], max_bytes: int, *, exclude: Iterable[str] = ()
-    ) -> SyncReport:
-        """Download the files below the folders ``prefixes`` ('' for all) into ``local_root(scope)``.
-
-        Files below a folder of ``exclude`` are left out entirely (not transferred, not reported):
-        the env function excludes ``work/runs``, the platform's spill files and claim checks of
-        earlier runs, which no run reads. Folders match by whole components, as ``prefixes`` do.
-
-        Files are considered in path order and each is taken if it still fits in ``max_bytes`` (the
-        run's input budget, in bytes); one that does not is reported as ``over_budget``, never cut.
-        Each file is streamed into a temporary file beside its target and renamed into place; no
-        symlink is followed at any component below ``local_dir``, and a target blocked by a symlink, a
-        file or a directory is skipped (``local_path_unsafe``), never written through. Keys no method
-        could address (not NFC, breaking a rule) are reported as ``path_rule``.
-
-        Raises:
-            PathRuleError: a prefix or an excluded folder breaks a rule of DESIGN §4.2.
-        """
-        excluded = tuple(
-            self._path(scope, folder[:-1] if folder.endswith("/") else folder) + "/" for folder in exclude
-        )
-        wanted: dict[str, FileInfo] = {}
-        unaddressable: list[tuple[str, str]] = []
-        for prefix in prefixes:
-            for info in self.list_files(scope, prefix, skipped=unaddressable):
-                if not info.path.startswith(excluded):
-                    wanted[info.path] = info
-        report = SyncReport()
-        report.skipped.extend(
-            SkippedFile(path, SKIP_PATH_RULE)
-            for path in sorted(dict.fromkeys(path for path, _ in unaddressable))
-            if not path.startswith(excluded)
-        )
-        with self.local_scope_dir(scope) as root:
-            for path in sorted(wanted):
-                size = wanted[path].size_bytes
-                if report.bytes_transferred + size > max_bytes:
-                    report.skipped.append(SkippedFile(path, SKIP_OVER_BUDGET))
-                    continue
-                if self._download(scope, path, root):
-                    report.transferred.append(path)
-                    report.bytes_transferred += size
-                else:
-                    report.skipped.append(SkippedFile(path, SKIP_LOCAL_UNSAFE))
-        return report
-
-    def sync_up(self, scope: Scope, changed_paths: Iterable[str]) -> SyncReport:
-        """Upload exactly ``changed_paths`` (workspace-relative) from ``local_root(scope)`` to the scope.
-
-        Regular files only: each is opened with ``O_NOFOLLOW`` at every component below ``local_dir``,
-        so a symlink (to ``/proc/self/environ``, ``/var/task``, another scope), a symlinked directory, a
-        FIFO or a device is skipped as ``not_regular_file`` and reported, never uploaded (case PATH-01).
-        A path that breaks a rule is skipped as ``path_rule`` (case PATH-03): no key outside
-        ``{scope.key}/`` is ever written. Files of ``multipart_bytes`` or more go by multipart upload.
-        """
-        report = SyncReport()
-        config = self._transfer_config()
-        with self.local_scope_dir(scope) as root:
-            for raw in changed_paths:
-                try:
-                    path = check_workspace_path(raw, prefix=f"{scope.key}/")
-                except PathRuleError:
-                    report.skipped.append(SkippedFile(raw, SKIP_PATH_RULE))
-                    continue
-                try:
-                    fd = safefs.open_regular(root, path.split("/"))
-                except FileNotFoundError:
-                    report.skipped.append(SkippedFile(path, SKIP_NOT_REGULAR))
-                    continue
-                except PermissionError:
-                    report.skipped.append(SkippedFile(path, SKIP_NOT_READABLE))
-                    continue
-                with os.fdopen(fd, "rb") as reader:
-                    size = os.fstat(reader.fileno()).st_size
-                    self.client.upload_fileobj(reader, self.bucket, f"{scope.key}/{path}", Config=config)
-                report.transferred.append(path)
-                report.bytes_transferred += size
-        return report
 
     def drop_session_state(self, scope: Scope, session_id: str) -> None:
         """Delete every object of ``work/sessions/{session_id}/`` (the session ended, DESIGN §4.7),
@@ -520,59 +391,6 @@ class S3Workspace:
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=key_prefix):
             yield from page.get("Contents", [])
-
-    @contextlib.contextmanager
-    def local_scope_dir(self, scope: Scope) -> Iterator[int]:
-        """The working copy's root fd, created if missing, reached without following a link below
-        ``local_dir`` (``PathRuleError`` if one is in the way)."""
-        base = safefs.open_root(self.local_dir, create=True)
-        try:
-            fd = safefs.open_dir(base, scope.key.split("/"), create=True)
-        except OSError as error:
-            raise PathRuleError(
-                f"local working copy of {scope.key!r} is unusable: {safefs.describe(error)}"
-            ) from None
-        finally:
-            os.close(base)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _download(self, scope: Scope, path: str, root: int) -> bool:
-        """Stream one object into the working copy; False when the local path is blocked."""
-        parts = path.split("/")
-        try:
-            parent = safefs.open_dir(root, parts[:-1], create=True)
-        except OSError as error:
-            if error.errno in safefs.MISSING_ERRNOS:
-                return False
-            raise
-        try:
-            existing = _lstat_or_none(parts[-1], parent)
-            if existing is not None and not stat.S_ISREG(existing.st_mode):
-                return False  # a symlink, directory or FIFO is never replaced or written through
-            tmp, fd = safefs.create_temp(parent, mode=0o644)
-            try:
-                with os.fdopen(fd, "wb") as writer:
-                    self.client.download_fileobj(
-                        self.bucket, f"{scope.key}/{path}", writer, Config=self._transfer_config()
-                    )
-                os.replace(tmp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=parent)
-                raise
-        finally:
-            os.close(parent)
-        return True
-
-
-def _lstat_or_none(name: str, dir_fd: int) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
 
 
 def _folder_marker(path: str) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from alphaagent import clock
+from alphaagent.clock import Clock
 from alphaagent.connectors import ConnectorSettings
 from alphaagent.domain.audit import ProbeAudit, discard_audit
 from alphaagent.environments import EnvironmentRegistry, StaticRegistry, builtin_local
@@ -36,6 +38,13 @@ class Backend:
     turns: TurnSettings = field(default_factory=TurnSettings)
     audit: ProbeAudit = discard_audit
     """Where requests for another user's things are recorded (``alphaagent.domain.audit``)."""
+    clock: Clock = field(default_factory=lambda: _process_clock())
+    """What the scope's lease is taken, renewed and waited for with (``alphaagent.clock``)."""
+
+
+def _process_clock() -> Clock:
+    """The process's clock, read when a backend is made (a test's fake clock, if it set one)."""
+    return clock.get_clock()
 
 
 __all__ = ["Backend", "ConnectorSettings", "TurnSettings"]

@@ -113,7 +113,7 @@ class _Lease:
         """Take over renewing a lease ``holder`` acquired elsewhere (the state machine's AcquireLock
         step). Raises ``ScopeBusyError`` if it is no longer ``holder``'s."""
         if not self.backend.store.renew_lock(
-            self.scope_key, self.holder, utcnow(), self.backend.turns.lock_lease_s
+            self.scope_key, self.holder, self.backend.clock.utcnow(), self.backend.turns.lock_lease_s
         ):
             raise ScopeBusyError(
                 f"{self.scope_key}: the lease of {self.holder} is gone; another turn may own it"
@@ -123,13 +123,13 @@ class _Lease:
     def acquire(self, say: Progress, label: str) -> None:
         """Take the lease, waiting up to ``TurnSettings.lock_wait_s`` for a busy scope (``label`` in
         messages); ``say`` is told when the wait starts, for how long at most, and when it ends."""
-        settings = self.backend.turns
-        started = time.monotonic()
+        settings, clock = self.backend.turns, self.backend.clock
+        started = clock.monotonic()
         deadline = started + settings.lock_wait_s
         delay = 0.05
         waited = False
         while not self.backend.store.acquire_lock(
-            self.scope_key, self.holder, utcnow(), settings.lock_lease_s
+            self.scope_key, self.holder, clock.utcnow(), settings.lock_lease_s
         ):
             if not waited:
                 waited = True
@@ -137,15 +137,15 @@ class _Lease:
                     f"{label} is busy: another turn is running there; waiting for it"
                     f" (at most {settings.lock_wait_s:g} s)"
                 )
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 raise ScopeBusyError(
                     f"{self.scope_key}: another turn is running there; waited {settings.lock_wait_s:g} s;"
                     " try again later"
                 )
-            time.sleep(delay)
+            clock.sleep(delay)
             delay = min(delay * 2, 1.0)
         if waited:
-            say(f"{label} is free after {time.monotonic() - started:.1f} s of waiting")
+            say(f"{label} is free after {clock.monotonic() - started:.1f} s of waiting")
         self._start_renewing()
 
     def _start_renewing(self) -> None:
@@ -153,9 +153,11 @@ class _Lease:
         self._thread.start()
 
     def _renew(self) -> None:
-        lease = self.backend.turns.lock_lease_s
+        lease, clock = self.backend.turns.lock_lease_s, self.backend.clock
+        # The renewals' pace is real time (the thread must wake while the turn runs); what a lease
+        # ends at is the clock's.
         while not self._stop.wait(lease / 3):
-            if not self.backend.store.renew_lock(self.scope_key, self.holder, utcnow(), lease):
+            if not self.backend.store.renew_lock(self.scope_key, self.holder, clock.utcnow(), lease):
                 self.lost = True  # paused past the lease (a sleeping laptop): another turn may own it
                 return
 

@@ -18,14 +18,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
+from assertions import assert_status
 from botocore.exceptions import ClientError
+from clocks import FakeClock
 from iam import Iam, Physical
-from moto import mock_aws
+from moto_account import MotoAccount
 from pydantic import ValidationError
 
-from alphaagent.aws import env_function, sync
+from alphaagent.aws import env_function, env_run, sync
 from alphaagent.aws.executor import (
     DESTINATION_HEADROOM_BYTES,
     MAX_ASYNC_PAYLOAD_BYTES,
@@ -34,9 +35,10 @@ from alphaagent.aws.executor import (
     LambdaExecutor,
 )
 from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
-from alphaagent.aws.store import DynamoStore, create_table
+from alphaagent.aws.store import DynamoStore
 from alphaagent.aws.sync import WorkingCopies
 from alphaagent.aws.workspace import S3Workspace
+from alphaagent.clock import SYSTEM_CLOCK, Clock, SystemClock
 from alphaagent.errors import (
     EnvDuplicateDeliveryError,
     EnvFunctionError,
@@ -57,6 +59,7 @@ from alphaagent.models.common import ConversationScope
 from alphaagent.models.records import RunRecord
 from alphaagent.models.run import FileChangeReport, RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.session import DEFAULT_STATE_MB
 from alphaagent.sandbox.supervisor import Sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,41 +99,41 @@ def sandbox() -> Iterator[Sandbox]:
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A moto account with the workspaces bucket and the state table; returns the S3 client."""
+def aws_region() -> str:
+    """The region of this module's moto account (the ``moto`` fixture of tests/conftest.py)."""
+    return REGION
+
+
+@pytest.fixture
+def aws(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The moto account with the workspaces bucket and the state table; returns the S3 client."""
     for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION,
+        "AWS_SECRET_ACCESS_KEY": SECRET,  # what test_the_run_sees_no_aws_variables looks for
         "POWERTOOLS_TRACE_DISABLED": "true",
         "WORKSPACES_BUCKET_NAME": BUCKET,
         "STATE_TABLE_NAME": TABLE,
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
     env_function.get_store.cache_clear()
     env_function.get_sqs.cache_clear()  # a client is bound to the moto account it was made in
     # invoke() runs the handler with the env function's role from template.yaml (tests/iam.py).
     iam = Iam((ROOT / "template.yaml").read_text(), Physical(REGION, ACCOUNT, names={"StateTable": TABLE}))
-    with mock_aws():
-        iam.install()
-        _IAM[:] = [iam]
-        try:
-            s3 = boto3.client("s3", region_name=REGION)
-            s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-            create_table(boto3.client("dynamodb", region_name=REGION), TABLE)
-            # The sample request's turn holds its scope's lease, as its execution does while it runs.
-            DynamoStore(TABLE).acquire_lock(SCOPE.key, TURN, datetime.now(UTC), 3600)
-            yield s3
-        finally:
-            iam.uninstall()
-            _IAM.clear()
-    env_function.get_env_settings.cache_clear()
-    env_function.get_store.cache_clear()
-    env_function.get_sqs.cache_clear()
+    iam.install()
+    _IAM[:] = [iam]
+    try:
+        s3 = moto.bucket(BUCKET)
+        moto.state_table(TABLE)
+        # The sample request's turn holds its scope's lease, as its execution does while it runs.
+        DynamoStore(TABLE).acquire_lock(SCOPE.key, TURN, datetime.now(UTC), 3600)
+        yield s3
+    finally:
+        iam.uninstall()
+        _IAM.clear()
+        env_function.get_env_settings.cache_clear()
+        env_function.get_store.cache_clear()
+        env_function.get_sqs.cache_clear()
     assert not iam.denied, iam.report()
 
 
@@ -187,6 +190,32 @@ def stored_result(workspace: S3Workspace, run_id: str = RUN_ID) -> RunResult:
     return RunResult.model_validate_json(workspace.read_bytes(SCOPE, f"work/runs/{run_id}/result.json"))
 
 
+MARGIN_S = env_run.sync_margin_s(DEFAULT_STATE_MB * 2**20)
+"""Seconds the handler keeps back from a run for what follows it, at the default 512 MiB state cap."""
+
+
+def context_leaving(seconds: float) -> Context:
+    """A context whose invocation leaves the run ``seconds`` once the sync margin is kept back."""
+    return Context(remaining_ms=round((MARGIN_S + seconds) * 1000))
+
+
+class TimedSandbox:
+    """The test sandbox, each run of which also takes ``seconds`` on ``clock`` (a run that ends after
+    its caller stopped waiting, without a test that waits that long)."""
+
+    def __init__(self, box: Sandbox, clock: FakeClock, seconds: float) -> None:
+        self.box, self.clock, self.seconds = box, clock, seconds
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.box.info
+
+    def run(self, *args: Any, **kwargs: Any) -> RunResult:
+        result = self.box.run(*args, **kwargs)
+        self.clock.advance(self.seconds)
+        return result
+
+
 # ----------------------------------------------------------------------------- the env function
 
 
@@ -214,7 +243,8 @@ def test_a_run_reads_synced_files_and_its_changes_reach_the_bucket(aws: Any, wor
     assert "reports/gone.md" not in objects
     # And the claim check holds the run result, the answer is the pointer to it
     result = stored_result(workspace)
-    assert (result.run_id, result.status, result.stdout) == (RUN_ID, "ok", "read: count the rows\n")
+    assert_status(result, "ok")
+    assert (result.run_id, result.stdout) == (RUN_ID, "read: count the rows\n")
     assert result.files == FileChangeReport(
         created=["datasets/x.csv"], modified=["datasets/old.csv"], deleted=["reports/gone.md"]
     )
@@ -385,7 +415,8 @@ def test_an_error_in_user_code_is_a_result_with_a_pointer(workspace: S3Workspace
     # Then the function still answers with a pointer, and the error is data in the result
     assert answer == EnvPointer(run_id=RUN_ID, status="error", result_key=RESULT_KEY).model_dump()
     result = stored_result(workspace)
-    assert result.status == "error" and result.stdout == "before\n"
+    assert_status(result, "error")
+    assert result.stdout == "before\n"
     assert result.error is not None and result.error.name == "ZeroDivisionError"
 
 
@@ -410,6 +441,27 @@ def test_a_scope_over_the_sync_cap_is_refused_naming_its_size_and_the_cap(
     assert RESULT_KEY not in objects and "reports/ran.md" not in objects
     assert objects["datasets/big.bin"] == b"b" * 1000
     assert not workspace.local_root(SCOPE).exists()
+
+
+def test_the_sessions_state_counts_against_the_sync_cap(
+    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a 1,500-byte sync cap, a scope of 1,010 bytes and the run's session's state of 1,000 bytes
+    # (both share /tmp with what the run writes)
+    monkeypatch.setenv("ENV_SYNC_MAX_BYTES", "1500")
+    env_function.get_env_settings.cache_clear()
+    workspace.write_bytes(SCOPE, "docs/small.txt", b"s" * 10)
+    workspace.write_bytes(SCOPE, "datasets/big.bin", b"b" * 1000)
+    workspace.write_bytes(SCOPE, f"work/sessions/{EVENT['session_id']}/objects.bin", b"o" * 1000)
+
+    # When a run is asked for, Then it fails naming the scope's bytes, the state's bytes and the cap
+    with pytest.raises(EnvScopeTooLargeError) as raised:
+        invoke("open('reports/ran.md', 'w').write('ran')")
+    assert str(raised.value).startswith(
+        f"scope {SCOPE.key}: its files are 1,010 bytes (0.0 MiB) in 2 files and the session state 1,000"
+        " bytes (0.0 MiB), over the sync cap of 1,500 bytes"
+    )
+    assert "reports/ran.md" not in scope_objects(aws) and not workspace.local_root(SCOPE).exists()
 
 
 def test_the_run_sees_no_aws_variables(workspace: S3Workspace) -> None:
@@ -453,16 +505,19 @@ def test_a_second_delivery_of_the_same_request_does_not_run_the_code_again(
     assert scope_objects(aws)["datasets/runs.txt"] == b"ran\n"
 
 
-def test_the_run_timeout_is_cut_to_the_time_the_invocation_has_left(workspace: S3Workspace) -> None:
-    # Given an invocation with 31.5 s left (30 s are kept for the sync) and a run allowed 60 s
-    context = Context(remaining_ms=31_500)
+def test_the_run_timeout_is_cut_to_the_time_the_invocation_has_left(
+    workspace: S3Workspace, fake_clock: FakeClock
+) -> None:
+    # Given an invocation with 1.5 s left once the sync margin is kept back (on a clock that stands
+    # still while the scope syncs), and a run allowed 60 s
+    context = context_leaving(1.5)
 
     # When the code sleeps longer than what is left
-    answer = invoke("import time\ntime.sleep(10)", context)
+    invoke("import time\ntime.sleep(10)", context)
 
     # Then the run timed out after 1.5 s, its result says so, and it was still synced
-    assert answer["status"] == "timeout"
     result = stored_result(workspace)
+    assert_status(result, "timeout")
     assert result.limits["timeout_s"] == 1.5
     assert result.reason is not None and "1.5 s" in result.reason
 
@@ -494,10 +549,10 @@ def test_invocations_sharing_the_working_copies_take_turns(tmp_path: Path) -> No
     entered = threading.Event()
 
     def second_invocation() -> None:
-        with env_function.one_invocation_at_a_time(local_dir):
+        with env_run.one_invocation_at_a_time(local_dir):
             entered.set()
 
-    with env_function.one_invocation_at_a_time(local_dir):
+    with env_run.one_invocation_at_a_time(local_dir):
         # When a second one starts meanwhile (a thread of the same process, or another process)
         thread = threading.Thread(target=second_invocation)
         thread.start()
@@ -508,15 +563,33 @@ def test_invocations_sharing_the_working_copies_take_turns(tmp_path: Path) -> No
     thread.join()
 
 
-def test_settings_default_the_sync_budget_to_2_gib(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_leave_the_sync_cap_to_the_size_of_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKSPACES_BUCKET_NAME", BUCKET)
     monkeypatch.setenv("STATE_TABLE_NAME", TABLE)
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
     env_function.get_env_settings.cache_clear()
     try:
-        assert env_function.get_env_settings().ENV_SYNC_MAX_BYTES == 2 * 2**30
+        assert env_function.get_env_settings().ENV_SYNC_MAX_BYTES is None
     finally:
         env_function.get_env_settings.cache_clear()
+
+
+def test_the_sync_cap_is_half_of_tmp_and_a_setting_only_lowers_it(tmp_path: Path) -> None:
+    # Given builtin's 4,096 MiB of ephemeral storage (template.yaml) or an environment stack's 10 GiB
+    # Then half of it is the cap, and ENV_SYNC_MAX_BYTES may lower it but not raise it
+    assert env_run.sync_cap_bytes(None, 4096 * 2**20) == 2 * 2**30
+    assert env_run.sync_cap_bytes(None, 10 * 2**30) == 5 * 2**30
+    assert env_run.sync_cap_bytes(100, 4096 * 2**20) == 100
+    assert env_run.sync_cap_bytes(3 * 2**30, 4096 * 2**20) == 2 * 2**30
+    # And /tmp's size is read from the filesystem that will hold the working copies, before they exist
+    info = os.statvfs(tmp_path)
+    assert env_run.tmp_size_bytes(tmp_path / "working-copies" / "x") == info.f_blocks * info.f_frsize
+
+
+def test_the_sync_margin_leaves_time_for_the_largest_state_upload() -> None:
+    # The 512 MiB state cap and its 64 MiB slack at 32 MiB/s: 18 s on top of the 30 s for the run's files
+    assert env_run.sync_margin_s(512 * 2**20) == 48.0
+    assert env_run.sync_margin_s(2**20) == pytest.approx(32.03, abs=0.01)
 
 
 # ----------------------------------------------------------------------------- the Lambda executor
@@ -570,8 +643,8 @@ class FakeLambda:
 
 
 @pytest.fixture
-def store(aws: Any) -> DynamoStore:
-    return DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION))
+def store(aws: Any, moto: MotoAccount) -> DynamoStore:
+    return DynamoStore(TABLE, client=moto.client("dynamodb"))
 
 
 def executor_with(
@@ -655,17 +728,19 @@ def test_a_late_duplicate_of_a_finished_run_answers_with_its_result(aws: Any, wo
 
 
 def test_a_run_that_ends_after_its_caller_gave_up_changes_nothing_in_the_scope(
-    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+    aws: Any,
+    workspace: S3Workspace,
+    sandbox: Sandbox,
+    fake_clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given a request that is on time when it starts, and a clock that has passed its not_after
-    # by the time the run ends (the executor has given up, the turn may have moved on)
-    start = time.time()
-    readings = iter([start, start])
-    monkeypatch.setattr(env_function, "now", lambda: next(readings, start + 3600))
+    # Given a request that is on time when it starts, and a run that takes 15 minutes: its not_after
+    # has passed by the time the run ends (the executor has given up; the turn's lease still holds)
+    monkeypatch.setattr(env_function, "get_sandbox", lambda: TimedSandbox(sandbox, fake_clock, 900))
 
     # When the env function runs it
     with pytest.raises(EnvRequestExpiredError, match="the caller stopped waiting before the run was synced"):
-        invoke("open('reports/zombie.md', 'w').write('zombie')", not_after=start + 600)
+        invoke("open('reports/zombie.md', 'w').write('zombie')", not_after=fake_clock.time() + 600)
 
     # Then neither the run's files nor a claim check reached the scope, and the working copy is gone
     assert "reports/zombie.md" not in scope_objects(aws)
@@ -871,32 +946,30 @@ def test_the_executor_needs_the_origin(workspace: S3Workspace, store: DynamoStor
 
 
 def test_the_sync_stops_once_the_caller_gave_up_and_writes_no_result(
-    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+    aws: Any, workspace: S3Workspace, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a run that writes 20 files, and a clock that passes the request's not_after once five
-    # uploads are done (a slow S3, many files: the executor gives up while the sync is going on)
-    start = time.time()
+    # Given a run that writes 20 files, and uploads so slow that the request's not_after passes once
+    # five are done (many files: the executor gives up while the sync is going on)
+    not_after = fake_clock.time() + 600
     real_put = workspace.client.put_object
     done: list[str] = []
     late: list[str] = []
 
-    def clock() -> float:
-        return start + (3600 if len(done) >= 5 else 0)
-
     def put_object(**kwargs: Any) -> Any:
-        if kwargs["Key"].startswith(f"{SCOPE.key}/datasets/") and clock() > start + 600:
+        if kwargs["Key"].startswith(f"{SCOPE.key}/datasets/") and fake_clock.time() > not_after:
             late.append(kwargs["Key"])
         answer = real_put(**kwargs)
         done.append(kwargs["Key"])
+        if len(done) == 5:
+            fake_clock.advance(900)
         return answer
 
     monkeypatch.setattr(workspace.client, "put_object", put_object)
-    monkeypatch.setattr(env_function, "now", clock)
     code = "for i in range(20):\n    open(f'datasets/f{i:02}.csv', 'w').write('x')\n"
 
     # When the env function runs it
     with pytest.raises(EnvRequestExpiredError, match="before the run was synced"):
-        invoke(code, not_after=start + 600)
+        invoke(code, not_after=not_after)
 
     # Then no upload started after not_after, and there is no claim check (the run has no result)
     assert late == []
@@ -921,7 +994,7 @@ def test_a_run_whose_turn_loses_the_scope_stops_syncing(
     # Given a run that writes 20 files, and the turn's lease taken over after the third upload (its
     # execution was aborted and the next turn started), with every lease check reading the table and
     # one upload at a time (so "after the third" is exact)
-    monkeypatch.setattr(env_function, "LEASE_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(env_run, "LEASE_CHECK_INTERVAL_S", 0.0)
     monkeypatch.setattr(env_function, "working_copies", lambda ws: WorkingCopies(ws, pool_size=1))
     store, real_put = DynamoStore(TABLE), workspace.client.put_object
     uploads: list[str] = []
@@ -971,17 +1044,34 @@ def ran_files(s3: Any) -> list[str]:
 
 
 def deliver(
-    request: EnvRequest, workspace: S3Workspace, sandbox: Sandbox, seconds_left: float = 900.0
+    request: EnvRequest,
+    workspace: S3Workspace,
+    sandbox: Sandbox,
+    seconds_left: float = 900.0,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> EnvPointer:
     """One delivery of ``request`` as ``lambda_handler`` makes it, with ``seconds_left`` in the invocation."""
-    return env_function.run_request(
+    return env_run.run_request(
         request,
         workspace=workspace,
         store=DynamoStore(TABLE),
         sandbox=sandbox,
         max_sync_bytes=2**30,
         time_left_s=lambda: seconds_left,
+        clock=clock,
     )
+
+
+class PauseRecordingClock(SystemClock):
+    """The real clock, recording every pause asked of it (seconds): two deliveries in two threads
+    need real time to pass while one of them waits for the other."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        super().sleep(seconds)
 
 
 def test_two_deliveries_at_the_same_time_run_the_code_once(
@@ -989,13 +1079,7 @@ def test_two_deliveries_at_the_same_time_run_the_code_once(
 ) -> None:
     # Given two execution environments (own working copies, so no local lock orders them) and the
     # pauses of a delivery that waits for another one's result
-    waits: list[float] = []
-
-    def pause(seconds: float) -> None:
-        waits.append(seconds)
-        time.sleep(seconds)
-
-    monkeypatch.setattr(env_function, "sleep", pause)
+    clock = PauseRecordingClock()
     request = EnvRequest.model_validate({**EVENT, "code": RAN_ONCE_CODE})
     answers: list[EnvPointer] = []
     errors: list[BaseException] = []
@@ -1005,7 +1089,7 @@ def test_two_deliveries_at_the_same_time_run_the_code_once(
         workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / f"env{number}" / "working-copies")
         start.wait()
         try:
-            answers.append(deliver(request, workspace, sandbox))
+            answers.append(deliver(request, workspace, sandbox, clock=clock))
         except BaseException as error:  # reported by the assertion below
             errors.append(error)
 
@@ -1022,34 +1106,31 @@ def test_two_deliveries_at_the_same_time_run_the_code_once(
     assert len(answers) == 2 and answers[0] == answers[1]
     assert answers[0] == EnvPointer(run_id=RUN_ID, status="ok", result_key=RESULT_KEY)
     # And one of them waited for the other's result instead of running
-    assert waits
+    assert clock.sleeps
     # And the claim marker is gone once the result exists
     assert CLAIM_KEY not in scope_objects(aws)
 
 
 def test_a_delivery_that_finds_the_run_claimed_waits_for_the_result_and_runs_nothing(
-    aws: Any, workspace: S3Workspace, sandbox: Sandbox
+    aws: Any, workspace: S3Workspace, sandbox: Sandbox, fake_clock: FakeClock
 ) -> None:
-    # Given a run claimed by another delivery, which writes its result 0.3 s later
+    # Given a run claimed by another delivery, which writes its result a quarter of a second later
     workspace.write_bytes(
-        SCOPE, CLAIM_KEY, json.dumps({"run_id": RUN_ID, "claimed_at": time.time()}).encode()
+        SCOPE, CLAIM_KEY, json.dumps({"run_id": RUN_ID, "claimed_at": fake_clock.time()}).encode()
     )
     winner = a_result().model_copy(update={"status": "error"})
-
-    def the_other_delivery_finishes() -> None:
-        time.sleep(0.3)
-        workspace.write_bytes(SCOPE, RESULT_KEY, winner.model_dump_json().encode())
-
-    other = threading.Thread(target=the_other_delivery_finishes)
-    other.start()
+    fake_clock.after(
+        0.25, lambda: workspace.write_bytes(SCOPE, RESULT_KEY, winner.model_dump_json().encode())
+    )
 
     # When this delivery of the same request arrives
     request = EnvRequest.model_validate({**EVENT, "code": RAN_ONCE_CODE})
-    answer = deliver(request, workspace, sandbox)
-    other.join()
+    answer = deliver(request, workspace, sandbox, clock=fake_clock)
 
-    # Then it returns the other delivery's pointer, its status included, without running the code
+    # Then it returns the other delivery's pointer, its status included, without running the code,
+    # having looked again with growing pauses until the result was there
     assert answer == EnvPointer(run_id=RUN_ID, status="error", result_key=RESULT_KEY)
+    assert fake_clock.sleeps == [0.1, 0.2]
     assert ran_files(aws) == []
     assert stored_result(workspace) == winner
     # And the marker is the other delivery's to remove
@@ -1057,53 +1138,55 @@ def test_a_delivery_that_finds_the_run_claimed_waits_for_the_result_and_runs_not
 
 
 def test_a_delivery_whose_other_delivery_never_finishes_gives_up_within_the_invocation(
-    aws: Any, workspace: S3Workspace
+    aws: Any, workspace: S3Workspace, fake_clock: FakeClock
 ) -> None:
     # Given a run claimed by another delivery that never writes a result
     workspace.write_bytes(SCOPE, CLAIM_KEY, b'{"run_id": "x", "claimed_at": 0}')
-    # And an invocation with 30.3 s left, of which 30 s are kept back: 0.3 s to wait
-    context = Context(remaining_ms=30_300)
+    # And an invocation with 0.3 s left to wait once the sync margin is kept back
+    context = context_leaving(0.3)
 
     # When the same request is delivered
-    started = time.monotonic()
     with pytest.raises(EnvDuplicateDeliveryError, match="not run a second time"):
         invoke(RAN_ONCE_CODE, context)
 
     # Then it gave up after its bounded wait, having run nothing and written no result
-    assert 0.25 <= time.monotonic() - started < 3
+    assert sum(fake_clock.sleeps) == pytest.approx(0.3)
     assert ran_files(aws) == []
     assert RESULT_KEY not in scope_objects(aws)
 
 
-def test_a_delivery_waits_for_the_result_no_longer_than_its_caller(aws: Any, workspace: S3Workspace) -> None:
+def test_a_delivery_waits_for_the_result_no_longer_than_its_caller(
+    aws: Any, workspace: S3Workspace, fake_clock: FakeClock
+) -> None:
     # Given a run claimed by another delivery that never writes a result, and a caller that waits
     # 0.4 s more (the invocation itself has 15 minutes)
     workspace.write_bytes(SCOPE, CLAIM_KEY, b'{"run_id": "x", "claimed_at": 0}')
 
     # When the same request is delivered
-    started = time.monotonic()
     with pytest.raises(EnvDuplicateDeliveryError, match=RUN_ID):
-        invoke(RAN_ONCE_CODE, not_after=time.time() + 0.4)
+        invoke(RAN_ONCE_CODE, not_after=fake_clock.time() + 0.4)
 
     # Then it gives up when the caller stops waiting, having run nothing
-    assert 0.3 <= time.monotonic() - started < 3
+    assert sum(fake_clock.sleeps) == pytest.approx(0.4)
     assert ran_files(aws) == []
 
 
 def test_a_failed_run_keeps_its_claim_so_a_later_delivery_does_not_run_it_again(
-    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+    aws: Any,
+    workspace: S3Workspace,
+    sandbox: Sandbox,
+    fake_clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a run that ended after its caller stopped waiting (no result kept, a platform failure)
-    start = time.time()
-    readings = iter([start, start])
-    monkeypatch.setattr(env_function, "now", lambda: next(readings, start + 3600))
+    monkeypatch.setattr(env_function, "get_sandbox", lambda: TimedSandbox(sandbox, fake_clock, 900))
     with pytest.raises(EnvRequestExpiredError):
-        invoke(RAN_ONCE_CODE.replace("0.5", "0"), not_after=start + 600)
-    monkeypatch.setattr(env_function, "now", time.time)
+        invoke(RAN_ONCE_CODE.replace("0.5", "0"), not_after=fake_clock.time() + 600)
+    monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
 
     # When the same request is delivered again, with time to spare but no result ever coming
     with pytest.raises(EnvDuplicateDeliveryError):
-        invoke(RAN_ONCE_CODE, Context(remaining_ms=30_200))
+        invoke(RAN_ONCE_CODE, context_leaving(0.2))
 
     # Then the code was not run a second time: its marker stays and nothing reached the scope
     assert CLAIM_KEY in scope_objects(aws)
@@ -1119,8 +1202,8 @@ def test_run_code_cannot_claim_another_run_in_advance(aws: Any, workspace: S3Wor
     assert f"work/runs/{later}/claim.json" not in scope_objects(aws)
 
     # When the later run is delivered, Then it runs (its marker was never uploaded)
-    answer = invoke("open('reports/later.md', 'w').write('ran')", run_id=later)
-    assert answer["status"] == "ok"
+    invoke("open('reports/later.md', 'w').write('ran')", run_id=later)
+    assert_status(stored_result(workspace, later), "ok")
     assert scope_objects(aws)["reports/later.md"] == b"ran"
 
 
@@ -1172,13 +1255,13 @@ def test_open_files_and_processes_over_lambdas_quotas_are_cut_and_named(workspac
     limits = {**EVENT["limits"], "open_files": 4096, "processes": 2048}
 
     # When it runs
-    answer = invoke("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])", limits=limits)
+    invoke("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])", limits=limits)
 
     # Then the run had Lambda's 1,024 descriptors, and its result names both limits that were cut
-    assert answer["status"] == "ok"
     result = stored_result(workspace)
-    assert result.stdout.strip() == str(env_function.LAMBDA_FILE_DESCRIPTORS)
-    most = env_function.LAMBDA_PROCESSES - env_function.PLATFORM_PROCESS_RESERVE
+    assert_status(result, "ok")
+    assert result.stdout.strip() == str(env_run.LAMBDA_FILE_DESCRIPTORS)
+    most = env_run.LAMBDA_PROCESSES - env_run.PLATFORM_PROCESS_RESERVE
     assert (result.limits["open_files"], result.limits["processes"]) == (1024, most)
     clamped = str(result.limits["clamped"])
     assert "open_files 4096 -> 1024" in clamped and f"processes 2048 -> {most}" in clamped
@@ -1398,11 +1481,11 @@ def result_reads(s3: Any) -> list[str]:
 
 
 def test_the_executor_learns_of_the_result_from_the_notice_without_polling(
-    aws: Any, workspace: S3Workspace, store: DynamoStore
+    moto: MotoAccount, workspace: S3Workspace, store: DynamoStore
 ) -> None:
     # Given a coder process's notice queue, and an env function that writes the claim check after
     # 0.5 s and then sends the notice, as the real one does
-    sqs = boto3.client("sqs", region_name=REGION)
+    sqs = moto.client("sqs")
     notices = RunNotices(sqs)
     sent: list[float] = []
 
@@ -1432,10 +1515,10 @@ def test_the_executor_learns_of_the_result_from_the_notice_without_polling(
 
 
 def test_a_lost_notice_falls_back_to_a_slow_poll(
-    aws: Any, workspace: S3Workspace, store: DynamoStore
+    moto: MotoAccount, workspace: S3Workspace, store: DynamoStore
 ) -> None:
     # Given an env function that writes the claim check but whose notice never arrives
-    notices = RunNotices(boto3.client("sqs", region_name=REGION))
+    notices = RunNotices(moto.client("sqs"))
 
     def the_function(request: EnvRequest) -> None:
         time.sleep(0.2)
@@ -1455,9 +1538,11 @@ def test_a_lost_notice_falls_back_to_a_slow_poll(
     assert time.monotonic() - started < 10
 
 
-def test_the_env_function_sends_the_notice_after_the_claim_check(aws: Any, workspace: S3Workspace) -> None:
+def test_the_env_function_sends_the_notice_after_the_claim_check(
+    moto: MotoAccount, workspace: S3Workspace
+) -> None:
     # Given the notice queue of the coder process that invokes
-    sqs = boto3.client("sqs", region_name=REGION)
+    sqs = moto.client("sqs")
     with _IAM[0].acting_as("CoderTaskRole"):
         url = RunNotices(sqs).queue_url
     # When the env function runs a request naming it
@@ -1493,8 +1578,10 @@ def test_a_sessions_state_travels_through_s3_to_the_next_invocation(
 ) -> None:
     # Given the env function with multipart uploads from 5 MiB, and a run that leaves a number and a
     # 6 MB array in its session
-    workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / "wc", multipart_bytes=5 * 2**20)
+    workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / "wc")
+    copies = WorkingCopies(workspace, multipart_bytes=5 * 2**20)
     monkeypatch.setattr(env_function, "get_workspace", lambda: workspace)
+    monkeypatch.setattr(env_function, "working_copies", lambda _workspace: copies)
     monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
     workspace.ensure_scope(SCOPE)
     uploads: list[str] = []
@@ -1515,6 +1602,10 @@ def test_a_sessions_state_travels_through_s3_to_the_next_invocation(
         for name in ("manifest.json", manifest["pickle"], *(b["file"] for b in manifest["buffers"]))
     }
     assert any(key.endswith(".bin") for key in uploads), "the 6 MB buffer went by multipart upload"
+    # And each carries the tag the lifecycle rule expires old state versions by (template.yaml)
+    for path in state:
+        tags = aws.get_object_tagging(Bucket=BUCKET, Key=f"{SCOPE.key}/{path}")["TagSet"]
+        assert tags == [{"Key": "alphaagent-kind", "Value": "session-state"}], path
     # And the next invocation lands in another execution environment: no working copy, S3 alone
     shutil.rmtree(workspace.local_dir)
 

@@ -1,6 +1,6 @@
 """What only the S3 conversation filesystem shows, under moto (DESIGN §4.2): the key layout, one object
 version per write, paging, multipart uploads, blob copies pinned to a version, and the env function's
-sync that never follows a symlink (PATH-01). The behaviour both Workspace adapters share (path rules,
+working copy (``alphaagent.aws.sync``) that never follows a symlink (PATH-01). The behaviour both Workspace adapters share (path rules,
 NFC names, listing, blobs) is the contract suite, tests/integration/test_workspace_contract.py."""
 
 from __future__ import annotations
@@ -16,15 +16,8 @@ import pytest
 from botocore.exceptions import ClientError
 from moto_account import MotoAccount
 
-from alphaagent.aws.workspace import (
-    SKIP_LOCAL_UNSAFE,
-    SKIP_NOT_REGULAR,
-    SKIP_OVER_BUDGET,
-    SKIP_PATH_RULE,
-    S3Workspace,
-    SkippedFile,
-    workspaces_bucket_name,
-)
+from alphaagent.aws.sync import SKIP_NOT_REGULAR, SKIP_PATH_RULE, SkippedFile, WorkingCopies
+from alphaagent.aws.workspace import S3Workspace, workspaces_bucket_name
 from alphaagent.errors import FileChangedError, RetryableError
 from alphaagent.local import safefs
 from alphaagent.models.common import ConversationScope, NodeScope
@@ -41,7 +34,13 @@ def s3(moto: MotoAccount) -> Any:
 
 @pytest.fixture
 def workspace(s3: Any, tmp_path: Path) -> S3Workspace:
-    return S3Workspace(BUCKET, client=s3, local_dir=tmp_path / "work", multipart_bytes=5 * MiB)
+    return S3Workspace(BUCKET, client=s3, local_dir=tmp_path / "work")
+
+
+@pytest.fixture
+def copies(workspace: S3Workspace) -> WorkingCopies:
+    """The env function's working copies of ``workspace``, with multipart transfers from 5 MiB."""
+    return WorkingCopies(workspace, multipart_bytes=5 * MiB)
 
 
 @pytest.fixture
@@ -115,10 +114,10 @@ def test_the_client_is_created_on_first_use_from_the_environment(s3: Any, tmp_pa
 
 def test_a_multipart_size_below_the_s3_minimum_part_is_refused(tmp_path: Path) -> None:
     # Given a multipart size under S3's 5 MiB minimum part size
-    # When a workspace is configured with it
+    # When the working copies are configured with it
     # Then it is refused, naming the limit
     with pytest.raises(ValueError, match=str(5 * MiB)):
-        S3Workspace(BUCKET, local_dir=tmp_path, multipart_bytes=MiB)
+        WorkingCopies(S3Workspace(BUCKET, local_dir=tmp_path), multipart_bytes=MiB)
 
 
 # -- writes and listing --------------------------------------------------------------------------------
@@ -171,30 +170,8 @@ def test_a_key_with_an_empty_segment_is_not_listed_and_is_reported(
 # -- the env function's working copy: sync down, sync up (PATH-01) ---------------------------------------
 
 
-def test_sync_down_brings_only_the_asked_folders_within_the_byte_budget(
-    workspace: S3Workspace, scope: ConversationScope
-) -> None:
-    # Given a scope with documents, datasets and reports
-    workspace.write_bytes(scope, "docs/a.txt", b"a" * 10)
-    workspace.write_bytes(scope, "datasets/b.csv", b"b" * 10)
-    workspace.write_bytes(scope, "datasets/c.csv", b"c" * 10)
-    workspace.write_bytes(scope, "reports/r.md", b"r" * 10)
-
-    # When docs/ and datasets/ are synced down with a 25-byte budget
-    report = workspace.sync_down(scope, ["docs", "datasets"], max_bytes=25)
-
-    # Then files in path order fill the budget, the rest is reported, and reports/ is not fetched
-    root = workspace.local_root(scope)
-    assert report.transferred == ["datasets/b.csv", "datasets/c.csv"]
-    assert report.bytes_transferred == 20
-    assert report.skipped == [SkippedFile("docs/a.txt", SKIP_OVER_BUDGET)]
-    assert (root / "datasets/b.csv").read_bytes() == b"b" * 10
-    assert (root / "datasets/c.csv").read_bytes() == b"c" * 10
-    assert not (root / "docs/a.txt").exists() and not (root / "reports").exists()
-
-
 def test_sync_down_never_writes_through_a_symlink_in_the_working_copy(
-    workspace: S3Workspace, scope: ConversationScope, tmp_path: Path
+    workspace: S3Workspace, copies: WorkingCopies, scope: ConversationScope, tmp_path: Path
 ) -> None:
     # Given a working copy where earlier code planted links: a file link and a linked folder
     outside = tmp_path / "outside"
@@ -207,21 +184,29 @@ def test_sync_down_never_writes_through_a_symlink_in_the_working_copy(
     workspace.write_bytes(scope, "docs/a.txt", b"from s3")
     workspace.write_bytes(scope, "datasets/b.csv", b"from s3")
 
-    # When the scope is synced down
-    report = workspace.sync_down(scope, [""], max_bytes=MiB)
+    # When the scope is synced down, cold (no record of the copy) and again warm after new links
+    cold = copies.sync_down(scope, max_bytes=MiB)
+    os.symlink(outside / "target.txt", root / "reports/planted.md")
+    (root / "docs/a.txt").unlink()
+    os.symlink(outside / "target.txt", root / "docs/a.txt")
+    warm = copies.sync_down(scope, max_bytes=MiB)
 
-    # Then both files are skipped as unsafe and nothing outside changed
-    assert report.transferred == []
-    assert sorted(report.skipped, key=lambda item: item.path) == [
-        SkippedFile("datasets/b.csv", SKIP_LOCAL_UNSAFE),
-        SkippedFile("docs/a.txt", SKIP_LOCAL_UNSAFE),
-    ]
+    # Then the links were removed, never followed: the files are S3's, and nothing outside changed
+    assert (cold.transferred, cold.skipped) == (["datasets/b.csv", "docs/a.txt"], [])
+    assert (warm.transferred, warm.skipped, warm.kept) == (["docs/a.txt"], [], 1)
+    for path in ("docs/a.txt", "datasets/b.csv"):
+        assert not (root / path).is_symlink() and (root / path).read_bytes() == b"from s3"
+    assert not os.path.lexists(root / "reports/planted.md")
     assert sorted(os.listdir(outside)) == ["target.txt"]
     assert (outside / "target.txt").read_bytes() == b"MARKER"
 
 
 def test_sync_up_uploads_regular_files_only_and_reports_links_and_bad_paths(
-    s3: Any, workspace: S3Workspace, scope: ConversationScope, other: ConversationScope
+    s3: Any,
+    workspace: S3Workspace,
+    copies: WorkingCopies,
+    scope: ConversationScope,
+    other: ConversationScope,
 ) -> None:
     # Given a working copy where user code wrote a report and planted the PATH-01 links and a FIFO
     root = workspace.local_root(scope)
@@ -235,7 +220,7 @@ def test_sync_up_uploads_regular_files_only_and_reports_links_and_bad_paths(
     before = bucket_contents(s3)
 
     # When the run's changed paths (as the sandbox reported them) are synced up
-    report = workspace.sync_up(
+    report = copies.sync_up(
         scope,
         [
             "reports/real.md",
@@ -249,12 +234,12 @@ def test_sync_up_uploads_regular_files_only_and_reports_links_and_bad_paths(
 
     # Then only the regular file is uploaded; every other name is skipped and reported
     assert report.transferred == ["reports/real.md"]
-    assert report.skipped == [
-        SkippedFile("reports/env.txt", SKIP_NOT_REGULAR),
-        SkippedFile("work/runner_src/lib/os.py", SKIP_NOT_REGULAR),
-        SkippedFile("datasets/users.csv", SKIP_NOT_REGULAR),
-        SkippedFile("work/pipe", SKIP_NOT_REGULAR),
+    assert sorted(report.skipped, key=lambda item: item.path) == [
         SkippedFile("../../conv-OTHER/reports/leak.md", SKIP_PATH_RULE),
+        SkippedFile("datasets/users.csv", SKIP_NOT_REGULAR),
+        SkippedFile("reports/env.txt", SKIP_NOT_REGULAR),
+        SkippedFile("work/pipe", SKIP_NOT_REGULAR),
+        SkippedFile("work/runner_src/lib/os.py", SKIP_NOT_REGULAR),
     ]
     after = bucket_contents(s3)
     assert after.pop("conversations/c1/reports/real.md") == b"# real\n"
@@ -262,7 +247,10 @@ def test_sync_up_uploads_regular_files_only_and_reports_links_and_bad_paths(
 
 
 def test_sync_up_reports_a_file_the_run_made_unreadable_and_uploads_the_rest(
-    s3: Any, workspace: S3Workspace, scope: ConversationScope, monkeypatch: pytest.MonkeyPatch
+    workspace: S3Workspace,
+    copies: WorkingCopies,
+    scope: ConversationScope,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a working copy with two reports, one of which the run made unreadable (chmod 000; the
     # open fails as it would for the function's non-root user: root reads through any mode)
@@ -280,7 +268,7 @@ def test_sync_up_reports_a_file_the_run_made_unreadable_and_uploads_the_rest(
     monkeypatch.setattr(safefs, "open_regular", open_regular)
 
     # When both are synced up
-    report = workspace.sync_up(scope, ["reports/locked.md", "reports/ok.md"])
+    report = copies.sync_up(scope, ["reports/locked.md", "reports/ok.md"])
 
     # Then the readable one is uploaded and the other reported, not raised as a platform failure
     assert report.transferred == ["reports/ok.md"]
@@ -288,7 +276,7 @@ def test_sync_up_reports_a_file_the_run_made_unreadable_and_uploads_the_rest(
 
 
 def test_sync_up_sends_a_large_file_by_multipart_upload(
-    s3: Any, workspace: S3Workspace, scope: ConversationScope
+    s3: Any, workspace: S3Workspace, copies: WorkingCopies, scope: ConversationScope
 ) -> None:
     # Given an 11 MiB dataset in the working copy and a 5 MiB multipart size
     root = workspace.local_root(scope)
@@ -297,7 +285,7 @@ def test_sync_up_sends_a_large_file_by_multipart_upload(
     (root / "datasets/big.bin").write_bytes(content)
 
     # When it is synced up
-    report = workspace.sync_up(scope, ["datasets/big.bin"])
+    report = copies.sync_up(scope, ["datasets/big.bin"])
 
     # Then it went in three parts (S3's ETag of a multipart object ends in -<parts>) and reads back whole
     assert report.transferred == ["datasets/big.bin"] and report.bytes_transferred == 11 * MiB

@@ -21,7 +21,6 @@ from alphaagent.errors import PathRuleError
 from alphaagent.local.workspace import LocalWorkspace
 from alphaagent.models.common import ConversationScope, Scope
 
-MiB = 2**20
 BUCKET = workspaces_bucket_name("123456789012", "us-east-1")
 
 
@@ -67,7 +66,7 @@ def _local(tmp_path: Path) -> Adapter:
 
 def _s3(request: pytest.FixtureRequest, tmp_path: Path) -> Adapter:
     s3 = request.getfixturevalue("moto").bucket(BUCKET, versioned=True)
-    workspace = S3Workspace(BUCKET, client=s3, local_dir=tmp_path / "work", multipart_bytes=5 * MiB)
+    workspace = S3Workspace(BUCKET, client=s3, local_dir=tmp_path / "work")
 
     def stored() -> dict[str, bytes]:
         found: dict[str, bytes] = {}
