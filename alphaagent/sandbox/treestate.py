@@ -9,16 +9,42 @@ after-state of one run is the before-state of the next, and the after-walk is in
   editing a file). If nothing did, the kept state is reused as is; if something did (or inotify is
   not available), a refresh walk folds those changes into the state *without* reporting them, so a
   write by someone else is never passed off as the run's.
-- **After a run: directories are listed only when they changed.** A directory whose (dev, ino,
+- **After a run, at the ``namespaces`` level: only what inotify's events name** (``update`` with
+  ``trust_events``). Every directory of the tree is watched (the watch is added before it is
+  listed). A directory that had an entry created, deleted or renamed is listed again (a new
+  subdirectory is walked whole); an entry named by any other event is lstat'ed; nothing else is
+  looked at. Why that sees every change the run made (checked on Linux 6.18):
+
+  - a write, ``truncate``, ``fallocate``, ``copy_file_range`` or a write through
+    ``/proc/self/fd`` queues ``IN_MODIFY``, ``chmod``/``utime`` ``IN_ATTRIB``, with the name the
+    file was opened by, in that name's directory;
+  - a write through a shared mapping (``numpy.memmap``) queues nothing while it writes, and
+    ``IN_CLOSE_WRITE`` only when the last reference goes (which may be after the update, while the
+    run's process exits): the ``IN_OPEN`` of the open that made the mapping names the file, and the
+    write fault has moved its mtime by the time the run reports;
+  - a file with several names gets an event for the name written through only, so every regular
+    file with ``st_nlink > 1`` is lstat'ed by every update (and by ``prepare``); a new name (the
+    count rises, or a new entry has several) may lie where no watch sees writes through it, so that
+    update walks;
+  - the run can give a file of the scope a name only on the scope's own mount: it is the run's only
+    writable mount of that filesystem (``zygote._private_view``), and ``link(2)``/``rename(2)``
+    across mounts fail with ``EXDEV``. Names in the excluded directories (``work/runs``,
+    ``work/sessions``), which are not part of the tree, are covered by watches there for new
+    entries only: a new file with several names there, or a directory that cannot be watched,
+    makes the update walk.
+
+  It walks instead when events cannot vouch: the first update, a watch that could not be added
+  (``max_user_watches``), an overflowed queue (16,384 events by default), the root replaced, a
+  directory too deep to watch, a new hard link as above; and always at the process level (the run
+  could link a scope file from anywhere it can write on that filesystem) and without inotify.
+  What the run's processes write after it reported is not its change (as with the walk).
+- **The walk: directories are listed only when they changed.** A directory whose (dev, ino,
   mtime_ns, ctime_ns) are those of its last listing has the same entries (adding, removing or
   renaming an entry updates its mtime and ctime; ``utime`` can set the mtime back, never the ctime),
   so its names are taken from the state and only lstat'ed. A file's content is another matter: a
-  write updates the file's own mtime/ctime and nothing of its directory, so **every entry is
-  lstat'ed after every run** (one ``fstatat`` each, relative to its directory's descriptor). Watching
-  the run with inotify instead would skip those lstats but miss writes through a shared mapping
-  (``numpy.memmap``) and writes through a hard link outside the watched directories, so it is not
-  trusted for the run's own changes. What is cheap: listing, diffing and hashing are proportional to
-  what changed; what is not: one lstat per entry (about 1-3 µs each here).
+  write updates the file's own mtime/ctime and nothing of its directory, so the walk lstat's
+  **every entry** (one ``fstatat`` each, relative to its directory's descriptor; about 1-5 µs).
+  The walk is the source of truth whenever events are not trusted.
 - **Racy timestamps.** Where the kernel stamps files with a coarse clock (one jiffy, up to 10 ms,
   before multigrain timestamps in Linux 6.13), a write in the same tick as a walk's lstat would leave
   the same timestamps. ``settle()`` holds a run back until ``RACY_NS`` after the walk its state came
@@ -45,7 +71,7 @@ Example::
     state = states.checkout(root, exclude=("work/runs",))   # before the run: usually no walk
     state.settle()
     ...  # the run
-    changes = state.update(report=True, max_reported=100_000, hash_cache=cache)
+    changes = state.update(report=True, max_reported=100_000, hash_cache=cache, trust_events=True)
     states.checkin(state)
 """
 
@@ -340,6 +366,8 @@ class TreeState:
                 self._watcher = _Watcher()
             except OSError:
                 self._use_watcher = False
+            for listing in self._dirs.values():
+                listing.trusted = None  # a new instance watches only what is listed: list everything
         self._trusting = self._trusting or trust_events
         changes: dict[str, tuple[Sig | None, Sig | None]] = {}
         invalid_before = dict(self.invalid)
