@@ -284,3 +284,56 @@ def test_a_new_directory_below_an_excluded_prefix_is_watched_for_links(tmp_path:
     assert state.found_by == "walk", state.fallback
     assert changes.modified == ("d2/f00.csv",)
     states.close()
+
+
+def test_a_state_whose_inotify_instance_was_released_watches_every_directory_again(tmp_path: Path) -> None:
+    # Given a kept state whose inotify instance was released (dropped by a TreeStates), then used
+    # again: the first update walks
+    _scope(tmp_path)
+    states, state, cache = _trusted_state(tmp_path)
+    state.close()
+    state.update(report=False, trust_events=True)
+    assert state.found_by == "walk"
+    state.prepare()
+    state.settle()
+
+    # When a file is written in a directory that did not change meanwhile
+    (tmp_path / "d1/f07.csv").write_bytes(b"a longer line\n")
+    changes = state.update(report=True, trust_events=True, hash_cache=cache)
+
+    # Then events find it: every directory is watched by the new instance
+    assert (state.found_by, _names(changes)) == ("events", ((), ("d1/f07.csv",), ()))
+    states.close()
+
+
+def test_replaced_and_moved_directories_are_found_from_events(tmp_path: Path) -> None:
+    # Given a kept state that trusts events
+    _scope(tmp_path, dirs=4, files=3)
+    states, state, cache = _trusted_state(tmp_path)
+
+    # When a directory is replaced by another of the same name, another moved below a third and
+    # written there
+    for name in os.listdir(tmp_path / "d0"):
+        os.unlink(tmp_path / "d0" / name)
+    os.rmdir(tmp_path / "d0")
+    (tmp_path / "d0").mkdir()
+    (tmp_path / "d0/fresh.csv").write_bytes(b"1")
+    os.rename(tmp_path / "d1", tmp_path / "d2/d1")
+    (tmp_path / "d2/d1/f00.csv").write_bytes(b"written after the move\n")
+    changes = state.update(report=True, trust_events=True, hash_cache=cache)
+
+    # Then each change is reported, without a walk of every entry
+    assert state.found_by == "events", state.fallback
+    assert _names(changes) == (
+        ("d0/fresh.csv", "d2/d1/f00.csv", "d2/d1/f01.csv", "d2/d1/f02.csv"),
+        (),
+        ("d0/f00.csv", "d0/f01.csv", "d0/f02.csv", "d1/f00.csv", "d1/f01.csv", "d1/f02.csv"),
+    )
+
+    # And a later write in the moved directory is found too (its watch follows it)
+    state.prepare()
+    state.settle()
+    (tmp_path / "d2/d1/f01.csv").write_bytes(b"and again, longer\n")
+    changes = state.update(report=True, trust_events=True, hash_cache=cache)
+    assert (state.found_by, _names(changes)) == ("events", ((), ("d2/d1/f01.csv",), ()))
+    states.close()
