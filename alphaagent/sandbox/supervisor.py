@@ -496,7 +496,7 @@ class Sandbox:
                 self._exclusive_cleanup(run_id, channel)
             # The child reported, so it has ended its descendants: the tree is final, and the snapshot
             # runs while the child's exit (an address space to tear down) is on its way.
-            changes = self._tree_changes(tree, before, workdir)
+            changes = self._tree_changes(tree, before, workdir, namespaced=namespaced)
             if outcome.kill_reason is None:
                 # A burst shorter than one poll (page cache takes GB/s) is caught here, after the run.
                 grown = disk.final()
@@ -568,11 +568,22 @@ class Sandbox:
         tree.settle()
         return tree, tree.allocated_bytes
 
-    def _tree_changes(self, tree: TreeState | None, before: TreeSnapshot | int, workdir: Path) -> FileChanges:
-        """What the run changed in its scope, by the kept state's incremental walk or the old full diff."""
+    def _tree_changes(
+        self, tree: TreeState | None, before: TreeSnapshot | int, workdir: Path, *, namespaced: bool
+    ) -> FileChanges:
+        """What the run changed in its scope, by the kept state's incremental update or the old full diff.
+
+        At the ``namespaces`` level the state trusts inotify's events for the run's own changes: the
+        scope's bind mount is the run's only writable mount of its filesystem, so every name the run
+        can give one of its files (link(2) and rename(2) across mounts fail with EXDEV) lies in the
+        scope, where inotify watches (``TreeState.update``). At the process level the run could link
+        a file of the scope from anywhere else it can write on that filesystem: every entry is lstat'ed."""
         if tree is not None:
             return tree.update(
-                report=True, max_reported=self.config.max_tree_entries, hash_cache=self._hash_cache
+                report=True,
+                max_reported=self.config.max_tree_entries,
+                hash_cache=self._hash_cache,
+                trust_events=namespaced,
             )
         assert isinstance(before, TreeSnapshot)
         after = take_snapshot(workdir, exclude=_PLATFORM_DIRS, max_entries=self.config.max_tree_entries)

@@ -9,16 +9,42 @@ after-state of one run is the before-state of the next, and the after-walk is in
   editing a file). If nothing did, the kept state is reused as is; if something did (or inotify is
   not available), a refresh walk folds those changes into the state *without* reporting them, so a
   write by someone else is never passed off as the run's.
-- **After a run: directories are listed only when they changed.** A directory whose (dev, ino,
+- **After a run, at the ``namespaces`` level: only what inotify's events name** (``update`` with
+  ``trust_events``). Every directory of the tree is watched (the watch is added before it is
+  listed). A directory that had an entry created, deleted or renamed is listed again (a new
+  subdirectory is walked whole); an entry named by any other event is lstat'ed; nothing else is
+  looked at. Why that sees every change the run made (checked on Linux 6.18):
+
+  - a write, ``truncate``, ``fallocate``, ``copy_file_range`` or a write through
+    ``/proc/self/fd`` queues ``IN_MODIFY``, ``chmod``/``utime`` ``IN_ATTRIB``, with the name the
+    file was opened by, in that name's directory;
+  - a write through a shared mapping (``numpy.memmap``) queues nothing while it writes, and
+    ``IN_CLOSE_WRITE`` only when the last reference goes (which may be after the update, while the
+    run's process exits): the ``IN_OPEN`` of the open that made the mapping names the file, and the
+    write fault has moved its mtime by the time the run reports;
+  - a file with several names gets an event for the name written through only, so every regular
+    file with ``st_nlink > 1`` is lstat'ed by every update (and by ``prepare``); a new name (the
+    count rises, or a new entry has several) may lie where no watch sees writes through it, so that
+    update walks;
+  - the run can give a file of the scope a name only on the scope's own mount: it is the run's only
+    writable mount of that filesystem (``zygote._private_view``), and ``link(2)``/``rename(2)``
+    across mounts fail with ``EXDEV``. Names in the excluded directories (``work/runs``,
+    ``work/sessions``), which are not part of the tree, are covered by watches there for new
+    entries only: a new file with several names there, or a directory that cannot be watched,
+    makes the update walk.
+
+  It walks instead when events cannot vouch: the first update, a watch that could not be added
+  (``max_user_watches``), an overflowed queue (16,384 events by default), the root replaced, a
+  directory too deep to watch, a new hard link as above; and always at the process level (the run
+  could link a scope file from anywhere it can write on that filesystem) and without inotify.
+  What the run's processes write after it reported is not its change (as with the walk).
+- **The walk: directories are listed only when they changed.** A directory whose (dev, ino,
   mtime_ns, ctime_ns) are those of its last listing has the same entries (adding, removing or
   renaming an entry updates its mtime and ctime; ``utime`` can set the mtime back, never the ctime),
   so its names are taken from the state and only lstat'ed. A file's content is another matter: a
-  write updates the file's own mtime/ctime and nothing of its directory, so **every entry is
-  lstat'ed after every run** (one ``fstatat`` each, relative to its directory's descriptor). Watching
-  the run with inotify instead would skip those lstats but miss writes through a shared mapping
-  (``numpy.memmap``) and writes through a hard link outside the watched directories, so it is not
-  trusted for the run's own changes. What is cheap: listing, diffing and hashing are proportional to
-  what changed; what is not: one lstat per entry (about 1-3 µs each here).
+  write updates the file's own mtime/ctime and nothing of its directory, so the walk lstat's
+  **every entry** (one ``fstatat`` each, relative to its directory's descriptor; about 1-5 µs).
+  The walk is the source of truth whenever events are not trusted.
 - **Racy timestamps.** Where the kernel stamps files with a coarse clock (one jiffy, up to 10 ms,
   before multigrain timestamps in Linux 6.13), a write in the same tick as a walk's lstat would leave
   the same timestamps. ``settle()`` holds a run back until ``RACY_NS`` after the walk its state came
@@ -45,7 +71,7 @@ Example::
     state = states.checkout(root, exclude=("work/runs",))   # before the run: usually no walk
     state.settle()
     ...  # the run
-    changes = state.update(report=True, max_reported=100_000, hash_cache=cache)
+    changes = state.update(report=True, max_reported=100_000, hash_cache=cache, trust_events=True)
     states.checkin(state)
 """
 
@@ -57,6 +83,7 @@ import errno
 import gc
 import os
 import stat
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -97,13 +124,17 @@ least recently used trees are dropped beyond it and walked afresh when next used
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ROOT_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # inotify(7): every event that means an entry of a watched directory was written, created, deleted,
-# renamed or had its attributes changed, or the directory itself went away.
-_IN_MODIFY, _IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
-_IN_CREATE, _IN_DELETE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
-_IN_ONLYDIR, _IN_NONBLOCK, _IN_CLOEXEC = 0x01000000, os.O_NONBLOCK, os.O_CLOEXEC
+# renamed, had its attributes changed or was opened, or the directory itself went away.
+_IN_MODIFY, _IN_ATTRIB, _IN_CLOSE_WRITE, _IN_OPEN = 0x2, 0x4, 0x8, 0x20
+_IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x40, 0x80, 0x100, 0x200
+_IN_DELETE_SELF, _IN_MOVE_SELF, _IN_UNMOUNT, _IN_Q_OVERFLOW = 0x400, 0x800, 0x2000, 0x4000
+_IN_IGNORED, _IN_ONLYDIR, _IN_ISDIR = 0x8000, 0x01000000, 0x40000000
+_IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 _WATCH_MASK: Final = (
     _IN_MODIFY
     | _IN_ATTRIB
+    | _IN_CLOSE_WRITE
+    | _IN_OPEN
     | _IN_MOVED_FROM
     | _IN_MOVED_TO
     | _IN_CREATE
@@ -112,6 +143,14 @@ _WATCH_MASK: Final = (
     | _IN_MOVE_SELF
     | _IN_ONLYDIR
 )
+_SHADOW_MASK: Final = _IN_CREATE | _IN_MOVED_TO | _IN_ONLYDIR
+"""On the excluded directories (``work/runs``, ``work/sessions``) and everything below them: only
+what could bring a hard link to a file of the tree there (see ``TreeState.update``)."""
+_LISTING_EVENTS: Final = _IN_CREATE | _IN_DELETE | _IN_MOVED_FROM | _IN_MOVED_TO
+_ABSORB_EVERY: Final = 1024
+"""Directories opened by a walk between two reads of the inotify queue: each open queues two
+``IN_OPEN`` events (the directory's own watch and its parent's), and the queue holds 16,384 by
+default (``/proc/sys/fs/inotify/max_queued_events``); the walk's own opens must never overflow it."""
 
 Sig = tuple[int, int, int, int, int, int, int]
 """``(st_mode, st_size, st_mtime_ns, st_ctime_ns, st_ino, st_dev, st_blocks)`` of one entry."""
@@ -132,10 +171,20 @@ class _Dir:
     """(ctime_ns, mtime_ns) of each name as last seen; (-1, -1) when it could not be lstat'ed."""
     subdirs: list[tuple[str, Sig]]
     """The subdirectories to enter (UTF-8 names, not excluded), in reverse order, as listed."""
+    wd: int = -1
+    """Its inotify watch descriptor (-1: none)."""
+
+
+Event = tuple[int, int, str]
+"""One inotify event: (watch descriptor, mask, name); the name is "" for an event on the directory
+itself, and decoded like ``os.scandir``'s names (``os.fsdecode``)."""
+
+_OVERFLOW: Final[Event] = (-1, _IN_Q_OVERFLOW, "")
 
 
 class _Watcher:
-    """One inotify instance over the directories of one tree; says whether anything wrote to them."""
+    """One inotify instance over the directories of one tree: what was written, created, deleted,
+    renamed or opened in them since the last read."""
 
     def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -148,28 +197,53 @@ class _Watcher:
         self.complete = True
         """Every directory of the tree is watched (False after a watch could not be added)."""
 
-    def watch(self, dir_fd: int) -> None:
+    def watch(self, dir_fd: int, mask: int = _WATCH_MASK) -> int:
+        """Watch the directory open at ``dir_fd``; its watch descriptor, or -1 (``complete`` is then False).
+
+        The same directory always has the same descriptor: a second watch replaces the first's mask."""
         # Through the descriptor's magic link: the watch is on the directory that was opened and
         # checked, whatever a path to it resolves to now.
-        if self._add(self.fd, f"/proc/self/fd/{dir_fd}".encode(), _WATCH_MASK) < 0:
-            self.complete = False  # ENOSPC (max_user_watches) or the like: refresh before each run
+        wd = int(self._add(self.fd, f"/proc/self/fd/{dir_fd}".encode(), mask))
+        if wd < 0:
+            self.complete = False  # ENOSPC (max_user_watches) or the like: walk instead
+        return wd
 
-    def drain(self) -> bool:
-        """Discard the queued events; True if there were any (an overflow counts as one)."""
-        seen = False
+    def read(self) -> list[Event]:
+        """Every queued event, in order; an overflow (or an unreadable queue) ends in ``_OVERFLOW``."""
+        events: list[Event] = []
         while True:
             try:
-                if not os.read(self.fd, 1 << 16):
-                    return seen
+                buf = os.read(self.fd, 1 << 16)
             except BlockingIOError:
-                return seen
+                return events
             except OSError:
-                return True
-            seen = True
+                events.append(_OVERFLOW)
+                return events
+            if not buf:
+                return events
+            offset = 0
+            while offset + 16 <= len(buf):
+                wd, mask, _cookie, length = struct.unpack_from("iIII", buf, offset)
+                raw = buf[offset + 16 : offset + 16 + length].split(b"\0", 1)[0]
+                events.append((wd, mask, os.fsdecode(raw) if raw else ""))
+                offset += 16 + length
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What one event-driven update visits: directories to list again (``relist``), entries to lstat
+    by name (``named``: directory -> names), every directory on the way to those (``on_way``), and
+    the roots of subtrees that are new (``new``: walked whole)."""
+
+    relist: set[str]
+    named: dict[str, set[str]]
+    on_way: set[str]
+    new: set[str] = field(default_factory=set)
+    new_excluded: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -183,6 +257,9 @@ class TreeState:
         exclude: normalised workspace-relative prefixes left out (``"work/runs"``).
         entries: relative POSIX path → ``Sig`` of every file, directory and special file.
         walks, listed, pruned: walks made; directories listed / reused without listing by the last walk.
+        found_by: how the last ``update`` found its changes: ``"events"`` (from inotify's events,
+            see ``update``) or ``"walk"`` (an lstat of every entry), and ``fallback`` why it walked
+            when events were asked for (``""`` otherwise).
     """
 
     root: str
@@ -194,12 +271,30 @@ class TreeState:
     walks: int = 0
     listed: int = 0
     pruned: int = 0
+    found_by: str = ""
+    fallback: str = ""
     _dirs: dict[str, _Dir] = field(default_factory=dict)
     _root_id: tuple[int, int] | None = None
     _walk_started_ns: int = 0
     _pending: dict[str, Sig | None] = field(default_factory=dict)
     _watcher: _Watcher | None = None
     _use_watcher: bool = True
+    _wds: dict[int, str] = field(default_factory=dict)
+    """Watch descriptor → the tree directory it watches (as of the last walk)."""
+    _shadow_wds: dict[int, str] = field(default_factory=dict)
+    """Watch descriptor → the directory at or below an excluded prefix it watches for new entries."""
+    _shadowed: bool = False
+    """Every directory at or below an excluded prefix is watched (``_SHADOW_MASK``) since the last walk."""
+    _linked: dict[str, int] = field(default_factory=dict)
+    """Regular files with more than one name: path → ``st_nlink`` as last seen (lstat'ed every update)."""
+    _link_rose: bool = False
+    _held: list[Event] = field(default_factory=list)
+    """Events read from the queue during a walk (so that its own opens never overflow it), not yet used."""
+    _opened: int = 0
+    _trusting: bool = False
+    """An update was asked to trust events: every walk then watches the excluded directories too."""
+    _excluded_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """(st_ino, st_dev) of each excluded directory as its parent's last listing found it."""
 
     @property
     def allocated_bytes(self) -> int:
@@ -212,19 +307,18 @@ class TreeState:
     def prepare(self) -> bool:
         """Bring the state up to date before a run without reporting anything; True if it walked.
 
-        No walk when the tree has been walked before, its root is the same directory, and inotify saw
-        no write since that walk. Otherwise a (pruned) walk folds what changed meanwhile into the
-        state: those are not the run's changes. Raises ``OSError`` when the root cannot be listed.
+        No walk when the tree has been walked before, its root is the same directory, inotify saw
+        no write since that walk (an open alone is no write) and no file with several names changed.
+        Otherwise a (pruned) walk folds what changed meanwhile into the state: those are not the
+        run's changes. Raises ``OSError`` when the root cannot be listed.
         """
         watcher = self._watcher
-        if (
-            self.walks
-            and watcher is not None
-            and watcher.complete
-            and self._same_root()
-            and not watcher.drain()
-        ):
-            return False
+        if self.walks and watcher is not None and watcher.complete and self._same_root():
+            events = [*self._held, *watcher.read()]
+            self._held = []
+            wrote = any(not (mask & _IN_OPEN) for _, mask, _ in events)
+            if not wrote and not self._linked_changed():
+                return False
         self.update(report=False)
         return True
 
@@ -235,10 +329,26 @@ class TreeState:
             time.sleep(wait_ns / 1e9)
 
     def update(
-        self, *, report: bool, max_reported: int | None = None, hash_cache: HashCache | None = None
+        self,
+        *,
+        report: bool,
+        max_reported: int | None = None,
+        hash_cache: HashCache | None = None,
+        trust_events: bool = False,
     ) -> FileChanges:
-        """Walk the tree (listing only directories that changed), update the state, and return what
-        changed since the previous walk plus what an earlier capped report carried over.
+        """Update the state and return what changed since the previous update plus what an earlier
+        capped report carried over.
+
+        With ``trust_events`` (the caller vouches that whatever wrote since the last update could
+        only reach the tree's files through names inside it: the ``namespaces`` isolation level, see
+        the module docstring), the changes are found from inotify's events: directories that had an
+        entry created, deleted or renamed are listed again, new subtrees walked whole, and entries
+        named by an event (written, truncated, chmod'ed, utime'd, opened) and every file with more
+        than one name are lstat'ed; nothing else is looked at. It walks instead (an lstat of every
+        entry, listing only directories that changed) when events cannot tell: the first update, a
+        watch that could not be added, an overflowed queue, the root replaced, a directory too deep
+        to watch, or a new hard link (a file whose name count rose, or a new file with several
+        names, inside the tree or below an excluded prefix).
 
         With ``report=False`` the changes are folded in silently (and carried ones stay carried).
         ``max_reported`` caps created + modified + deleted in the result (None: no cap); the rest are
@@ -247,20 +357,32 @@ class TreeState:
         Raises:
             OSError: the root cannot be opened and listed as a directory.
         """
+        events: list[Event] = []
         if self._watcher is not None:
-            self._watcher.drain()  # what happened so far is what this walk sees
+            events = [*self._held, *self._watcher.read()]  # what happened so far is what this update sees
+            self._held = []
         elif self._use_watcher:
             try:
                 self._watcher = _Watcher()
             except OSError:
                 self._use_watcher = False
+            for listing in self._dirs.values():
+                listing.trusted = None  # a new instance watches only what is listed: list everything
+        self._trusting = self._trusting or trust_events
         changes: dict[str, tuple[Sig | None, Sig | None]] = {}
         invalid_before = dict(self.invalid)
         unreadable_before = set(self.unreadable)
         collecting = gc.isenabled()
         gc.disable()
         try:
-            self._walk(changes)
+            self.fallback = self._update_from_events(events, changes) if trust_events else ""
+            if trust_events and not self.fallback:
+                self.found_by = "events"
+            else:
+                self._walk(changes)
+                self.found_by = "walk"
+                if self._trusting:
+                    self._watch_excluded()
         finally:
             if collecting:
                 gc.enable()
@@ -278,6 +400,172 @@ class TreeState:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+            self._wds.clear()
+            self._shadow_wds.clear()
+            self._shadowed = False
+
+    # ------------------------------------------------------------------ the event-driven update
+
+    def _update_from_events(
+        self, events: list[Event], changes: dict[str, tuple[Sig | None, Sig | None]]
+    ) -> str:
+        """Apply what ``events`` say changed; "" when done, else why a walk must follow (whatever was
+        applied by then stays applied: the walk completes it)."""
+        watcher = self._watcher
+        if watcher is None or not watcher.complete:
+            return "no inotify" if watcher is None else "a watch could not be added"
+        if not self.walks:
+            return "first walk"
+        if not self._shadowed:
+            return "excluded directories not watched"
+        if self.too_deep:
+            return "a directory too deep to watch"
+        if not self._same_root():
+            return "root replaced"
+        plan = _Plan(relist=set(), named={}, on_way=set())
+        new_excluded: list[tuple[str, str]] = []
+        for wd, mask, name in events:
+            if mask & (_IN_Q_OVERFLOW | _IN_UNMOUNT):
+                return "inotify queue overflowed" if mask & _IN_Q_OVERFLOW else "unmounted"
+            if mask & _IN_IGNORED:
+                continue  # the watch went with its directory: its parent had the event that says so
+            rel = self._wds.get(wd)
+            if rel is None:
+                shadow = self._shadow_wds.get(wd)
+                if shadow is not None and name and mask & (_IN_CREATE | _IN_MOVED_TO):
+                    new_excluded.append((shadow, name))
+                continue  # a directory no longer in the tree: its move or deletion had an event
+            if not name:
+                if not rel and mask & (_IN_DELETE_SELF | _IN_MOVE_SELF):
+                    return "root replaced"
+                continue  # the directory's own change also reached its parent, with its name
+            if mask & _LISTING_EVENTS:
+                plan.relist.add(rel)
+            elif not (mask & _IN_OPEN and mask & _IN_ISDIR):  # opening a directory changes nothing
+                plan.named.setdefault(rel, set()).add(name)
+        for path in self._linked:
+            # A write through one name of a file reaches the directory of that name only.
+            parent, _, name = path.rpartition("/")
+            plan.named.setdefault(parent, set()).add(name)
+        plan.relist.update("" if rel == "." else rel for rel in self.unreadable)
+        for rel in [*plan.relist, *plan.named]:
+            while rel not in plan.on_way:
+                plan.on_way.add(rel)
+                rel = rel.rpartition("/")[0]
+        self._link_rose = False
+        self._walk(changes, plan)
+        if self._link_rose:
+            return "a new hard link"
+        for excluded_dir, name in new_excluded:
+            if not self._check_excluded_entry(excluded_dir, name):
+                return "a new hard link or directory below an excluded prefix"
+        for rel in plan.new_excluded:
+            if not self._watch_excluded_dir(rel):
+                return "a new hard link or directory below an excluded prefix"
+        return ""
+
+    def _linked_changed(self) -> bool:
+        """Whether a file with several names changed since the last update (a write through a name
+        outside the tree reaches no watched directory)."""
+        if not self._linked:
+            return False
+        root = self.root
+        for path in self._linked:
+            try:
+                st = os.lstat(os.path.join(root, path))
+            except OSError:
+                return True
+            if _sig(st) != self.entries.get(path):
+                return True
+        return False
+
+    # ------------------------------------------------------------------ the excluded directories
+
+    def _watch_excluded(self) -> None:
+        """Watch every directory at or below an excluded prefix for new entries (``_SHADOW_MASK``):
+        a hard link made there to a file of the tree would otherwise reach no watched directory."""
+        self._shadow_wds.clear()
+        self._shadowed = self._watcher is not None and all(
+            self._watch_excluded_dir(prefix, check_links=False) for prefix in self.exclude
+        )
+
+    def _watch_excluded_dir(self, rel: str, *, check_links: bool = True) -> bool:
+        """Watch ``rel`` and every directory below it; False if one could not be watched, or (with
+        ``check_links``) a regular file there has several names. True if ``rel`` is absent."""
+        fd = self._open_rel(rel)
+        if fd is None:
+            return True
+        if fd < 0:
+            return False
+        return self._watch_excluded_fd(fd, rel, check_links, 0)
+
+    def _watch_excluded_fd(self, fd: int, rel: str, check_links: bool, depth: int) -> bool:
+        watcher = self._watcher
+        try:
+            if watcher is None or depth > MAX_WALK_DEPTH:
+                return False
+            wd = watcher.watch(fd, _SHADOW_MASK)
+            if wd < 0:
+                return False
+            self._wds.pop(wd, None)
+            self._shadow_wds[wd] = rel
+            with os.scandir(fd) as found:
+                items = list(found)
+            for item in items:
+                entry_st = item.stat(follow_symlinks=False)
+                if stat.S_ISDIR(entry_st.st_mode):
+                    child = _open_listed(fd, item.name, _sig(entry_st))
+                    if child < 0 or not self._watch_excluded_fd(
+                        child, f"{rel}/{item.name}", check_links, depth + 1
+                    ):
+                        return False
+                elif check_links and stat.S_ISREG(entry_st.st_mode) and entry_st.st_nlink > 1:
+                    return False
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def _check_excluded_entry(self, rel: str, name: str) -> bool:
+        """An entry created in (or moved to) the excluded directory ``rel``: True if it cannot be a
+        second name of a file of the tree (a new directory below is watched and checked likewise)."""
+        fd = self._open_rel(rel)
+        if fd is None or fd < 0:
+            return fd is None  # gone since: what it held is no name of the tree's files now
+        try:
+            try:
+                entry_st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return True
+            if stat.S_ISDIR(entry_st.st_mode):
+                child = _open_listed(fd, name, _sig(entry_st))
+                return child >= 0 and self._watch_excluded_fd(child, f"{rel}/{name}", True, 0)
+            return not (stat.S_ISREG(entry_st.st_mode) and entry_st.st_nlink > 1)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def _open_rel(self, rel: str) -> int | None:
+        """``rel`` (a directory below the root) opened component by component with ``O_NOFOLLOW``;
+        None when it does not exist or is no directory, -1 when it could not be opened otherwise."""
+        try:
+            fd = os.open(self.root, _ROOT_FLAGS)
+        except OSError:
+            return -1
+        for part in rel.split("/"):
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                os.close(fd)
+                return None
+            except OSError as exc:
+                os.close(fd)
+                return None if exc.errno == errno.ELOOP else -1  # a symlink: not a directory
+            os.close(fd)
+            fd = child
+        return fd
 
     # ------------------------------------------------------------------ the walk
 
@@ -288,7 +576,8 @@ class TreeState:
             return False
         return (st.st_dev, st.st_ino) == self._root_id
 
-    def _walk(self, changes: dict[str, tuple[Sig | None, Sig | None]]) -> None:
+    def _walk(self, changes: dict[str, tuple[Sig | None, Sig | None]], plan: _Plan | None = None) -> None:
+        """Visit the tree: every directory (``plan`` None), or only what ``plan`` names."""
         self._walk_started_ns = time.time_ns()
         self.listed = self.pruned = 0
         root_fd = os.open(self.root, _ROOT_FLAGS)
@@ -302,23 +591,28 @@ class TreeState:
                 self.unreadable.clear()
                 self.too_deep.clear()
                 self._dirs.clear()
+                self._linked.clear()
                 self._root_id = (st.st_dev, st.st_ino)
-            if not self._visit(root_fd, "", st, changes):
+                plan = None
+            if not self._visit(root_fd, "", st, changes, plan):
                 raise OSError(errno.EIO, f"cannot list {self.root}")
-            self._descend(root_fd, changes)
+            self._descend(root_fd, changes, plan)
         finally:
             os.close(root_fd)
 
-    def _descend(self, root_fd: int, changes: dict[str, tuple[Sig | None, Sig | None]]) -> None:
+    def _descend(
+        self, root_fd: int, changes: dict[str, tuple[Sig | None, Sig | None]], plan: _Plan | None
+    ) -> None:
         # Depth first, like pathsafe.walk_tree: a parent's descriptor is closed once its last
         # subdirectory is opened, so a deep chain holds two descriptors, no walk more than 513.
-        frames: list[tuple[int, str, int, list[tuple[str, Sig]]]] = []
-        subdirs = self._subdirs("")
+        # A frame's flag says the directory is walked whole (no plan, or a new subtree).
+        frames: list[tuple[int, str, int, list[tuple[str, Sig]], bool]] = []
+        subdirs = self._subdirs("", plan, whole=plan is None)
         if subdirs:
-            frames.append((os.dup(root_fd), "", 0, subdirs))
+            frames.append((os.dup(root_fd), "", 0, subdirs, plan is None))
         try:
             while frames:
-                parent_fd, parent_rel, depth, pending = frames[-1]
+                parent_fd, parent_rel, depth, pending, whole = frames[-1]
                 name, listed = pending.pop()
                 if not pending:
                     frames.pop()
@@ -327,6 +621,9 @@ class TreeState:
                     if depth + 1 > MAX_WALK_DEPTH:
                         self.too_deep.add(rel)
                         continue
+                    whole_here = whole or (plan is not None and rel in plan.new)
+                    if not whole_here and plan is not None and rel not in plan.on_way:
+                        continue
                     fd = _open_listed(parent_fd, name, listed)
                 finally:
                     if not pending:
@@ -334,26 +631,47 @@ class TreeState:
                 if fd < 0:
                     self._mark_unreadable(rel)
                     continue
+                self._opened += 1
+                if self._opened % _ABSORB_EVERY == 0 and self._watcher is not None:
+                    self._absorb()
                 try:
-                    ok = self._visit(fd, rel, os.fstat(fd), changes)
+                    ok = self._visit(fd, rel, os.fstat(fd), changes, plan, whole=whole_here)
                 except OSError:
                     ok = False
                 if not ok:
                     os.close(fd)
                     self._mark_unreadable(rel)
                     continue
-                child_dirs = self._subdirs(rel)
+                child_dirs = self._subdirs(rel, plan, whole=whole_here)
                 if child_dirs:
-                    frames.append((fd, rel, depth + 1, child_dirs))
+                    frames.append((fd, rel, depth + 1, child_dirs, whole_here))
                 else:
                     os.close(fd)
         finally:
-            for frame_fd, _, _, _ in frames:
+            for frame_fd, _, _, _, _ in frames:
                 os.close(frame_fd)
 
-    def _subdirs(self, rel: str) -> list[tuple[str, Sig]]:
+    def _absorb(self) -> None:
+        """Read the queue mid-walk, keeping every event but the walk's own directory opens."""
+        assert self._watcher is not None
+        self._held.extend(
+            event
+            for event in self._watcher.read()
+            if not (event[1] & _IN_OPEN and (event[1] & _IN_ISDIR or not event[2]))
+        )
+
+    def _subdirs(self, rel: str, plan: _Plan | None, *, whole: bool) -> list[tuple[str, Sig]]:
         listing = self._dirs.get(rel)
-        return list(listing.subdirs) if listing is not None else []
+        if listing is None:
+            return []
+        if plan is None or whole:
+            return list(listing.subdirs)
+        prefix = f"{rel}/" if rel else ""
+        return [
+            item
+            for item in listing.subdirs
+            if prefix + item[0] in plan.on_way or prefix + item[0] in plan.new
+        ]
 
     def _mark_unreadable(self, rel: str) -> None:
         # What lies beneath stays as it was: never reported deleted for want of a listing.
@@ -368,18 +686,27 @@ class TreeState:
         rel: str,
         st: os.stat_result,
         changes: dict[str, tuple[Sig | None, Sig | None]],
+        plan: _Plan | None = None,
+        *,
+        whole: bool = True,
+        relist: bool = False,
     ) -> bool:
-        """lstat every entry of the directory open at ``fd``; list it only if it changed. False if it
-        could not be listed at all."""
+        """Look at the directory open at ``fd``: walked ``whole`` (or without a ``plan``), lstat
+        every entry and list it only if it changed; else list it if the plan says so, lstat the
+        entries the plan names, or do nothing. False if it could not be listed at all."""
+        listing = self._dirs.get(rel)
+        if plan is not None and not whole and not relist:
+            names = plan.named.get(rel)
+            if rel not in plan.relist and listing is not None:
+                if not names:
+                    return True  # only on the way to what changed
+                return self._visit_named(fd, rel, st, changes, plan, listing, names)
+            relist = True
         self.unreadable.discard(rel or ".")
         self.too_deep.discard(rel)
         dir_sig = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-        listing = self._dirs.get(rel)
-        prefix = f"{rel}/" if rel else ""
-        entries, excluded = self.entries, self.exclude
-        complete = True
         stats: list[tuple[str, os.stat_result | None]] = []
-        if listing is not None and listing.trusted == dir_sig:
+        if not relist and listing is not None and listing.trusted == dir_sig:
             # Unchanged directory: the same names on the same inodes (replacing or renaming an entry
             # would have changed it), so an entry whose ctime and mtime are those of the last walk is
             # unchanged (any write, chmod, truncate or utime moves the ctime); only the others are
@@ -391,7 +718,7 @@ class TreeState:
                     entry_st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
                     listing.trusted = None  # cannot happen with an unchanged directory; list it anew
-                    return self._visit(fd, rel, st, changes)
+                    return self._visit(fd, rel, st, changes, plan, whole=whole, relist=True)
                 except OSError:
                     stats.append((name, None))
                     continue
@@ -401,43 +728,122 @@ class TreeState:
                 stamps[index] = (entry_st.st_ctime_ns, entry_st.st_mtime_ns)
                 stats.append((name, entry_st))
         else:
-            self.listed += 1
-            if self._watcher is not None:
-                self._watcher.watch(fd)  # before listing: a later write is seen by the next prepare()
-            listed_at = time.time_ns()
-            try:
-                with os.scandir(fd) as found:
-                    items = list(found)
-            except OSError:
+            if not self._list(fd, rel, st, changes, plan, listing, stats):
                 return False
-            for item in items:
-                try:
-                    stats.append((item.name, item.stat(follow_symlinks=False)))
-                except FileNotFoundError:
-                    continue  # removed since the listing: it is simply not there
-                except OSError:
-                    stats.append((item.name, None))
-            names = [name for name, _ in stats]
-            trusted = dir_sig if st.st_ctime_ns < listed_at - RACY_NS else None
-            old_names = listing.names if listing is not None else []
-            subdirs = [
-                (name, _sig(entry_st))
-                for name, entry_st in reversed(stats)
-                if entry_st is not None
-                and stat.S_ISDIR(entry_st.st_mode)
-                and _is_utf8(name)
-                and prefix + name not in excluded
-            ]
-            stamps = [
-                (-1, -1) if entry_st is None else (entry_st.st_ctime_ns, entry_st.st_mtime_ns)
-                for _, entry_st in stats
-            ]
-            self._dirs[rel] = _Dir(names, trusted, stamps, subdirs)
-            if old_names:
-                now = set(names)
-                for name in old_names:
-                    if name not in now:
-                        self._remove(prefix + name, name, prefix, changes)
+        self._record(rel, stats, changes, plan)
+        return True
+
+    def _visit_named(
+        self,
+        fd: int,
+        rel: str,
+        st: os.stat_result,
+        changes: dict[str, tuple[Sig | None, Sig | None]],
+        plan: _Plan,
+        listing: _Dir,
+        names: set[str],
+    ) -> bool:
+        """lstat the entries ``names`` of a directory whose listing still holds (no event said an
+        entry came or went); one that is not there after all has the directory listed again."""
+        known = set(listing.names)
+        stats: list[tuple[str, os.stat_result | None]] = []
+        for name in names:
+            if name not in known:
+                return self._visit(fd, rel, st, changes, plan, whole=False, relist=True)
+            try:
+                stats.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+            except FileNotFoundError:
+                return self._visit(fd, rel, st, changes, plan, whole=False, relist=True)
+            except OSError:
+                stats.append((name, None))
+        self.pruned += 1
+        self._record(rel, stats, changes, plan)
+        return True
+
+    def _list(
+        self,
+        fd: int,
+        rel: str,
+        st: os.stat_result,
+        changes: dict[str, tuple[Sig | None, Sig | None]],
+        plan: _Plan | None,
+        listing: _Dir | None,
+        stats: list[tuple[str, os.stat_result | None]],
+    ) -> bool:
+        """List the directory open at ``fd`` and lstat each entry into ``stats``; record its listing,
+        and what it no longer holds as deleted. With a ``plan``, subdirectories that are new (or
+        another directory under a known name) are added to its ``new``, excluded ones to
+        ``new_excluded``. False if it could not be listed."""
+        self.listed += 1
+        prefix = f"{rel}/" if rel else ""
+        if self._watcher is not None:
+            # Before listing: a later write is seen by the next prepare() and update().
+            wd = self._watcher.watch(fd)
+            if wd >= 0:
+                self._wds[wd] = rel
+                self._shadow_wds.pop(wd, None)
+        else:
+            wd = -1
+        listed_at = time.time_ns()
+        try:
+            with os.scandir(fd) as found:
+                items = list(found)
+        except OSError:
+            return False
+        for item in items:
+            try:
+                stats.append((item.name, item.stat(follow_symlinks=False)))
+            except FileNotFoundError:
+                continue  # removed since the listing: it is simply not there
+            except OSError:
+                stats.append((item.name, None))
+        names = [name for name, _ in stats]
+        dir_sig = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        trusted = dir_sig if st.st_ctime_ns < listed_at - RACY_NS else None
+        old_names = listing.names if listing is not None else []
+        excluded = self.exclude
+        subdirs = [
+            (name, _sig(entry_st))
+            for name, entry_st in reversed(stats)
+            if entry_st is not None
+            and stat.S_ISDIR(entry_st.st_mode)
+            and _is_utf8(name)
+            and prefix + name not in excluded
+        ]
+        if plan is not None:
+            known = {name: sig[4:6] for name, sig in listing.subdirs} if listing is not None else {}
+            for name, sig in subdirs:
+                if known.get(name) != sig[4:6] or prefix + name not in self._dirs:
+                    plan.new.add(prefix + name)
+        for name, entry_st in stats:
+            if entry_st is not None and prefix + name in excluded:
+                ids = (entry_st.st_ino, entry_st.st_dev)
+                if plan is not None and self._excluded_ids.get(prefix + name) != ids:
+                    plan.new_excluded.add(prefix + name)  # a new one, or another directory: watch it
+                self._excluded_ids[prefix + name] = ids
+        stamps = [
+            (-1, -1) if entry_st is None else (entry_st.st_ctime_ns, entry_st.st_mtime_ns)
+            for _, entry_st in stats
+        ]
+        self._dirs[rel] = _Dir(names, trusted, stamps, subdirs, wd)
+        if old_names:
+            now = set(names)
+            for name in old_names:
+                if name not in now:
+                    self._remove(prefix + name, name, prefix, changes)
+        return True
+
+    def _record(
+        self,
+        rel: str,
+        stats: list[tuple[str, os.stat_result | None]],
+        changes: dict[str, tuple[Sig | None, Sig | None]],
+        plan: _Plan | None,
+    ) -> None:
+        """Fold the lstat results of entries of ``rel`` into the state and ``changes``."""
+        prefix = f"{rel}/" if rel else ""
+        entries, excluded, linked = self.entries, self.exclude, self._linked
+        complete = True
         for name, maybe_st in stats:
             if maybe_st is None:
                 complete = False
@@ -451,6 +857,12 @@ class TreeState:
                 display = _display_path(rel, name)
                 self.invalid[display] = sig
                 continue
+            if stat.S_ISREG(entry_st.st_mode) and entry_st.st_nlink > 1:
+                if entry_st.st_nlink > linked.get(path, 1):
+                    self._link_rose = True  # where else it is named may be no watched directory
+                linked[path] = entry_st.st_nlink
+            elif linked:
+                linked.pop(path, None)
             old = entries.get(path)
             if old != sig:
                 entries[path] = sig
@@ -459,12 +871,13 @@ class TreeState:
                     changes[path] = (earlier[0] if earlier is not None else old, sig)
                 if old is not None and stat.S_ISDIR(old[0]) and not stat.S_ISDIR(sig[0]):
                     self._remove_below(path, changes)
+                elif plan is not None and old is not None and stat.S_ISDIR(sig[0]) and old[4:6] != sig[4:6]:
+                    plan.new.add(path)
         if not complete:
             self.unreadable.add(rel or ".")
             current = self._dirs.get(rel)
             if current is not None:
                 current.trusted = None
-        return True
 
     def _remove(
         self, path: str, name: str, prefix: str, changes: dict[str, tuple[Sig | None, Sig | None]]
@@ -472,9 +885,11 @@ class TreeState:
         if not _is_utf8(name):
             self.invalid.pop(_display_path(prefix.rstrip("/"), name), None)
             return
+        self._excluded_ids.pop(path, None)
         old = self.entries.pop(path, None)
         if old is None:
             return
+        self._linked.pop(path, None)
         earlier = changes.get(path)
         changes[path] = (earlier[0] if earlier is not None else old, None)
         if stat.S_ISDIR(old[0]):
@@ -486,6 +901,8 @@ class TreeState:
         self.too_deep.discard(path)
         if listing is None:
             return
+        if self._wds.get(listing.wd) == path:
+            del self._wds[listing.wd]  # its events, if it lives on elsewhere, are no longer the tree's
         prefix = f"{path}/"
         for name in listing.names:
             self._remove(prefix + name, name, prefix, changes)

@@ -66,14 +66,17 @@ def _past_racy() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_every_change_in_a_120000_file_scope_is_reported(big_dir: Path) -> None:
+@pytest.mark.parametrize("trust_events", [False, True], ids=["walk", "events"])
+def test_every_change_in_a_120000_file_scope_is_reported(big_dir: Path, trust_events: bool) -> None:
     tmp_path = big_dir
-    # Given a scope of 120,000 files (more than the old 100,000-entry cap), its state kept
+    # Given a scope of 120,000 files (more than the old 100,000-entry cap), its state kept (found
+    # by the walk, as at the process level, or from inotify's events, as at the namespaces level)
     paths = _make(tmp_path, FILES)
     states = TreeStates()
     state = states.checkout(tmp_path, exclude=["work/runs"])
     state.prepare()
     _past_racy()
+    state.update(report=False, trust_events=trust_events)
     state.prepare()
     state.settle()
 
@@ -91,7 +94,9 @@ def test_every_change_in_a_120000_file_scope_is_reported(big_dir: Path) -> None:
     deleted = [*paths[11::10007], paths[-3]]
     for path in deleted:
         os.unlink(tmp_path / path)
-    changes = state.update(report=True, max_reported=1_000_000, hash_cache=HashCache())
+    changes = state.update(
+        report=True, max_reported=1_000_000, hash_cache=HashCache(), trust_events=trust_events
+    )
 
     # Then each is reported exactly, and nothing else
     assert (changes.created, changes.modified, changes.deleted) == (
@@ -102,6 +107,7 @@ def test_every_change_in_a_120000_file_scope_is_reported(big_dir: Path) -> None:
     assert (changes.truncated, changes.unreported) == (False, 0)
     # And the walk listed only the directories that changed (and the root, datasets/, reports/)
     assert state.listed <= len(created) + len(deleted) + 3, (state.listed, state.pruned)
+    assert (state.found_by, state.fallback) == (("events", "") if trust_events else ("walk", ""))
     states.close()
 
 
