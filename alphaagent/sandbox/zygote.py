@@ -239,9 +239,21 @@ def _clone_into_namespaces(network: bool) -> int:
 
 
 def _clone_usable() -> bool:
-    """Whether ``_clone_into_namespaces`` may be used here: a known architecture and one thread
-    (glibc's locks, which a raw clone does not reset in the child, are then all free)."""
-    return os.uname().machine in _SYS_CLONE and len(os.listdir("/proc/self/task")) == 1
+    """Whether ``_clone_into_namespaces`` may be used now: a known architecture and one thread.
+
+    With a second thread (a preloaded module's: pyarrow's jemalloc starts one unless told not to,
+    see ``environment.zygote_environment``), a lock it holds at the clone would stay held in the
+    child forever: the libraries' at-fork handlers (jemalloc's, glibc's malloc) that take their
+    locks around a fork are not run by a raw clone. Checked before every clone (~20 µs); the spare
+    is then made through the helper instead."""
+    return os.uname().machine in _SYS_CLONE and _thread_count() == 1
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0  # no /proc: not usable (and namespaces would have failed their probe)
 
 
 def _prepare_namespace_init(network: bool, private_dev: bool = True) -> None:
@@ -1336,6 +1348,12 @@ class Zygote:
 
     # -- spares ----------------------------------------------------------------------------
 
+    def spare_path(self) -> str:
+        """How spares are made now: ``clone``, ``helper`` (namespaces without the clone) or ``fork``."""
+        if not self.namespaced:
+            return "fork"
+        return "clone" if self.clone_spares and _clone_usable() else "helper"
+
     def _fork_spare(self, network: bool) -> Spare | None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cgroups: dict[str, str] = {}
@@ -1349,7 +1367,7 @@ class Zygote:
             }
             for directory in set(cgroups.values()):
                 os.mkdir(directory)
-        if self.clone_spares:
+        if self.clone_spares and _clone_usable():
             uid, gid = os.geteuid(), os.getegid()  # the child's own ids read 65534 until it maps them
             try:
                 pid = _clone_into_namespaces(network)
@@ -2077,8 +2095,9 @@ def main() -> None:
         "isolation_detail": zygote.isolation_detail,
         # How spares are made (``clone``: straight into their namespaces; ``helper``: through a
         # helper that unshares, where the clone probe said ``clone_refused``; ``fork``: no namespaces).
-        "spares": "clone" if zygote.clone_spares else ("helper" if zygote.namespaced else "fork"),
-        "clone_refused": zygote.clone_refused,
+        "spares": zygote.spare_path(),
+        "clone_refused": zygote.clone_refused
+        or (None if _clone_usable() else f"{_thread_count()} threads in the zygote after the preload"),
         "landlock_abi": zygote.landlock_abi,
         "readable_credentials": zygote.readable_credentials,
         "kernel_landlock_abi": landlock_abi(),
