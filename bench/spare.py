@@ -107,7 +107,8 @@ for _ in range(args["spares"]):
         out[name]["creation_ms"].append((created - t0) * 1000)
         out[name]["cpu_ms"].append((cpu() - c0) * 1000)
         out[name]["busy_ms"].append((busy() - b0) * 1000)
-print(json.dumps({"results": out, "ready": {n: {"spares": zy.spare_path(), "clone_refused": zy.clone_refused} for n, zy in zygotes.items()}}))
+ready = {n: {"spares": zy.spare_path(), "clone_refused": zy.clone_refused} for n, zy in zygotes.items()}
+print(json.dumps({"results": out, "ready": ready}))
 """
 
 
@@ -160,7 +161,11 @@ def bench(spares: int) -> dict[str, Any]:
             "cpu_p50_ms": round(pct(figures["cpu_ms"], 0.5), 1),
             "system_busy_p50_ms": round(pct(figures["busy_ms"], 0.5), 1),
         }
-    return {"machine": machine(load_at_start), "load_1m_after": round(os.getloadavg()[0], 2), "variants": rows}
+    return {
+        "machine": machine(load_at_start),
+        "load_1m_after": round(os.getloadavg()[0], 2),
+        "variants": rows,
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -858,7 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--table-only", action="store_true", help="only the concurrency table by level")
     parser.add_argument(
-        "--with-helper", action="store_true", help="add the namespaces level without cloned spares to the table"
+        "--with-helper",
+        action="store_true",
+        help="add the namespaces level without cloned spares to the table",
     )
     args = parser.parse_args(argv)
     n_cold, n_warm, n_conversations = (2, 3, 8) if args.quick else (5, 10, CONVERSATIONS)

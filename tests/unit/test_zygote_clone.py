@@ -59,6 +59,15 @@ def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
         yield sandbox
 
 
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie waiting for whoever adopted it to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
 def _view(box: Sandbox, cwd: Path) -> dict:
     result = box.run(VIEW, cwd=cwd)
     assert result.status == "ok", (result.reason, result.stderr)
@@ -114,13 +123,7 @@ def test_a_killed_zygote_takes_its_cloned_spares_with_it(tmp_path: Path) -> None
         # When the zygote is killed outright (no chance to clean up)
         os.kill(zygote, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while (alive := [p for p in spares if os.path.exists(f"/proc/{p}")]) and time.monotonic() < deadline:
-            for pid in alive:  # reaped by whoever adopted them; a zombie has no cmdline
-                try:
-                    if not open(f"/proc/{pid}/cmdline", "rb").read():
-                        spares.remove(pid)
-                except OSError:
-                    spares.remove(pid)
+        while (alive := [p for p in spares if not _gone(p)]) and time.monotonic() < deadline:
             time.sleep(0.05)
         # Then none of its spares (the namespaces' inits and the interpreters under them) survives
         assert not alive, alive
