@@ -38,7 +38,9 @@ was restored and saved of the session's live state, see ``_SessionState``) or
 Spares: the zygote keeps ``pool_size`` children forked ahead of time (and, with namespaces, already
 inside their new user, mount, pid and network namespaces), so a run pays neither the fork of a large
 interpreter nor namespace creation. A spare has seen nothing of any run: it is forked from the
-zygote, which never runs user code.
+zygote, which never runs user code. A namespaced spare is cloned straight into fresh namespaces
+(``_clone_into_namespaces``: the clone is the namespace's init, which forks the spare), or, where
+that cannot be used, forked through a helper that unshares them.
 
 The zygote is a funnel that never blocks on one spare: a request waits in its queue until a spare
 says it is ready (prewarmed, waiting on its socket), one spare is forked per waiting request (up to
@@ -1241,14 +1243,15 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
 
 
 class Spare:
-    """A child forked ahead of time. On its socket it says, in either order, its pid (a namespaced
-    spare's helper, which forks it inside the new namespaces) and ``ready`` (it has prewarmed and
+    """A child forked ahead of time (its pid known at once, a cloned spare's being its namespace's
+    init). On its socket it says, in either order, its pid (only a spare made through a helper, which
+    forks it inside the new namespaces) and ``ready`` (it has prewarmed and
     waits for a request); handed a request, it answers ``took`` (with the time it did) before it
     does anything else."""
 
     def __init__(self, sock: socket.socket, pid: int | None, network: bool, helper_pid: int | None) -> None:
         self.sock = sock
-        self.pid = pid  # None until a namespaced spare's helper reports the inner pid
+        self.pid = pid  # None until a helper-made spare's helper reports the inner pid
         self.network = network
         self.helper_pid = helper_pid
         self.cgroups: dict[str, str] = {}  # controller -> the spare's cgroup directory
