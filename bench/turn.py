@@ -20,10 +20,12 @@ Prints, as Markdown tables (or one JSON object with ``--json``):
 
 Usage, from the repository root::
 
-    .venv/bin/python bench/turn.py [--quick] [--json] [--table-only]
+    .venv/bin/python bench/turn.py [--quick] [--json] [--table-only] [--with-helper]
 
 ``--quick`` runs fewer turns (a CI smoke run); the figures are then noisier. ``--table-only`` runs
-the concurrency table alone. Progress goes to stderr.
+the concurrency table alone. ``--with-helper`` adds a third level to the table: ``namespaces`` with
+``SandboxConfig(clone_spares=False)`` (each spare made through a helper that unshares, the path before
+spares were cloned), measured in the same run for a before/after. Progress goes to stderr.
 Exit status 1 when a turn failed or the cross-talk check failed (those are correctness, not noise);
 slow figures never fail the run.
 """
@@ -38,6 +40,7 @@ import json
 import math
 import os
 import re
+import resource
 import secrets
 import statistics
 import subprocess
@@ -70,6 +73,9 @@ USER = "bench"
 CONVERSATIONS = 20
 TABLE_CONVERSATIONS = (1, 5, 20, 40)
 TABLE_LEVELS = ("namespaces", "process")
+HELPER_LEVEL = "namespaces-helper"
+"""``--with-helper``: the namespaces level with its spares made through a helper (``clone_spares``
+off), to compare with the default in the same run."""
 ROWS = 10_000
 GROUPS = 10
 EXPECTED_TOTAL = sum(i * 3 % 101 for i in range(ROWS))
@@ -580,9 +586,10 @@ def record_runs(agent: AlphaAgent) -> RunLog:
 
 
 def level_agent(home: Path, level: str) -> AlphaAgent:
-    """An ``AlphaAgent`` whose sandbox runs at ``level`` (``namespaces``: the default ``auto``)."""
+    """An ``AlphaAgent`` whose sandbox runs at ``level`` (``namespaces``: the default ``auto``;
+    ``namespaces-helper``: the same without cloned spares)."""
     hidden = (str(Path.home()), str(home.resolve()))
-    config = SandboxConfig(hidden_paths=hidden)
+    config = SandboxConfig(hidden_paths=hidden, clone_spares=level != HELPER_LEVEL)
     if level == "process":
         config = SandboxConfig(isolation="process", hidden_paths=hidden)
     return AlphaAgent(home, connectors=ConnectorSettings(file_roots=(EXAMPLES_DIR,)), sandbox=config)
@@ -605,6 +612,13 @@ def zygote_cpu_ms(agent: AlphaAgent) -> float | None:
     return sum(int(x) for x in fields[11:15]) * MS / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_ms() -> float:
+    """CPU time of this process (the agents' supervisors, the bench's threads), in milliseconds:
+    one level's row runs at a time, so a row's difference is that level's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * MS
+
+
 def table_row(agent: AlphaAgent, log: RunLog, n: int, level: str) -> dict[str, Any]:
     """``n`` conversations at once on ``agent``: throughput, latency and where the steps' time went."""
     conversations = [
@@ -613,7 +627,9 @@ def table_row(agent: AlphaAgent, log: RunLog, n: int, level: str) -> dict[str, A
     ]
     log.take()
     cpu_before = zygote_cpu_ms(agent)
+    own_before = own_cpu_ms()
     wall_s, cpu_busy = run_concurrently(agent, conversations)
+    own_after = own_cpu_ms()
     time.sleep(0.5)  # the last runs' processes reaped, so their CPU is counted
     cpu_after = zygote_cpu_ms(agent)
     runs = log.take()
@@ -639,20 +655,23 @@ def table_row(agent: AlphaAgent, log: RunLog, n: int, level: str) -> dict[str, A
         "zygote_cpu_ms_per_run": round((cpu_after - cpu_before) / len(runs), 1)
         if runs and cpu_before is not None and cpu_after is not None
         else math.nan,
+        "supervisor_cpu_ms_per_run": round((own_after - own_before) / len(runs), 1) if runs else math.nan,
         "failures": len(failed),
         "first_failure": failed[0].error if failed else None,
         "system_cpu_busy_percent": cpu_busy,
     }
 
 
-def bench_table(root: Path, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+def bench_table(
+    root: Path, sizes: tuple[int, ...], levels: tuple[str, ...] = TABLE_LEVELS
+) -> list[dict[str, Any]]:
     """The concurrency table: every size at both levels, with one warm agent per level for the
     whole table; within a row the level that goes first alternates, so the machine's load (shared,
     and rising over a run) weighs on both alike."""
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         agents: dict[str, tuple[AlphaAgent, RunLog]] = {}
-        for level in TABLE_LEVELS:
+        for level in levels:
             agent = stack.enter_context(level_agent(root / f"table-{level}", level))
             log = record_runs(agent)
             first = timed_turn(
@@ -661,7 +680,7 @@ def bench_table(root: Path, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
             progress(f"table: {level} warm-up turn {first.total_ms / MS:.2f} s, {first.status}")
             agents[level] = (agent, log)
         for index, n in enumerate(sizes):
-            order = TABLE_LEVELS if index % 2 == 0 else tuple(reversed(TABLE_LEVELS))
+            order = levels if index % 2 == 0 else tuple(reversed(levels))
             for level in order:
                 agent, log = agents[level]
                 row = table_row(agent, log, n, level)
@@ -679,25 +698,36 @@ def table_markdown(rows: list[dict[str, Any]]) -> list[str]:
         "## Concurrency by level (3-step turns, all submitted at once; queueing apart from run time)",
         "",
         "| N | Level | Turns/s | Turn p50 s | Step p50 ms | Run p50 ms | Queued p50 / p95 ms "
-        "| Queued share of step time | Zygote-tree CPU ms per run | Failures |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| Queued share of step time | Zygote-tree CPU ms per run | Supervisor CPU ms per run | Failures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in sorted(rows, key=lambda r: (r["conversations"], TABLE_LEVELS.index(r["level"]))):
+    order = [*TABLE_LEVELS, HELPER_LEVEL]
+    for row in sorted(rows, key=lambda r: (r["conversations"], order.index(r["level"]))):
         lines.append(
             f"| {row['conversations']} | {row['level']} ({row['isolation']}) | {row['turns_per_s']} "
             f"| {row['turn_p50_s']:.2f} | {_ms(row['step_p50_ms'])} | {_ms(row['duration_p50_ms'])} "
             f"| {_ms(row['queued_p50_ms'])} / {_ms(row['queued_p95_ms'])} | {row['queued_share_percent']} % "
-            f"| {_ms(row['zygote_cpu_ms_per_run'])} | {row['failures']} |"
+            f"| {_ms(row['zygote_cpu_ms_per_run'])} | {_ms(row['supervisor_cpu_ms_per_run'])} "
+            f"| {row['failures']} |"
         )
     for row in rows:
         if row["failures"]:
             lines.append(f"- N={row['conversations']} {row['level']}: first failure `{row['first_failure']}`")
-    lines += ["", "| N | namespaces turns/s ÷ process turns/s (target ≥ 0.75) |", "|---|---|"]
+    helper = any(r["level"] == HELPER_LEVEL for r in rows)
+    lines += [
+        "",
+        "| N | namespaces turns/s ÷ process turns/s (target ≥ 0.75) |"
+        + (" namespaces-helper ÷ process |" if helper else ""),
+        "|---|---|" + ("---|" if helper else ""),
+    ]
     by = {(r["conversations"], r["level"]): r for r in rows}
     for n in sorted({r["conversations"] for r in rows}):
-        ns, proc = by.get((n, "namespaces")), by.get((n, "process"))
+        ns, proc, old = by.get((n, "namespaces")), by.get((n, "process")), by.get((n, HELPER_LEVEL))
         if ns and proc and proc["turns_per_s"]:
-            lines.append(f"| {n} | {ns['turns_per_s'] / proc['turns_per_s']:.2f} |")
+            line = f"| {n} | {ns['turns_per_s'] / proc['turns_per_s']:.2f} |"
+            if helper:
+                line += f" {old['turns_per_s'] / proc['turns_per_s']:.2f} |" if old else " |"
+            lines.append(line)
     return lines
 
 
@@ -827,15 +857,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer turns (CI smoke)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--table-only", action="store_true", help="only the concurrency table by level")
+    parser.add_argument(
+        "--with-helper",
+        action="store_true",
+        help="add the namespaces level without cloned spares to the table",
+    )
     args = parser.parse_args(argv)
     n_cold, n_warm, n_conversations = (2, 3, 8) if args.quick else (5, 10, CONVERSATIONS)
     sizes = (1, 5) if args.quick else TABLE_CONVERSATIONS
+    levels = (*TABLE_LEVELS, HELPER_LEVEL) if args.with_helper else TABLE_LEVELS
 
     started = time.perf_counter()
     load_at_start = os.getloadavg()[0]
     if args.table_only:
         with tempfile.TemporaryDirectory(prefix="alphaagent-bench-turn-") as root:
-            table = bench_table(Path(root), sizes)
+            table = bench_table(Path(root), sizes, levels)
         report: dict[str, Any] = {
             "machine": machine(load_at_start),
             "table": table,
@@ -855,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
             first, warm = bench_warm(agent, n_warm)
             sandbox = sandbox_info(agent, first)
         concurrency, check = bench_concurrency(concurrent_home, n_conversations)
-        table = bench_table(Path(root), sizes)
+        table = bench_table(Path(root), sizes, levels)
 
     report = {
         "machine": machine(load_at_start),

@@ -89,6 +89,12 @@ class SandboxConfig(BaseModel):
     - ``incremental_snapshot``: keep each scope's tree state between runs and walk only what changed
       (``alphaagent.sandbox.treestate``). ``False`` restores the walk-before-and-after snapshot and
       exists to measure the difference (``bench/scale.py``), not for production use.
+    - ``clone_spares``: at the ``namespaces`` level, make each spare with one ``clone(2)`` straight
+      into its fresh namespaces (``zygote._clone_into_namespaces``) rather than a fork and a helper
+      that unshares (one fork of the preloaded interpreter more per run). Where the zygote's probe
+      of the clone path fails, it uses the helper path by itself (the ready message's ``spares``
+      and ``clone_refused`` say which). ``False`` forces the helper path and exists to measure the
+      difference (``bench/spare.py``), not for production use.
     - ``hidden_paths``: directories a run must not see at the ``namespaces`` level (covered by an
       empty tmpfs): by default the supervisor's home (``~/.ssh``, ``~/.aws``...); the local backend
       adds its data directory, where the other conversations live.
@@ -119,6 +125,7 @@ class SandboxConfig(BaseModel):
     disk_poll_s: float = Field(0.05, gt=0, le=10)
     max_tree_entries: int = Field(100_000, ge=100)
     incremental_snapshot: bool = True
+    clone_spares: bool = True
     zygote_start_timeout_s: float = Field(120.0, gt=0)
     spawn_timeout_s: float = Field(15.0, gt=0)
     queue_timeout_s: float = Field(300.0, gt=0)

@@ -61,6 +61,10 @@ def zygote_environment(config: SandboxConfig, mpl_config_dir: Path) -> dict[str,
     env = _base(config)
     env["HOME"] = str(mpl_config_dir.parent)
     env["MPLCONFIGDIR"] = str(mpl_config_dir)
+    # pyarrow's bundled jemalloc starts a purging thread at import (even with the system pool): the
+    # zygote must stay single-threaded to clone its spares (``zygote._clone_usable``). Without it
+    # jemalloc purges on its own calls instead; runs never had the thread (a fork keeps one thread).
+    env["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
     return env
 
 

@@ -198,6 +198,7 @@ class Sandbox:
             "isolation": self.config.isolation,
             "cgroup_parents": {c: str(p) for c, p in self._cgroup.parents.items()} if self._cgroup else {},
             "private_dev": self.config.private_dev,
+            "clone_spares": self.config.clone_spares,
             "scratch_root": str(self._scratch_root),
             "deny_tcp_connect_ports": list(self.config.deny_tcp_connect_ports),
             "landlock": self.config.landlock,

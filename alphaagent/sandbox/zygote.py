@@ -38,7 +38,9 @@ was restored and saved of the session's live state, see ``_SessionState``) or
 Spares: the zygote keeps ``pool_size`` children forked ahead of time (and, with namespaces, already
 inside their new user, mount, pid and network namespaces), so a run pays neither the fork of a large
 interpreter nor namespace creation. A spare has seen nothing of any run: it is forked from the
-zygote, which never runs user code.
+zygote, which never runs user code. A namespaced spare is cloned straight into fresh namespaces
+(``_clone_into_namespaces``: the clone is the namespace's init, which forks the spare), or, where
+that cannot be used, forked through a helper that unshares them.
 
 The zygote is a funnel that never blocks on one spare: a request waits in its queue until a spare
 says it is ready (prewarmed, waiting on its socket), one spare is forked per waiting request (up to
@@ -171,11 +173,20 @@ def _write(path: str, text: str) -> None:
 # ---------------------------------------------------------------- namespaces
 
 
+def _namespace_flags(network: bool) -> int:
+    """The namespaces every spare gets afresh: user, mount, pid, and network unless ``network``."""
+    return CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | (0 if network else CLONE_NEWNET)
+
+
 def _enter_namespaces(network: bool) -> None:
     """unshare user, mount, pid (and network unless ``network``) namespaces; map our own ids."""
     uid, gid = os.geteuid(), os.getegid()
-    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | (0 if network else CLONE_NEWNET)
-    _check(_libc.unshare(flags), "unshare")
+    _check(_libc.unshare(_namespace_flags(network)), "unshare")
+    _map_own_ids(uid, gid)
+
+
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a new user namespace: map ``uid``/``gid`` (ours in the parent namespace) to themselves."""
     # A non-dumpable process's /proc/self files belong to root: an ordinary user could not write
     # its own id maps. This process holds nothing secret; dumpable is cleared again right after.
     _prctl(PR_SET_DUMPABLE, 1)
@@ -183,6 +194,68 @@ def _enter_namespaces(network: bool) -> None:
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
     _prctl(PR_SET_DUMPABLE, 0)
+
+
+# clone(2) by number (asm/unistd.h): the first argument is the flags on every architecture; with a
+# null stack and no tid pointers it forks, like fork(2), into the namespaces the flags name.
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+SIGCHLD_NUMBER = int(signal.SIGCHLD)
+
+
+def _clone_into_namespaces(network: bool) -> int:
+    """Fork a child that is born pid 1 of fresh user, mount, pid (and network) namespaces; 0 in the
+    child, its pid in the parent. Raises ``OSError`` (the parent only) when the kernel refuses.
+
+    Why not ``os.fork`` then ``unshare``: a new pid namespace holds only the children of whoever
+    unshared it, so that path needs a helper fork between the zygote and the namespace's init; each
+    fork of the preloaded interpreter copies its page tables (~10-15 ms of CPU here, see
+    ``bench/spare.py``). ``clone`` with the namespace flags makes the init in one fork.
+
+    Done as ``os.fork`` does it (CPython's ``PyOS_BeforeFork``/``AfterFork_*``: at-fork hooks, the
+    import lock, the interpreter's thread state), with the GIL held across the system call (a
+    ``PyDLL`` function). glibc's own fork handlers do not run: its locks are free in a process with
+    one thread (``_clone_usable`` checks), and the child's cached thread id (used by ``raise(3)``) is
+    the parent's: the init only waits and forwards signals with ``kill(2)``, and the run it forks with
+    ``os.fork`` gets its own."""
+    number = _SYS_CLONE[os.uname().machine]
+    python = ctypes.pythonapi
+    syscall = ctypes.PyDLL(None, use_errno=True).syscall
+    syscall.restype = ctypes.c_long
+    python.PyOS_BeforeFork()
+    pid = syscall(
+        ctypes.c_long(number),
+        ctypes.c_ulong(_namespace_flags(network) | SIGCHLD_NUMBER),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
+    if pid == 0:
+        python.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    python.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, f"clone: {os.strerror(err)}")
+    return int(pid)
+
+
+def _clone_usable() -> bool:
+    """Whether ``_clone_into_namespaces`` may be used now: a known architecture and one thread.
+
+    With a second thread (a preloaded module's: pyarrow's jemalloc starts one unless told not to,
+    see ``environment.zygote_environment``), a lock it holds at the clone would stay held in the
+    child forever: the libraries' at-fork handlers (jemalloc's, glibc's malloc) that take their
+    locks around a fork are not run by a raw clone. Checked before every clone (~20 µs); the spare
+    is then made through the helper instead."""
+    return os.uname().machine in _SYS_CLONE and _thread_count() == 1
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0  # no /proc: not usable (and namespaces would have failed their probe)
 
 
 def _prepare_namespace_init(network: bool, private_dev: bool = True) -> None:
@@ -471,6 +544,55 @@ def _probe_namespaces(private_dev: bool) -> str | None:
     os.close(r)
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return None if status == 0 else (reason or f"exit status {status}")
+
+
+def _join_cgroups(cgroups: dict[str, str]) -> None:
+    for directory in set(cgroups.values()):
+        _write(os.path.join(directory, "cgroup.procs"), "0")
+
+
+def _probe_clone(private_dev: bool, cgroup_parents: dict[str, str]) -> str | None:
+    """Try what a cloned spare does (``_clone_into_namespaces``, its id maps, joining a cgroup from
+    inside the new user namespace, the read-only mount view) in a throwaway child; None when it
+    works, else the reason (spares are then made through a helper, the slower path)."""
+    if not _clone_usable():
+        return f"clone: not used on {os.uname().machine} or with threads in the zygote"
+    cgroups = {c: os.path.join(parent, f"clone-probe-{os.getpid()}") for c, parent in cgroup_parents.items()}
+    r, w = os.pipe()
+    try:
+        for directory in set(cgroups.values()):
+            os.mkdir(directory)
+        uid, gid = os.geteuid(), os.getegid()
+        try:
+            pid = _clone_into_namespaces(network=False)
+        except OSError as exc:
+            return str(exc)
+        if pid == 0:
+            try:
+                os.close(r)
+                _map_own_ids(uid, gid)
+                _join_cgroups(cgroups)
+                _prepare_namespace_init(network=False, private_dev=private_dev)
+                os._exit(0)
+            except BaseException as exc:
+                os.write(w, str(exc).encode()[:500])
+                os._exit(1)
+        os.close(w)
+        w = -1
+        reason = os.read(r, 600).decode(errors="replace")
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return None if status == 0 else (reason or f"exit status {status}")
+    except OSError as exc:
+        return f"clone probe: {exc}"
+    finally:
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
+        for directory in set(cgroups.values()):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------- landlock
@@ -1121,14 +1243,15 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
 
 
 class Spare:
-    """A child forked ahead of time. On its socket it says, in either order, its pid (a namespaced
-    spare's helper, which forks it inside the new namespaces) and ``ready`` (it has prewarmed and
+    """A child forked ahead of time (its pid known at once, a cloned spare's being its namespace's
+    init). On its socket it says, in either order, its pid (only a spare made through a helper, which
+    forks it inside the new namespaces) and ``ready`` (it has prewarmed and
     waits for a request); handed a request, it answers ``took`` (with the time it did) before it
     does anything else."""
 
     def __init__(self, sock: socket.socket, pid: int | None, network: bool, helper_pid: int | None) -> None:
         self.sock = sock
-        self.pid = pid  # None until a namespaced spare's helper reports the inner pid
+        self.pid = pid  # None until a helper-made spare's helper reports the inner pid
         self.network = network
         self.helper_pid = helper_pid
         self.cgroups: dict[str, str] = {}  # controller -> the spare's cgroup directory
@@ -1188,6 +1311,7 @@ class Zygote:
         self.init_socks: dict[int, socket.socket] = {}  # namespaced run pid -> its init's socket
         self.reported: set[int] = set()  # namespaced runs whose exit was sent from the init's report
         self.helpers: set[int] = set()
+        self.clone_failures = 0  # spares the kernel refused to clone (logged; each is forked again)
         self.sel = selectors.DefaultSelector()
         # controller ("pids", "memory") -> parent directory; with cgroup v2 both share one.
         self.cgroup_parents: dict[str, str] = dict(config.get("cgroup_parents") or {})
@@ -1208,6 +1332,16 @@ class Zygote:
                 raise SystemExit(f"namespaces unavailable: {reason}")
         else:
             self.isolation_detail = "requested process isolation"
+        # How a namespaced spare is made: cloned straight into its namespaces (one fork of the
+        # preloaded interpreter less), or, where that probe fails, through a helper that unshares.
+        self.clone_refused = (
+            "process level"
+            if not self.namespaced
+            else "clone_spares is off"
+            if not config.get("clone_spares", True)
+            else _probe_clone(self.private_dev, self.cgroup_parents)
+        )
+        self.clone_spares = self.clone_refused is None
         # At the process level every run enters a Landlock domain of its own (``_enter_landlock_domain``).
         self.landlock_abi = 0 if self.namespaced or not config.get("landlock", True) else _landlock_abi()
         # Without either, a run can read the environment of every dumpable process of its uid.
@@ -1217,7 +1351,13 @@ class Zygote:
 
     # -- spares ----------------------------------------------------------------------------
 
-    def _fork_spare(self, network: bool) -> Spare:
+    def spare_path(self) -> str:
+        """How spares are made now: ``clone``, ``helper`` (namespaces without the clone) or ``fork``."""
+        if not self.namespaced:
+            return "fork"
+        return "clone" if self.clone_spares and _clone_usable() else "helper"
+
+    def _fork_spare(self, network: bool) -> Spare | None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cgroups: dict[str, str] = {}
         if self.cgroup_parents:
@@ -1230,6 +1370,28 @@ class Zygote:
             }
             for directory in set(cgroups.values()):
                 os.mkdir(directory)
+        if self.clone_spares and _clone_usable():
+            uid, gid = os.geteuid(), os.getegid()  # the child's own ids read 65534 until it maps them
+            try:
+                pid = _clone_into_namespaces(network)
+            except OSError as exc:
+                # The kernel refused this one (a user namespace limit reached, memory): the spare is
+                # lost like one that died early, never the zygote with every run in flight.
+                sys.stderr.write(f"alphaagent zygote: spare not cloned: {exc}\n")
+                child_sock.close()
+                parent_sock.close()
+                for directory in set(cgroups.values()):
+                    self.doomed_cgroups.add(directory)
+                self.clone_failures += 1
+                return None
+            if pid == 0:
+                self._become_spare(child_sock, parent_sock, network, cgroups, cloned=(uid, gid))
+            child_sock.close()
+            spare = Spare(parent_sock, pid, network, helper_pid=None)
+            spare.cgroups = cgroups
+            self.pending[parent_sock.fileno()] = spare
+            self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
+            return spare
         pid = os.fork()
         if pid == 0:
             self._become_spare(child_sock, parent_sock, network, cgroups)
@@ -1245,9 +1407,16 @@ class Zygote:
         return spare
 
     def _become_spare(
-        self, sock: socket.socket, parent_sock: socket.socket, network: bool, cgroups: dict[str, str]
+        self,
+        sock: socket.socket,
+        parent_sock: socket.socket,
+        network: bool,
+        cgroups: dict[str, str],
+        cloned: tuple[int, int] | None = None,
     ) -> None:
-        """In the forked child: become a spare and wait for a request; never returns."""
+        """In the forked child: become a spare and wait for a request; never returns. ``cloned``:
+        the zygote's (uid, gid) when this child was cloned into its namespaces already (it is
+        their pid 1)."""
         try:
             parent_sock.close()
             self.ctl.close()
@@ -1266,10 +1435,18 @@ class Zygote:
                 init_sock.close()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for directory in set(cgroups.values()):
-                # Joining a cgroup costs ~10 ms (an RCU grace period): spares do it ahead of time.
-                _write(os.path.join(directory, "cgroup.procs"), "0")
-            if self.namespaced:
+            if cloned is not None:
+                _map_own_ids(*cloned)
+            # Joining a cgroup costs ~10 ms (an RCU grace period): spares do it ahead of time.
+            _join_cgroups(cgroups)
+            if cloned is not None:
+                # The zygote's child itself now (no helper between): it dies with the zygote, and
+                # its namespace with it, even before its run notices the closed socket (which
+                # covers a zygote gone before this line: getppid() reads 0 across the namespace).
+                _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                _prepare_namespace_init(network, self.private_dev)
+                _become_namespace_init(sock)  # returns in the forked run process only
+            elif self.namespaced:
                 _enter_namespaces(network)
                 inner = os.fork()
                 if inner != 0:
@@ -1919,6 +2096,11 @@ def main() -> None:
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "isolation_detail": zygote.isolation_detail,
+        # How spares are made (``clone``: straight into their namespaces; ``helper``: through a
+        # helper that unshares, where the clone probe said ``clone_refused``; ``fork``: no namespaces).
+        "spares": zygote.spare_path(),
+        "clone_refused": zygote.clone_refused
+        or (None if _clone_usable() else f"{_thread_count()} threads in the zygote after the preload"),
         "landlock_abi": zygote.landlock_abi,
         "readable_credentials": zygote.readable_credentials,
         "kernel_landlock_abi": landlock_abi(),
