@@ -117,6 +117,9 @@ class Turn(BaseModel):
     spec_sha256: str | None = None
     """``Spec.digest()`` of the spec the turn runs: its ``turn_id`` is an idempotency key for that
     spec only. None for turns recorded before the digest was kept (any spec replays them)."""
+    environment_id: str | None = None
+    """The execution environment the turn's runs used (the spec's ``environment_id``). None for
+    turns recorded before it was kept."""
 
 
 class RunRecord(BaseModel):

@@ -389,15 +389,6 @@ def test_run_says_when_it_waits_for_a_busy_conversation(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- checks before code
 
 
-def _nothing_recorded(home: Path) -> None:
-    assert not [p for p in home.glob("*") if not p.name.startswith("alphaagent.db")], _tree(home)
-    if (home / "alphaagent.db").exists():
-        with contextlib.closing(sqlite3.connect(home / "alphaagent.db")) as db:
-            for table in ("turns", "runs", "owners", "sessions"):
-                with contextlib.suppress(sqlite3.OperationalError):
-                    assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0, table
-
-
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -420,6 +411,9 @@ def _nothing_recorded(home: Path) -> None:
             {"inputs": [{"kind": "connector", "connector": "file", "request": {"path": "nope.csv"}}]},
             "inputs[0].request.path: ",
         ),
+        ({"environment_id": "nosuch"}, "environment_id: "),
+        ({"steps": None}, "steps: this spec has no pinned steps and no model is configured"),
+        ({"steps": [{"title": "bad", "code": "print("}]}, "steps[0].code: SyntaxError"),
     ],
 )
 def test_what_needs_no_code_is_checked_before_any_code(
@@ -431,11 +425,12 @@ def test_what_needs_no_code_is_checked_before_any_code(
     spec_file = _write(tmp_path / "spec.json", spec)
     # When it is run
     done = _cli("run", str(spec_file), env=_env(ALPHAAGENT_HOME=str(home)), cwd=tmp_path)
-    # Then it is refused in one line naming the field, and nothing ran or was recorded
+    # Then it is refused in one line naming the field, and nothing was written: not even the
+    # data directory or its database (DESIGN: bad input leaves nothing)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"alphaagent: error: {message}"), done.stderr
     assert done.stderr.count("\n") == 1
-    _nothing_recorded(home)
+    assert not home.exists(), _tree(home)
 
 
 # ----------------------------------------------------------------------------- stable dataset copies
