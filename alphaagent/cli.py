@@ -66,7 +66,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         text = f"{message} (see {self.prog} --help)"
         if _JSON_FLAG in _ARGV:  # a script asked for JSON: it gets the usage error as JSON too
-            print(json.dumps({"error": {"message": text, "exit_code": EXIT_USAGE}}))
+            print(json.dumps(_cli_error(text, EXIT_USAGE)))
         self.exit(EXIT_USAGE, f"alphaagent: error: {text}\n")
 
 
@@ -74,14 +74,23 @@ _JSON_FLAG = "--json"
 _ARGV: list[str] = []
 """The arguments being parsed, so a usage error can honour ``--json`` before parsing succeeded."""
 
+CLI_ERROR_KEY = "cli_error"
+"""The one key of the JSON a command prints when the command itself failed. Not ``error``: that
+key is the code's error inside a result (a run's or a turn's ``{name, value, traceback}``), so a
+script tells "the command failed" from "the work failed" by the key alone."""
+
+
+def _cli_error(message: str, code: int) -> dict[str, Any]:
+    return {CLI_ERROR_KEY: {"message": message, "exit_code": code}}
+
 
 def _fail(message: str, code: int = EXIT_USAGE, *, as_json: bool = False) -> int:
     """Say why the command failed in one line on standard error; with ``as_json`` (the command's
-    ``--json``) also as ``{"error": {"message", "exit_code"}}`` on standard output, so a script
+    ``--json``) also as ``{"cli_error": {"message", "exit_code"}}`` on standard output, so a script
     that parses the output gets an answer it can read whatever happened."""
     print(f"alphaagent: error: {message}", file=sys.stderr)
     if as_json:
-        print(json.dumps({"error": {"message": message, "exit_code": code}}))
+        print(json.dumps(_cli_error(message, code)))
     return code
 
 
@@ -840,7 +849,9 @@ _EXIT_STATUS = """exit status:
   1    the run or turn failed, or what was asked for was not found
   2    bad input, or the platform failed
   130  interrupted (Ctrl-C)
-with --json, an error is also {"error": {"message": ..., "exit_code": N}} on standard output"""
+with --json (before or after the command name), a failure of the command itself is also
+  {"cli_error": {"message": ..., "exit_code": N}} on standard output; "error" is only ever the
+  code's error in a result ({"name", "value", "traceback"})"""
 
 
 def _describe_commands(
@@ -874,6 +885,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"alphaagent {_version()}")
     _add_home(parser, None)
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON (before or after the command name, the same)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def scoped(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -1024,6 +1038,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, metavar="FILE.zip", help="where to write the zip")
     export.set_defaults(handler=cmd_export)
     env = sub.add_parser("env", help="the local execution environments: add, list, show, remove")
+    env.add_argument("--json", action="store_true", help="print JSON")
     env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
     env_add = env_sub.add_parser("add", help="register a Python interpreter as an environment")
     env_add.add_argument("environment_id", metavar="ID", help="1-32 of a-z, 0-9, '-', starting with a letter")
@@ -1061,7 +1076,20 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         _add_home(command, argparse.SUPPRESS)
     _describe_commands(sub)
+    for name, command in [*sub.choices.items(), *(("env " + n, c) for n, c in env_sub.choices.items())]:
+        _json_anywhere(name, command)
     return parser
+
+
+def _json_anywhere(name: str, command: argparse.ArgumentParser) -> None:
+    """``--json`` means the same before the command name (``alphaagent --json run ...``) as after
+    it: a command's own flag only ever sets it (argparse would otherwise copy the sub-command's
+    default False over the True given before); a command without JSON output is named."""
+    flags = [action for action in command._actions if action.dest == "json"]
+    for action in flags:
+        action.default = argparse.SUPPRESS
+    if not flags:
+        command.set_defaults(json_unsupported=name)
 
 
 def _resolve_user(args: argparse.Namespace) -> str | None:
@@ -1097,6 +1125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def fail(message: str, code: int = EXIT_USAGE) -> int:
         return _fail(message, code, as_json=bool(getattr(args, "json", False)))
+
+    if args.json and getattr(args, "json_unsupported", None):
+        return fail(f"--json: {args.json_unsupported} prints no JSON (see alphaagent {args.json_unsupported} --help)")
 
     if hasattr(args, "user"):
         problem = _resolve_user(args)

@@ -461,7 +461,7 @@ def test_env_add_under_json_fails_as_json_on_stdout_too(
     code, out, err = _cli(tmp_path, "env", "add", "x", "--python", missing, "--json", capsys=capsys)
     message = f"--python: {missing}: no such interpreter"
     assert code == 2 and err == f"alphaagent: error: {message}\n"
-    assert json.loads(out) == {"error": {"message": message, "exit_code": 2}}
+    assert json.loads(out) == {"cli_error": {"message": message, "exit_code": 2}}
 
 
 def test_env_add_finds_a_bare_interpreter_name_on_path(
