@@ -48,6 +48,7 @@ from alphaagent.terminal import LiveOutput, looks_binary
 
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
+    from alphaagent.sandbox.config import SandboxConfig
     from alphaagent.domain.turns import Coder
     from alphaagent.environments import Environment
     from alphaagent.models.records import Turn, TurnResult
@@ -139,6 +140,29 @@ def _read_input(source: str, what: str) -> bytes:
     return path.read_bytes()
 
 
+def _exec_environment(args: argparse.Namespace, limits: RunLimits) -> tuple[SandboxConfig | None, RunLimits, bool]:
+    """The sandbox settings, limits and network of ``exec``: builtin's defaults without ``--env``;
+    with it, the registered local environment's interpreter and preload, the limits lowered to its
+    ceilings and network only where it allows it, as a spec's runs there get (nothing is created:
+    the registry is read from the data directory)."""
+    network = args.network == "on"
+    if args.env is None:
+        return None, limits, network
+    from alphaagent.environments import LocalStart, check_environment
+    from alphaagent.local.executor import config_for
+    from alphaagent.sandbox.config import SandboxConfig
+
+    with _agent(args) as agent:
+        try:
+            environment = check_environment(agent.environments, args.env)
+        except InvalidSpecError as exc:
+            raise InvalidRequestError(f"--env: {str(exc).removeprefix('environment_id: ')}") from None
+    if not isinstance(environment.start, LocalStart):
+        raise InvalidRequestError(f"--env: environment {args.env!r} runs on AWS Lambda, not locally")
+    ceilings = environment.limits
+    return config_for(SandboxConfig(), environment), ceilings.bound(limits), network and ceilings.network
+
+
 def cmd_exec(args: argparse.Namespace) -> int:
     """Run a file (or stdin) exactly as ``run_in_env`` would, its output shown as it is produced,
     and print the result: without ``--json`` the run's stdout, then its stderr lines prefixed
@@ -150,11 +174,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     limits = _limits_from(args)
     code = _validate_code(_read_input(args.file, "code"))
+    config, limits, network = _exec_environment(args, limits)
     live = LiveOutput(sys.stderr if args.json else sys.stdout, stdout_prefix="", stderr_prefix="stderr | ")
+    temporary = args.workdir is None
     with contextlib.ExitStack() as stack:
         # Untrusted code may change or delete anything in its working directory, and every file in
         # it is walked and reported: never the folder the user happens to be in, unless asked for.
-        if args.workdir is None:
+        if temporary:
             # ignore_cleanup_errors: a tree the code made too deep to remove must not lose the result.
             folder = stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="alphaagent-exec-", ignore_cleanup_errors=True)
@@ -162,12 +188,22 @@ def cmd_exec(args: argparse.Namespace) -> int:
             workdir = _validate_workdir(Path(folder))
         else:
             workdir = _validate_workdir(Path(args.workdir))
-        sandbox = stack.enter_context(Sandbox())
-        result = sandbox.run(code, cwd=workdir, limits=limits, network=args.network == "on", on_output=live)
+        sandbox = stack.enter_context(Sandbox(config))
+        result = sandbox.run(code, cwd=workdir, limits=limits, network=network, on_output=live)
     live.end_lines()
+    if temporary:
+        # The spill files went with the folder: no path to a file that no longer exists.
+        result = result.model_copy(update={"stdout_path": None, "stderr_path": None})
+        full_output = "full output: not kept (the temporary folder is removed; give --workdir DIR to keep it)"
+    else:
+        # Spill paths are relative to the working directory; shown from where the command ran.
+        spills = (result.stdout_path, result.stderr_path)
+        full_output = "full output: " + " ".join(
+            "-" if path is None else printable_path(str(Path(args.workdir) / path)) for path in spills
+        )
     # The output was shown as it came; what is left to print is the error and the status lines.
     shown = result.model_copy(update={"stdout": "", "stderr": ""})
-    _emit(args, result, list(iter_result_lines(shown)))
+    _emit(args, result, list(iter_result_lines(shown, full_output=full_output)))
     return EXIT_OK if result.status == "ok" else EXIT_FAILED
 
 
@@ -491,13 +527,18 @@ def _write_new_file(out: Path, data: bytes) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    from alphaagent.sandbox.render import state_line
+
     scope = _required_scope(args)
     with _agent(args) as agent:
         runs = agent.history(args.user, scope)
+        environments = {turn.turn_id: turn.environment_id for turn in agent.turns(args.user, scope)}
     lines: list[str] = []
     for run in runs:
         when = f"{run.created_at:%Y-%m-%d %H:%M:%S}"
-        lines.append(f"run {run.run_id}  turn {run.turn_id}  {run.status}  {run.duration_ms} ms  {when}")
+        environment = environments.get(run.turn_id)
+        env = f"  env {environment}" if environment else ""
+        lines.append(f"run {run.run_id}  turn {run.turn_id}{env}  {run.status}  {run.duration_ms} ms  {when}")
         code_lines = run.code.splitlines()
         lines.extend(f"  | {line}" for line in code_lines[:3])
         if len(code_lines) > 3:
@@ -518,7 +559,10 @@ def cmd_history(args: argparse.Namespace) -> int:
                 )
         if run.error:
             lines.append(f"  ! {run.error.name}: {run.error.value}")
-    _emit(args, _dump(runs), lines or ["no runs"])
+        if run.state is not None and (state := state_line(run.state)):
+            lines.append(f"  # {state}")
+    data = [run.model_dump(mode="json") | {"environment_id": environments.get(run.turn_id)} for run in runs]
+    _emit(args, data, lines or ["no runs"])
     return EXIT_OK
 
 
@@ -533,7 +577,7 @@ def _turn_row(turn: Turn) -> dict[str, Any]:
 
 
 def cmd_turns(args: argparse.Namespace) -> int:
-    """A scope's turns, oldest first: id, status, goal, start, duration and error."""
+    """A scope's turns, oldest first: id, status, start, duration, environment, goal and error."""
     scope = _required_scope(args)
     with _agent(args) as agent:
         turns = agent.turns(args.user, scope)
@@ -541,8 +585,9 @@ def cmd_turns(args: argparse.Namespace) -> int:
     for turn in turns:
         row = _turn_row(turn)
         took = "running" if row["duration_ms"] is None else f"{row['duration_ms'] / 1000:.1f} s"
+        env = f"env {turn.environment_id}  " if turn.environment_id else ""
         lines.append(
-            f"{turn.turn_id}  {turn.status:9}  {turn.started_at:%Y-%m-%d %H:%M:%S}  {took:>9}  "
+            f"{turn.turn_id}  {turn.status:9}  {turn.started_at:%Y-%m-%d %H:%M:%S}  {took:>9}  {env}"
             + printable_path(turn.goal)
         )
         if turn.result and turn.result.error:
@@ -806,6 +851,7 @@ _EXAMPLES = {
     "exec": [
         "echo 'print(6 * 7)' | alphaagent exec -",
         "alphaagent exec job.py --workdir data --timeout 120 --json",
+        "alphaagent exec job.py --env stats",
     ],
     "run": [
         "alphaagent run examples/penguins/turn1.json",
@@ -912,6 +958,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="wall-clock limit (default 60)")
     run.add_argument("--memory-mb", type=int, metavar="N", help="address-space limit in MiB (default 2048)")
     run.add_argument("--network", choices=("on", "off"), default="off", help="network access (default off)")
+    run.add_argument(
+        "--env",
+        metavar="ID",
+        help="run in this registered environment (see alphaagent env list; default builtin); its"
+        " ceilings bound --timeout, --memory-mb and --network",
+    )
     run.add_argument("--json", action="store_true", help="print the run result as JSON")
     run.set_defaults(handler=cmd_exec)
 
@@ -969,7 +1021,7 @@ def build_parser() -> argparse.ArgumentParser:
     scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
     scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
-    scoped("turns", "list a scope's turns: id, status, goal, start, duration, error").set_defaults(
+    scoped("turns", "list a scope's turns: id, status, start, duration, environment, goal, error").set_defaults(
         handler=cmd_turns
     )
 

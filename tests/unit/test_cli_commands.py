@@ -755,3 +755,20 @@ def test_a_spec_with_its_own_user_and_no_identity_given_runs_as_that_user_and_sa
         "history", "--json", "--user", "alice", "--conversation", "c-own", env=_env(HOME=str(home)), cwd=cwd
     )
     assert found.returncode == 0 and len(json.loads(found.stdout)) == 1
+
+
+def test_history_shows_the_names_the_session_state_did_not_keep(tmp_path: Path) -> None:
+    # Given a turn whose step leaves a lock beside a number
+    home = tmp_path / "data"
+    spec_file = _write(tmp_path / "spec.json", _spec("c-state", "import threading\nlock = threading.Lock()\nn = 1"))
+    env = _env(ALPHAAGENT_HOME=str(home))
+    assert _cli("run", str(spec_file), env=env, cwd=tmp_path).returncode == 0
+    # When its history is read, as text and as JSON
+    text = _cli("history", "--conversation", "c-state", env=env, cwd=tmp_path)
+    data = _cli("history", "--conversation", "c-state", "--json", env=env, cwd=tmp_path)
+    # Then both name the lock as not kept, with the reason, as the run result did
+    [state_line] = [line for line in text.stdout.splitlines() if line.startswith("  # state:")]
+    assert "not kept: lock (a lock or event (TypeError:" in state_line, text.stdout
+    [run] = json.loads(data.stdout)
+    assert set(run["state"]["skipped"]) == {"lock"} and "n" in run["state"]["saved"]
+    assert run["environment_id"] == "builtin"
