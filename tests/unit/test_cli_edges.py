@@ -257,3 +257,26 @@ def test_the_command_error_and_the_code_error_have_different_keys(
     # Then the code's error is "error" in the result, the command's is "cli_error" alone
     assert code == 1 and set(run["error"]) == {"name", "value", "traceback"} and "cli_error" not in run
     assert bad == 2 and set(json.loads(out_bad)) == {"cli_error"}
+
+
+def test_exec_names_no_spill_file_in_the_folder_it_removed_and_the_real_one_with_a_workdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given code that prints more than a result returns (1 MiB; spilled past 16 KiB)
+    monkeypatch.chdir(tmp_path)
+    code_file = tmp_path / "loud.py"
+    code_file.write_text("print('x' * 1_200_000)\n")  # past the 1 MiB a result returns
+    # When it runs in exec's own temporary folder, as JSON and as text
+    assert main(["exec", str(code_file), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert main(["exec", str(code_file)]) == 0
+    text = capsys.readouterr().out
+    # Then no path points into the removed folder, and the text says the full output was not kept
+    assert result["stdout_truncated"] and result["stdout_path"] is None
+    assert "full output: not kept (the temporary folder is removed; give --workdir DIR to keep it)" in text
+    # When it runs with --workdir; Then the path shown is one the user can open from here
+    (tmp_path / "wd").mkdir()
+    assert main(["exec", str(code_file), "--workdir", "wd"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("full output: ")]
+    shown = line.removeprefix("full output: ").split()[0]
+    assert shown.startswith("wd/work/runs/") and (tmp_path / shown).read_text().startswith("x" * 1000)
