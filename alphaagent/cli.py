@@ -48,11 +48,11 @@ from alphaagent.terminal import LiveOutput, looks_binary
 
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
-    from alphaagent.sandbox.config import SandboxConfig
     from alphaagent.domain.turns import Coder
     from alphaagent.environments import Environment
     from alphaagent.models.records import Turn, TurnResult
     from alphaagent.models.spec import Spec
+    from alphaagent.sandbox.config import SandboxConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_PLATFORM = EXIT_USAGE  # the platform failed (AWS refused, unreachable, no credentials)
@@ -140,7 +140,9 @@ def _read_input(source: str, what: str) -> bytes:
     return path.read_bytes()
 
 
-def _exec_environment(args: argparse.Namespace, limits: RunLimits) -> tuple[SandboxConfig | None, RunLimits, bool]:
+def _exec_environment(
+    args: argparse.Namespace, limits: RunLimits
+) -> tuple[SandboxConfig | None, RunLimits, bool]:
     """The sandbox settings, limits and network of ``exec``: builtin's defaults without ``--env``;
     with it, the registered local environment's interpreter and preload, the limits lowered to its
     ceilings and network only where it allows it, as a spec's runs there get (nothing is created:
@@ -1021,9 +1023,9 @@ def build_parser() -> argparse.ArgumentParser:
     scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
     scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
-    scoped("turns", "list a scope's turns: id, status, start, duration, environment, goal, error").set_defaults(
-        handler=cmd_turns
-    )
+    scoped(
+        "turns", "list a scope's turns: id, status, start, duration, environment, goal, error"
+    ).set_defaults(handler=cmd_turns)
 
     conversations = sub.add_parser("conversations", help="list your conversations and workflow nodes")
     conversations.add_argument(
@@ -1179,7 +1181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(message, code, as_json=bool(getattr(args, "json", False)))
 
     if args.json and getattr(args, "json_unsupported", None):
-        return fail(f"--json: {args.json_unsupported} prints no JSON (see alphaagent {args.json_unsupported} --help)")
+        name = args.json_unsupported
+        return fail(f"--json: {name} prints no JSON (see alphaagent {name} --help)")
 
     if hasattr(args, "user"):
         problem = _resolve_user(args)

@@ -454,7 +454,8 @@ def _kind_of(value: object) -> str:
         return "a generator (its position cannot be saved)"
     if isinstance(value, threading.Thread):
         return "a thread"
-    if isinstance(value, type(threading.Lock()) | type(threading.RLock()) | threading.Condition | threading.Event):
+    locks = (type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Event)
+    if isinstance(value, locks):
         return "a lock or event"
     module = type(value).__module__
     if module in ("socket", "ssl"):

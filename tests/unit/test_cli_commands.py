@@ -10,7 +10,6 @@ import json
 import os
 import pty
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -760,7 +759,9 @@ def test_a_spec_with_its_own_user_and_no_identity_given_runs_as_that_user_and_sa
 def test_history_shows_the_names_the_session_state_did_not_keep(tmp_path: Path) -> None:
     # Given a turn whose step leaves a lock beside a number
     home = tmp_path / "data"
-    spec_file = _write(tmp_path / "spec.json", _spec("c-state", "import threading\nlock = threading.Lock()\nn = 1"))
+    spec_file = _write(
+        tmp_path / "spec.json", _spec("c-state", "import threading\nlock = threading.Lock()\nn = 1")
+    )
     env = _env(ALPHAAGENT_HOME=str(home))
     assert _cli("run", str(spec_file), env=env, cwd=tmp_path).returncode == 0
     # When its history is read, as text and as JSON

@@ -122,7 +122,9 @@ def test_a_usage_error_under_json_is_json_too(capsys: pytest.CaptureFixture[str]
         main(["env", "add", "q", "--json"])
     out, err = capsys.readouterr()
     assert exited.value.code == 2
-    assert json.loads(out)["cli_error"]["message"].startswith("the following arguments are required: --python")
+    assert json.loads(out)["cli_error"]["message"].startswith(
+        "the following arguments are required: --python"
+    )
     assert err.startswith("alphaagent: error: the following arguments are required")
 
 

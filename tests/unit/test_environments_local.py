@@ -488,7 +488,9 @@ def test_exec_runs_in_a_registered_environment_within_its_ceilings(
     code_file = tmp_path / "probe.py"
     code_file.write_text(PROBE_STEP)
     # When `exec --env tight` asks for 60 s
-    code, out, err = _cli(home, "exec", str(code_file), "--env", "tight", "--timeout", "60", "--json", capsys=capsys)
+    code, out, err = _cli(
+        home, "exec", str(code_file), "--env", "tight", "--timeout", "60", "--json", capsys=capsys
+    )
     # Then the code ran under its interpreter (no pandas), with the run's timeout lowered to 5 s
     assert code == 0, err
     result = json.loads(out)
@@ -515,7 +517,9 @@ def test_turns_and_history_say_which_environment_a_turn_used(
     conversation = f"c-{new_ulid().lower()}"
     assert agent.run_analysis(_spec(conversation, "bare", "print(1)")).status == "completed"
     # When its turns and history are listed
-    code, out, _ = _cli(home, "turns", "--conversation", conversation, "--user", USER, "--json", capsys=capsys)
+    code, out, _ = _cli(
+        home, "turns", "--conversation", conversation, "--user", USER, "--json", capsys=capsys
+    )
     [turn] = json.loads(out)
     _, plain, _ = _cli(home, "turns", "--conversation", conversation, "--user", USER, capsys=capsys)
     _, history, _ = _cli(home, "history", "--conversation", conversation, "--user", USER, capsys=capsys)

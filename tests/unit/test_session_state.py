@@ -130,7 +130,11 @@ def test_what_is_kept_of_files_and_streams_is_said_precisely(sandbox: Sandbox, s
     # Then the streams and the text file being read are kept, the others skipped saying what they are
     assert {"sio", "bio", "reading"} <= set(first.state.saved)
     assert set(first.state.skipped) == {"writing", "binary", "sock"}
-    for name, kind in (("writing", "an open file or stream"), ("binary", "an open file"), ("sock", "a socket")):
+    for name, kind in (
+        ("writing", "an open file or stream"),
+        ("binary", "an open file"),
+        ("sock", "a socket"),
+    ):
         assert first.state.skipped[name].startswith(kind), first.state.skipped[name]
         assert first.state.skipped[name].endswith("; recreate it in the next run")
     # And the next run gets the streams as they were, and the read file as a StringIO of its contents
