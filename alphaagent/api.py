@@ -109,7 +109,7 @@ class AlphaAgent(ScopeReads):
             database = Path(":memory:")  # sqlite3's name for a private database that is never on disk
         # The data directory and its database appear with the first write, so a refused spec (or
         # environment) leaves nothing behind in a new home.
-        self.store: SqliteStore = SqliteStore(database, create="on_first_write")
+        self.store: SqliteStore = SqliteStore(database, create="now" if read_only else "on_first_write")
         self.workspace: LocalWorkspace = LocalWorkspace(self.home)
         self.bus = InProcessBus()
         self.bus.subscribe(Recorder(self.store).handle)
