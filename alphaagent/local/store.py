@@ -740,6 +740,8 @@ class SqliteStore:
     def remove_environment(self, environment_id: str, now: datetime) -> Environment | None:
         """Mark a ready environment removed at ``now``; the removed record, or None (nothing
         written) if no ready environment has that id."""
+        if self._deferred:
+            return None  # no file yet, so no environment: a refused removal creates nothing
         with self._write() as db:
             row = db.execute(
                 "SELECT record FROM environments WHERE environment_id = ? AND status = 'ready'",

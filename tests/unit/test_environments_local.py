@@ -352,13 +352,16 @@ def test_removing_an_environment_refuses_its_specs_with_exit_2_naming_the_availa
 def test_builtin_cannot_be_removed_and_an_unknown_one_is_not_found(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = _cli(tmp_path, "env", "remove", "builtin", capsys=capsys)
+    home = tmp_path / "home"
+    code, _, err = _cli(home, "env", "remove", "builtin", capsys=capsys)
     assert (
         code == 2
         and err == "alphaagent: error: environment_id: 'builtin' is built in and cannot be removed\n"
     )
-    code, _, err = _cli(tmp_path, "env", "remove", "nowhere", capsys=capsys)
+    code, _, err = _cli(home, "env", "remove", "nowhere", capsys=capsys)
     assert code == 1 and err == "alphaagent: error: environment 'nowhere' is not registered\n"
+    # Neither refusal made the data directory
+    assert not home.exists()
 
 
 @pytest.mark.parametrize(
