@@ -88,6 +88,8 @@ class AlphaAgent(ScopeReads):
     ...) come from ``ScopeReads``, which the AWS client shares.
 
     ``read_only=True`` (the CLI's read commands) creates nothing: no data directory, no database.
+    Otherwise the data directory and its database are created by the first write (a turn that
+    starts, an environment registered), never by a request that is refused.
     A data directory without a database answers exactly like an empty one (every scope not found,
     every list empty), through an empty in-memory store."""
 
@@ -105,9 +107,9 @@ class AlphaAgent(ScopeReads):
         database = self.home / DATABASE_NAME
         if read_only and not database.is_file():
             database = Path(":memory:")  # sqlite3's name for a private database that is never on disk
-        elif not read_only:
-            self.home.mkdir(parents=True, exist_ok=True)
-        self.store: SqliteStore = SqliteStore(database)
+        # The data directory and its database appear with the first write, so a refused spec (or
+        # environment) leaves nothing behind in a new home.
+        self.store: SqliteStore = SqliteStore(database, create="now" if read_only else "on_first_write")
         self.workspace: LocalWorkspace = LocalWorkspace(self.home)
         self.bus = InProcessBus()
         self.bus.subscribe(Recorder(self.store).handle)

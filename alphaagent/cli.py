@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from alphaagent.environments import Environment
     from alphaagent.models.records import Turn, TurnResult
     from alphaagent.models.spec import Spec
+    from alphaagent.sandbox.config import SandboxConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_PLATFORM = EXIT_USAGE  # the platform failed (AWS refused, unreachable, no credentials)
@@ -66,7 +67,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         text = f"{message} (see {self.prog} --help)"
         if _JSON_FLAG in _ARGV:  # a script asked for JSON: it gets the usage error as JSON too
-            print(json.dumps({"error": {"message": text, "exit_code": EXIT_USAGE}}))
+            print(json.dumps(_cli_error(text, EXIT_USAGE)))
         self.exit(EXIT_USAGE, f"alphaagent: error: {text}\n")
 
 
@@ -74,14 +75,23 @@ _JSON_FLAG = "--json"
 _ARGV: list[str] = []
 """The arguments being parsed, so a usage error can honour ``--json`` before parsing succeeded."""
 
+CLI_ERROR_KEY = "cli_error"
+"""The one key of the JSON a command prints when the command itself failed. Not ``error``: that
+key is the code's error inside a result (a run's or a turn's ``{name, value, traceback}``), so a
+script tells "the command failed" from "the work failed" by the key alone."""
+
+
+def _cli_error(message: str, code: int) -> dict[str, Any]:
+    return {CLI_ERROR_KEY: {"message": message, "exit_code": code}}
+
 
 def _fail(message: str, code: int = EXIT_USAGE, *, as_json: bool = False) -> int:
     """Say why the command failed in one line on standard error; with ``as_json`` (the command's
-    ``--json``) also as ``{"error": {"message", "exit_code"}}`` on standard output, so a script
+    ``--json``) also as ``{"cli_error": {"message", "exit_code"}}`` on standard output, so a script
     that parses the output gets an answer it can read whatever happened."""
     print(f"alphaagent: error: {message}", file=sys.stderr)
     if as_json:
-        print(json.dumps({"error": {"message": message, "exit_code": code}}))
+        print(json.dumps(_cli_error(message, code)))
     return code
 
 
@@ -130,6 +140,31 @@ def _read_input(source: str, what: str) -> bytes:
     return path.read_bytes()
 
 
+def _exec_environment(
+    args: argparse.Namespace, limits: RunLimits
+) -> tuple[SandboxConfig | None, RunLimits, bool]:
+    """The sandbox settings, limits and network of ``exec``: builtin's defaults without ``--env``;
+    with it, the registered local environment's interpreter and preload, the limits lowered to its
+    ceilings and network only where it allows it, as a spec's runs there get (nothing is created:
+    the registry is read from the data directory)."""
+    network = args.network == "on"
+    if args.env is None:
+        return None, limits, network
+    from alphaagent.environments import LocalStart, check_environment
+    from alphaagent.local.executor import config_for
+    from alphaagent.sandbox.config import SandboxConfig
+
+    with _agent(args) as agent:
+        try:
+            environment = check_environment(agent.environments, args.env)
+        except InvalidSpecError as exc:
+            raise InvalidRequestError(f"--env: {str(exc).removeprefix('environment_id: ')}") from None
+    if not isinstance(environment.start, LocalStart):
+        raise InvalidRequestError(f"--env: environment {args.env!r} runs on AWS Lambda, not locally")
+    ceilings = environment.limits
+    return config_for(SandboxConfig(), environment), ceilings.bound(limits), network and ceilings.network
+
+
 def cmd_exec(args: argparse.Namespace) -> int:
     """Run a file (or stdin) exactly as ``run_in_env`` would, its output shown as it is produced,
     and print the result: without ``--json`` the run's stdout, then its stderr lines prefixed
@@ -141,11 +176,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     limits = _limits_from(args)
     code = _validate_code(_read_input(args.file, "code"))
+    config, limits, network = _exec_environment(args, limits)
     live = LiveOutput(sys.stderr if args.json else sys.stdout, stdout_prefix="", stderr_prefix="stderr | ")
+    temporary = args.workdir is None
     with contextlib.ExitStack() as stack:
         # Untrusted code may change or delete anything in its working directory, and every file in
         # it is walked and reported: never the folder the user happens to be in, unless asked for.
-        if args.workdir is None:
+        if temporary:
             # ignore_cleanup_errors: a tree the code made too deep to remove must not lose the result.
             folder = stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="alphaagent-exec-", ignore_cleanup_errors=True)
@@ -153,12 +190,22 @@ def cmd_exec(args: argparse.Namespace) -> int:
             workdir = _validate_workdir(Path(folder))
         else:
             workdir = _validate_workdir(Path(args.workdir))
-        sandbox = stack.enter_context(Sandbox())
-        result = sandbox.run(code, cwd=workdir, limits=limits, network=args.network == "on", on_output=live)
+        sandbox = stack.enter_context(Sandbox(config))
+        result = sandbox.run(code, cwd=workdir, limits=limits, network=network, on_output=live)
     live.end_lines()
+    if temporary:
+        # The spill files went with the folder: no path to a file that no longer exists.
+        result = result.model_copy(update={"stdout_path": None, "stderr_path": None})
+        full_output = "full output: not kept (the temporary folder is removed; give --workdir DIR to keep it)"
+    else:
+        # Spill paths are relative to the working directory; shown from where the command ran.
+        spills = (result.stdout_path, result.stderr_path)
+        full_output = "full output: " + " ".join(
+            "-" if path is None else printable_path(str(Path(args.workdir) / path)) for path in spills
+        )
     # The output was shown as it came; what is left to print is the error and the status lines.
     shown = result.model_copy(update={"stdout": "", "stderr": ""})
-    _emit(args, result, list(iter_result_lines(shown)))
+    _emit(args, result, list(iter_result_lines(shown, full_output=full_output)))
     return EXIT_OK if result.status == "ok" else EXIT_FAILED
 
 
@@ -482,13 +529,18 @@ def _write_new_file(out: Path, data: bytes) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    from alphaagent.sandbox.render import state_line
+
     scope = _required_scope(args)
     with _agent(args) as agent:
         runs = agent.history(args.user, scope)
+        environments = {turn.turn_id: turn.environment_id for turn in agent.turns(args.user, scope)}
     lines: list[str] = []
     for run in runs:
         when = f"{run.created_at:%Y-%m-%d %H:%M:%S}"
-        lines.append(f"run {run.run_id}  turn {run.turn_id}  {run.status}  {run.duration_ms} ms  {when}")
+        environment = environments.get(run.turn_id)
+        env = f"  env {environment}" if environment else ""
+        lines.append(f"run {run.run_id}  turn {run.turn_id}{env}  {run.status}  {run.duration_ms} ms  {when}")
         code_lines = run.code.splitlines()
         lines.extend(f"  | {line}" for line in code_lines[:3])
         if len(code_lines) > 3:
@@ -509,7 +561,10 @@ def cmd_history(args: argparse.Namespace) -> int:
                 )
         if run.error:
             lines.append(f"  ! {run.error.name}: {run.error.value}")
-    _emit(args, _dump(runs), lines or ["no runs"])
+        if run.state is not None and (state := state_line(run.state)):
+            lines.append(f"  # {state}")
+    data = [run.model_dump(mode="json") | {"environment_id": environments.get(run.turn_id)} for run in runs]
+    _emit(args, data, lines or ["no runs"])
     return EXIT_OK
 
 
@@ -524,7 +579,7 @@ def _turn_row(turn: Turn) -> dict[str, Any]:
 
 
 def cmd_turns(args: argparse.Namespace) -> int:
-    """A scope's turns, oldest first: id, status, goal, start, duration and error."""
+    """A scope's turns, oldest first: id, status, start, duration, environment, goal and error."""
     scope = _required_scope(args)
     with _agent(args) as agent:
         turns = agent.turns(args.user, scope)
@@ -532,8 +587,9 @@ def cmd_turns(args: argparse.Namespace) -> int:
     for turn in turns:
         row = _turn_row(turn)
         took = "running" if row["duration_ms"] is None else f"{row['duration_ms'] / 1000:.1f} s"
+        env = f"env {turn.environment_id}  " if turn.environment_id else ""
         lines.append(
-            f"{turn.turn_id}  {turn.status:9}  {turn.started_at:%Y-%m-%d %H:%M:%S}  {took:>9}  "
+            f"{turn.turn_id}  {turn.status:9}  {turn.started_at:%Y-%m-%d %H:%M:%S}  {took:>9}  {env}"
             + printable_path(turn.goal)
         )
         if turn.result and turn.result.error:
@@ -797,6 +853,7 @@ _EXAMPLES = {
     "exec": [
         "echo 'print(6 * 7)' | alphaagent exec -",
         "alphaagent exec job.py --workdir data --timeout 120 --json",
+        "alphaagent exec job.py --env stats",
     ],
     "run": [
         "alphaagent run examples/penguins/turn1.json",
@@ -840,7 +897,9 @@ _EXIT_STATUS = """exit status:
   1    the run or turn failed, or what was asked for was not found
   2    bad input, or the platform failed
   130  interrupted (Ctrl-C)
-with --json, an error is also {"error": {"message": ..., "exit_code": N}} on standard output"""
+with --json (before or after the command name), a failure of the command itself is also
+  {"cli_error": {"message": ..., "exit_code": N}} on standard output; "error" is only ever the
+  code's error in a result ({"name", "value", "traceback"})"""
 
 
 def _describe_commands(
@@ -874,6 +933,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"alphaagent {_version()}")
     _add_home(parser, None)
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON (before or after the command name, the same)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def scoped(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -898,6 +960,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="wall-clock limit (default 60)")
     run.add_argument("--memory-mb", type=int, metavar="N", help="address-space limit in MiB (default 2048)")
     run.add_argument("--network", choices=("on", "off"), default="off", help="network access (default off)")
+    run.add_argument(
+        "--env",
+        metavar="ID",
+        help="run in this registered environment (see alphaagent env list; default builtin); its"
+        " ceilings bound --timeout, --memory-mb and --network",
+    )
     run.add_argument("--json", action="store_true", help="print the run result as JSON")
     run.set_defaults(handler=cmd_exec)
 
@@ -955,9 +1023,9 @@ def build_parser() -> argparse.ArgumentParser:
     scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
     scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
-    scoped("turns", "list a scope's turns: id, status, goal, start, duration, error").set_defaults(
-        handler=cmd_turns
-    )
+    scoped(
+        "turns", "list a scope's turns: id, status, start, duration, environment, goal, error"
+    ).set_defaults(handler=cmd_turns)
 
     conversations = sub.add_parser("conversations", help="list your conversations and workflow nodes")
     conversations.add_argument(
@@ -1024,6 +1092,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, metavar="FILE.zip", help="where to write the zip")
     export.set_defaults(handler=cmd_export)
     env = sub.add_parser("env", help="the local execution environments: add, list, show, remove")
+    env.add_argument("--json", action="store_true", help="print JSON")
     env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
     env_add = env_sub.add_parser("add", help="register a Python interpreter as an environment")
     env_add.add_argument("environment_id", metavar="ID", help="1-32 of a-z, 0-9, '-', starting with a letter")
@@ -1061,7 +1130,20 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         _add_home(command, argparse.SUPPRESS)
     _describe_commands(sub)
+    for name, command in [*sub.choices.items(), *(("env " + n, c) for n, c in env_sub.choices.items())]:
+        _json_anywhere(name, command)
     return parser
+
+
+def _json_anywhere(name: str, command: argparse.ArgumentParser) -> None:
+    """``--json`` means the same before the command name (``alphaagent --json run ...``) as after
+    it: a command's own flag only ever sets it (argparse would otherwise copy the sub-command's
+    default False over the True given before); a command without JSON output is named."""
+    flags = [action for action in command._actions if action.dest == "json"]
+    for action in flags:
+        action.default = argparse.SUPPRESS
+    if not flags:
+        command.set_defaults(json_unsupported=name)
 
 
 def _resolve_user(args: argparse.Namespace) -> str | None:
@@ -1097,6 +1179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def fail(message: str, code: int = EXIT_USAGE) -> int:
         return _fail(message, code, as_json=bool(getattr(args, "json", False)))
+
+    if args.json and getattr(args, "json_unsupported", None):
+        name = args.json_unsupported
+        return fail(f"--json: {name} prints no JSON (see alphaagent {name} --help)")
 
     if hasattr(args, "user"):
         problem = _resolve_user(args)

@@ -71,6 +71,7 @@ def run_record_from(detail: RunCompleted | RunFailed, code: str) -> RunRecord:
         stdout_path=result.stdout_path,
         stderr_path=result.stderr_path,
         created_at=utcnow(),
+        state=result.state,
     )
 
 

@@ -312,6 +312,7 @@ def _fail_unstarted_turn(backend: Backend, request: FinalizeInput, result: TurnR
         goal=request.spec.goal,
         started_at=now,
         spec_sha256=request.spec.digest(),
+        environment_id=request.spec.environment_id,
     )
     if not backend.store.create_turn(turn):
         existing = backend.store.get_turn(request.user_id, request.turn_id)

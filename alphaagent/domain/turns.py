@@ -20,6 +20,7 @@ from alphaagent import connectors
 from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.inputs import (
+    ResolvedInput,
     bring_inputs,
     resolve_inputs,
 )
@@ -214,6 +215,9 @@ def run_turn(
         # Turn ids are global idempotency keys (ULIDs: unguessable). Another user's id is refused
         # before anything is written; nothing of that turn is revealed.
         raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")
+    # A scope nobody owns yet has no documents or datasets, and connectors do not depend on the
+    # scope: its inputs are checked and fetched before the lease, so a refused input writes nothing.
+    inputs = resolve_inputs(backend, spec) if owner is None else None
     # Each attempt holds the lease under its own name, so a duplicate of a running turn waits for
     # it instead of sharing (and then releasing) its lease.
     lease = _Lease(backend, scope.key, f"{turn_id}/{new_ulid()}")
@@ -226,7 +230,7 @@ def run_turn(
                 return existing.result
             # Still "running" while we hold the lease: its process died and its lease expired.
             return record_turn_end(backend, existing, _abandoned(existing.turn_id))
-        return _locked_turn(backend, spec, turn_id, coder, say, lease, on_output)
+        return _locked_turn(backend, spec, turn_id, coder, say, lease, on_output, inputs)
     finally:
         lease.release()
 
@@ -293,6 +297,7 @@ def start_turn(backend: Backend, spec: Spec, turn_id: str, session: Session, now
         goal=spec.goal,
         started_at=now,
         spec_sha256=spec.digest(),
+        environment_id=spec.environment_id,
     )
     if not backend.store.create_turn(turn):
         return None
@@ -316,9 +321,11 @@ def _locked_turn(
     say: Progress,
     lease: _Lease,
     on_output: OutputSink | None = None,
+    resolved: list[ResolvedInput] | None = None,
 ) -> TurnResult:
     scope, user_id = spec.scope, spec.user_id
-    inputs = resolve_inputs(backend, spec)  # before anything is written: a bad input leaves nothing
+    # Before anything is written: a bad input leaves nothing (already done for a new scope).
+    inputs = resolve_inputs(backend, spec) if resolved is None else resolved
     now = utcnow()
     session, created = claim_scope_and_session(backend, spec, turn_id, now)
     _fail_abandoned_turns(backend, scope, user_id, turn_id)

@@ -58,6 +58,18 @@ def _same_start(a: Environment, b: Environment) -> bool:
     return (a.start, a.preload, a.registered_at) == (b.start, b.preload, b.registered_at)
 
 
+def config_for(builtin: SandboxConfig, environment: Environment) -> SandboxConfig:
+    """The sandbox settings of a local ``environment``: ``builtin``'s as they are for builtin;
+    for another, ``builtin``'s with its own interpreter and preload and no warm-up
+    (``BUILTIN_WARMUP`` exercises the scientific stack, which another environment may not have)."""
+    if environment.environment_id == BUILTIN_ID:
+        return builtin
+    assert isinstance(environment.start, LocalStart)  # callers refuse any other kind of start
+    return builtin.model_copy(
+        update={"python": environment.start.python, "preload": environment.preload, "warmup": ""}
+    )
+
+
 class SandboxExecutor:
     """Runs code in the warm ``Sandbox`` of the run's environment; thread-safe.
 
@@ -200,12 +212,7 @@ class SandboxExecutor:
         return found
 
     def _config_for(self, environment: Environment) -> SandboxConfig:
-        if environment.environment_id == BUILTIN_ID:
-            return self._config
-        assert isinstance(environment.start, LocalStart)  # _environment refused any other
-        return self._config.model_copy(
-            update={"python": environment.start.python, "preload": environment.preload, "warmup": ""}
-        )
+        return config_for(self._config, environment)
 
     def _check_out(self, environment: Environment) -> _Warm:
         stale: _Warm | None = None

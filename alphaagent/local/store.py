@@ -165,6 +165,8 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             record TEXT NOT NULL
         )""",
     ),
+    # Version 4: the execution environment a turn ran in (NULL for turns recorded before).
+    ("ALTER TABLE turns ADD COLUMN environment_id TEXT",),
 )
 """Schema migrations: entry ``i`` takes a database from version ``i`` to ``i + 1``. Append only."""
 
@@ -175,11 +177,12 @@ SCHEMA_VERSION: Final = len(_MIGRATIONS)
 class _Connection:
     """A connection and the process that opened it (a connection must never cross a ``fork``)."""
 
-    __slots__ = ("__weakref__", "connection", "pid")
+    __slots__ = ("__weakref__", "connection", "in_memory", "pid")
 
-    def __init__(self, connection: sqlite3.Connection, pid: int) -> None:
+    def __init__(self, connection: sqlite3.Connection, pid: int, *, in_memory: bool = False) -> None:
         self.connection = connection
         self.pid = pid
+        self.in_memory = in_memory
 
 
 class SqliteStore:
@@ -192,16 +195,24 @@ class SqliteStore:
 
     Args:
         path: the database file; it and its parent folders are created if missing.
+        create: ``"now"`` creates a missing file (and its folders) when the store is opened;
+            ``"on_first_write"`` leaves them to the first write, and until then answers every read
+            as an empty store does, so a refused request writes nothing (DESIGN: reads never create;
+            bad input leaves nothing).
 
     Raises:
         StoreSchemaError: the file holds a schema newer than ``SCHEMA_VERSION``.
         StoreError: the file is not a usable SQLite database.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, create: Literal["now", "on_first_write"] = "now") -> None:
         self._path = Path(path)
         self._local = threading.local()
         self._lock = threading.Lock()
+        # While the file is missing in "on_first_write" mode, each thread reads an empty in-memory
+        # database of the current schema; the first write creates the file under _create_lock.
+        self._deferred = create == "on_first_write" and not self._path.exists()
+        self._create_lock = threading.Lock()
         # Holders of every connection this object opened; a thread's connection is closed with its
         # thread-local holder when the thread ends, or by close().
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
@@ -209,7 +220,8 @@ class SqliteStore:
         # POSIX locks on the file, so they are kept open (and unused) for the life of the child.
         self._inherited: list[_Connection] = []
         self._closed = False
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._deferred:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._migrate()
         except BaseException:
@@ -370,7 +382,7 @@ class SqliteStore:
         with self._write() as db:
             inserted = db.execute(
                 "INSERT INTO turns (turn_id, user_id, scope_key, session_id, status, goal, started_at, "
-                "finished_at, result, spec_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "finished_at, result, spec_sha256, environment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (turn_id) DO NOTHING",
                 (
                     turn.turn_id,
@@ -383,6 +395,7 @@ class SqliteStore:
                     None if turn.finished_at is None else iso_utc(turn.finished_at),
                     None if turn.result is None else turn.result.model_dump_json(),
                     turn.spec_sha256,
+                    turn.environment_id,
                 ),
             ).rowcount
         return inserted == 1
@@ -727,6 +740,8 @@ class SqliteStore:
     def remove_environment(self, environment_id: str, now: datetime) -> Environment | None:
         """Mark a ready environment removed at ``now``; the removed record, or None (nothing
         written) if no ready environment has that id."""
+        if self._deferred:
+            return None  # no file yet, so no environment: a refused removal creates nothing
         with self._write() as db:
             row = db.execute(
                 "SELECT record FROM environments WHERE environment_id = ? AND status = 'ready'",
@@ -750,24 +765,45 @@ class SqliteStore:
         holder: _Connection | None = getattr(self._local, "holder", None)
         pid = os.getpid()
         if holder is not None and holder.pid == pid and not self._closed:
-            return holder.connection
+            if holder.in_memory == self._deferred:
+                return holder.connection
+            holder.connection.close()  # this thread's empty stand-in: the file exists now
+            holder = None
         with self._lock:
             if self._closed:
                 raise StoreError(f"the store {self._path} is closed")
             if holder is not None:
                 self._inherited.append(holder)
-            holder = _Connection(self._open(), pid)
+            deferred = self._deferred
+            holder = _Connection(self._open(in_memory=deferred), pid, in_memory=deferred)
             self._connections.add(holder)
         self._local.holder = holder
         return holder.connection
 
-    def _open(self) -> sqlite3.Connection:
+    def _create_file(self) -> None:
+        """The first write of an ``on_first_write`` store: create the folders and the file, migrate
+        it, and only then send every thread's reads to it."""
+        with self._create_lock:
+            if not self._deferred:
+                return
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            db = self._open(in_memory=False)
+            try:
+                self._migrate_on(db)
+            finally:
+                db.close()
+            self._deferred = False
+
+    def _open(self, *, in_memory: bool = False) -> sqlite3.Connection:
         # isolation_level=None: the sqlite3 module starts no implicit transactions; _write() does.
         # check_same_thread=False only so that close() may close other threads' connections: each
         # connection is otherwise used by the one thread that opened it.
         try:
             connection = sqlite3.connect(
-                self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+                ":memory:" if in_memory else self._path,
+                timeout=BUSY_TIMEOUT_S,
+                isolation_level=None,
+                check_same_thread=False,
             )
         except sqlite3.Error as error:
             raise StoreError(f"cannot open the store {self._path}: {error}") from error
@@ -779,11 +815,16 @@ class SqliteStore:
         except sqlite3.Error as error:
             connection.close()
             raise StoreError(f"cannot use the store {self._path}: {error}") from error
+        if in_memory:
+            self._migrate_on(connection)  # an empty stand-in of the current schema, never on disk
         return connection
 
     def _migrate(self) -> None:
+        """Migrate this thread's connection (the file's, or its empty stand-in's)."""
+        self._migrate_on(self._connection())
+
+    def _migrate_on(self, db: sqlite3.Connection) -> None:
         """Refuse a newer schema, switch to WAL, then apply pending migrations in one transaction."""
-        db = self._connection()
         try:
             # Checked before anything is written, so a newer database is left exactly as it was.
             _check_version(self._path, _user_version(db))
@@ -792,7 +833,7 @@ class SqliteStore:
             raise StoreError(f"cannot use the store {self._path}: {error}") from error
         if _user_version(db) == SCHEMA_VERSION:
             return
-        with self._write() as tx:
+        with self._transaction(db) as tx:
             # Re-read under the write lock: another process may have migrated in the meantime.
             current = _user_version(tx)
             _check_version(self._path, current)
@@ -805,8 +846,15 @@ class SqliteStore:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, taking the write lock up front (``BEGIN IMMEDIATE``): committed if
-        the block succeeds, rolled back otherwise."""
-        db = self._connection()
+        the block succeeds, rolled back otherwise. The first write of an ``on_first_write`` store
+        creates its file."""
+        if self._deferred:
+            self._create_file()
+        with self._transaction(self._connection()) as db:
+            yield db
+
+    @contextmanager
+    def _transaction(self, db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         with _busy_is_retryable(self._path):
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -880,6 +928,7 @@ def _turn(row: sqlite3.Row) -> Turn:
         finished_at=None if row["finished_at"] is None else from_iso(row["finished_at"]),
         result=None if row["result"] is None else TurnResult.model_validate_json(row["result"]),
         spec_sha256=row["spec_sha256"],
+        environment_id=row["environment_id"],
     )
 
 

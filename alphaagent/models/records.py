@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.models.common import ArtifactKind, utcnow
-from alphaagent.models.run import RunError
+from alphaagent.models.run import RunError, StateReport
 
 SESSION_IDLE_TIMEOUT_S = 15 * 60
 """A session expires after 15 minutes without use (DESIGN §4.7)."""
@@ -117,6 +117,9 @@ class Turn(BaseModel):
     spec_sha256: str | None = None
     """``Spec.digest()`` of the spec the turn runs: its ``turn_id`` is an idempotency key for that
     spec only. None for turns recorded before the digest was kept (any spec replays them)."""
+    environment_id: str | None = None
+    """The execution environment the turn's runs used (the spec's ``environment_id``). None for
+    turns recorded before it was kept."""
 
 
 class RunRecord(BaseModel):
@@ -146,6 +149,9 @@ class RunRecord(BaseModel):
     stdout_path: str | None = None
     stderr_path: str | None = None
     created_at: datetime
+    state: StateReport | None = None
+    """The session's live state around the run (what was restored, and each name not kept with
+    the reason); None outside a session and in records written before history kept it."""
 
 
 class ArtifactVersion(BaseModel):

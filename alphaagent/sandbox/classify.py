@@ -156,6 +156,23 @@ def redact(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
+def timeout_traceback(interrupted: str, reason: str) -> str:
+    """The traceback of a run cut by its timeout: where the code was when the sandbox interrupted
+    it, ending in the ``TimeoutError`` the result names. The child is interrupted with SIGINT
+    (zygote ``_run_user_code``), so its own traceback ends in ``KeyboardInterrupt``, which is how
+    it was stopped, not why: that last line becomes ``TimeoutError: <reason>``. A traceback that
+    ends otherwise (the code caught the interrupt and raised something else) keeps its lines, and
+    the timeout is said after them. "" stays "" (the code was not running its own lines)."""
+    if not interrupted:
+        return ""
+    lines = interrupted.rstrip("\n").split("\n")
+    if lines[-1] == "KeyboardInterrupt" or lines[-1].startswith("KeyboardInterrupt: "):
+        lines[-1] = f"TimeoutError: {reason}"
+    else:
+        lines += ["", f"TimeoutError: {reason}"]
+    return "\n".join(lines) + "\n"
+
+
 def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -196,7 +213,7 @@ def build_result(
         if outcome.hint:
             reason += f"; {outcome.hint}"
         where = error.traceback if error and status_line.get("interrupted") else ""
-        error = RunError(name="TimeoutError", value=reason, traceback=where)
+        error = RunError(name="TimeoutError", value=reason, traceback=timeout_traceback(where, reason))
         exit_code = wait_code
     elif outcome.kill_reason == "output_limit":
         status = "killed"

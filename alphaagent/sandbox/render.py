@@ -13,8 +13,10 @@ from alphaagent.models.run import (
 )
 
 
-def iter_result_lines(result: RunResult) -> Iterator[str]:
-    """Readable rendering of a result for people (``alphaagent exec`` without ``--json``)."""
+def iter_result_lines(result: RunResult, *, full_output: str | None = None) -> Iterator[str]:
+    """Readable rendering of a result for people (``alphaagent exec`` without ``--json``);
+    ``full_output`` replaces what the last line says of the spill files (where they are, or that
+    they were not kept) when the output was truncated."""
     if result.stdout:
         yield result.stdout.rstrip("\n")
     if result.stderr:
@@ -40,7 +42,7 @@ def iter_result_lines(result: RunResult) -> Iterator[str]:
     if result.state is not None and (line := state_line(result.state)):
         yield line
     if result.stdout_truncated or result.stderr_truncated:
-        yield f"full output: {result.stdout_path or '-'} {result.stderr_path or '-'}"
+        yield full_output or f"full output: {result.stdout_path or '-'} {result.stderr_path or '-'}"
 
 
 def state_line(state: StateReport) -> str:

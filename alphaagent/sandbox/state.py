@@ -430,9 +430,39 @@ def _trial(namespace: dict[str, Any], name: str) -> BaseException | None:
     return None
 
 
-def _why(exc: BaseException) -> str:
+def _why(exc: BaseException, value: object = None) -> str:
     text = f"{type(exc).__name__}: {exc}"
+    kind = _kind_of(value)
+    if kind:
+        return _reason(f"{kind} ({text}); {_RECREATE}")
     return _reason(f"cannot be serialised ({text})")
+
+
+_RECREATE = "recreate it in the next run"
+
+
+def _kind_of(value: object) -> str:
+    """What an object that does not pickle is, in the README's words ("Not kept"); "" when it is
+    none of the kinds named there. In-memory ``io.StringIO``/``io.BytesIO`` pickle, and cloudpickle
+    keeps a text file open for reading as an ``io.StringIO`` of its contents: only the rest of the
+    files and streams reach here."""
+    import threading  # the zygote has it loaded already; here so a stdlib-only import stays small
+
+    if isinstance(value, io.IOBase):
+        return "an open file or stream"
+    if isinstance(value, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType):
+        return "a generator (its position cannot be saved)"
+    if isinstance(value, threading.Thread):
+        return "a thread"
+    locks = (type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Event)
+    if isinstance(value, locks):
+        return "a lock or event"
+    module = type(value).__module__
+    if module in ("socket", "ssl"):
+        return "a socket"
+    if module == "sqlite3":
+        return "a database connection"
+    return ""
 
 
 def save(
@@ -460,14 +490,14 @@ def save(
         for name in names:
             exc = _trial(namespace, name)
             if exc is not None:
-                skipped[name] = _why(exc)
+                skipped[name] = _why(exc, namespace[name])
         names = [n for n in names if n not in skipped]
         work = _pickle_pass(namespace, names)
     passes = 0
     while work.failed is not None:
         # Fails only together with another object (a shared one): drop it too, a bounded number of times.
         name, exc = work.failed
-        skipped[name] = _why(exc)
+        skipped[name] = _why(exc, namespace[name])
         names = [n for n in names if n != name]
         passes += 1
         if passes > _MAX_PASSES:

@@ -46,6 +46,7 @@ from alphaagent.domain.turns import scope_label
 from alphaagent.errors import NotFoundError
 from alphaagent.models.common import ConversationScope, NodeScope, Scope, printable_path, utcnow
 from alphaagent.models.records import ArtifactVersion, RunRecord, Turn
+from alphaagent.models.run import StateReport
 from alphaagent.ports import FileInfo, iter_chunks
 from alphaagent.viewer.preview import (
     MAX_REPORT_BYTES,
@@ -185,6 +186,14 @@ def _scope_of(params: dict[str, Any]) -> Scope:
         raise NotFoundError(_NOT_FOUND) from None
 
 
+def _state_line(state: StateReport | None) -> str:
+    """The run's live-state line (what was restored, each name not kept and why), as ``exec`` and
+    ``history`` say it; "" for a run outside a session."""
+    from alphaagent.sandbox.render import state_line
+
+    return "" if state is None else state_line(state)
+
+
 def _run_event(run: RunRecord, scope: Scope) -> dict[str, Any]:
     """A run as the live page adds it (the page builds its DOM with textContent only)."""
     return {
@@ -202,6 +211,7 @@ def _run_event(run: RunRecord, scope: Scope) -> dict[str, Any]:
         "stdout_url": file_url(scope, run.stdout_path, view=True) if run.stdout_path else None,
         "stderr_url": file_url(scope, run.stderr_path, view=True) if run.stderr_path else None,
         "error": None if run.error is None else f"{run.error.name}: {run.error.value}",
+        "state": _state_line(run.state),
     }
 
 
@@ -238,7 +248,9 @@ def create_app(
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    templates.filters.update(shown=printable_path, bytes=human_bytes, when=_when, duration=turn_duration)
+    templates.filters.update(
+        shown=printable_path, bytes=human_bytes, when=_when, duration=turn_duration, state=_state_line
+    )
     templates.globals.update(
         scope_url=scope_url,
         file_url=file_url,

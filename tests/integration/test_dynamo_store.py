@@ -413,6 +413,26 @@ def test_a_duplicate_turn_is_refused_and_a_terminal_status_never_regresses(store
     assert store.get_turn(BOB, "T1") is None
 
 
+def test_a_turn_keeps_its_environment_through_its_finish(store: Store) -> None:
+    # Given a turn recorded with the environment it runs in, and one recorded without
+    store.create_turn(make_turn("T1").model_copy(update={"environment_id": "stats"}))
+    store.create_turn(make_turn("T2"))
+    # When the first finishes
+    store.finish_turn(finished(make_turn("T1"), "completed", "done"))
+    # Then both backends give it back, and the other reads as not recorded
+    turns = {t.turn_id: t.environment_id for t in store.list_turns(ALICE, CONV)}
+    assert turns == {"T1": "stats", "T2": None}
+
+
+def test_a_run_record_keeps_the_session_state_report(store: Store) -> None:
+    from alphaagent.models.run import StateReport
+
+    state = StateReport(saved=["n"], saved_count=1, skipped={"lock": "a lock or event (TypeError: no)"})
+    store.put_run(make_run("R1").model_copy(update={"state": state}))
+    run = store.get_run(ALICE, "R1")
+    assert run is not None and run.state == state
+
+
 def test_a_spec_delivered_concurrently_creates_exactly_one_turn(store: Store) -> None:
     # Given the same turn delivered 8 times at once, by 8 threads
     outcomes: list[bool] = []

@@ -10,7 +10,6 @@ import json
 import os
 import pty
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -389,15 +388,6 @@ def test_run_says_when_it_waits_for_a_busy_conversation(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- checks before code
 
 
-def _nothing_recorded(home: Path) -> None:
-    assert not [p for p in home.glob("*") if not p.name.startswith("alphaagent.db")], _tree(home)
-    if (home / "alphaagent.db").exists():
-        with contextlib.closing(sqlite3.connect(home / "alphaagent.db")) as db:
-            for table in ("turns", "runs", "owners", "sessions"):
-                with contextlib.suppress(sqlite3.OperationalError):
-                    assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0, table
-
-
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -420,6 +410,9 @@ def _nothing_recorded(home: Path) -> None:
             {"inputs": [{"kind": "connector", "connector": "file", "request": {"path": "nope.csv"}}]},
             "inputs[0].request.path: ",
         ),
+        ({"environment_id": "nosuch"}, "environment_id: "),
+        ({"steps": None}, "steps: this spec has no pinned steps and no model is configured"),
+        ({"steps": [{"title": "bad", "code": "print("}]}, "steps[0].code: SyntaxError"),
     ],
 )
 def test_what_needs_no_code_is_checked_before_any_code(
@@ -431,11 +424,12 @@ def test_what_needs_no_code_is_checked_before_any_code(
     spec_file = _write(tmp_path / "spec.json", spec)
     # When it is run
     done = _cli("run", str(spec_file), env=_env(ALPHAAGENT_HOME=str(home)), cwd=tmp_path)
-    # Then it is refused in one line naming the field, and nothing ran or was recorded
+    # Then it is refused in one line naming the field, and nothing was written: not even the
+    # data directory or its database (DESIGN: bad input leaves nothing)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"alphaagent: error: {message}"), done.stderr
     assert done.stderr.count("\n") == 1
-    _nothing_recorded(home)
+    assert not home.exists(), _tree(home)
 
 
 # ----------------------------------------------------------------------------- stable dataset copies
@@ -760,3 +754,22 @@ def test_a_spec_with_its_own_user_and_no_identity_given_runs_as_that_user_and_sa
         "history", "--json", "--user", "alice", "--conversation", "c-own", env=_env(HOME=str(home)), cwd=cwd
     )
     assert found.returncode == 0 and len(json.loads(found.stdout)) == 1
+
+
+def test_history_shows_the_names_the_session_state_did_not_keep(tmp_path: Path) -> None:
+    # Given a turn whose step leaves a lock beside a number
+    home = tmp_path / "data"
+    spec_file = _write(
+        tmp_path / "spec.json", _spec("c-state", "import threading\nlock = threading.Lock()\nn = 1")
+    )
+    env = _env(ALPHAAGENT_HOME=str(home))
+    assert _cli("run", str(spec_file), env=env, cwd=tmp_path).returncode == 0
+    # When its history is read, as text and as JSON
+    text = _cli("history", "--conversation", "c-state", env=env, cwd=tmp_path)
+    data = _cli("history", "--conversation", "c-state", "--json", env=env, cwd=tmp_path)
+    # Then both name the lock as not kept, with the reason, as the run result did
+    [state_line] = [line for line in text.stdout.splitlines() if line.startswith("  # state:")]
+    assert "not kept: lock (a lock or event (TypeError:" in state_line, text.stdout
+    [run] = json.loads(data.stdout)
+    assert set(run["state"]["skipped"]) == {"lock"} and "n" in run["state"]["saved"]
+    assert run["environment_id"] == "builtin"

@@ -27,8 +27,8 @@ def test_an_error_under_json_is_also_a_json_object_on_stdout(
     code, out, err = _run(capsys, "files", "--home", home, "--conversation", "nope", "--json")
     assert code != 0
     answer = json.loads(out)
-    assert answer == {"error": {"message": answer["error"]["message"], "exit_code": code}}
-    assert "nope" in answer["error"]["message"]
+    assert answer == {"cli_error": {"message": answer["cli_error"]["message"], "exit_code": code}}
+    assert "nope" in answer["cli_error"]["message"]
     assert err.startswith("alphaagent: error: ") and err.count("\n") == 1
 
     # Without --json, standard output stays empty: the one line goes to standard error only.
@@ -122,7 +122,9 @@ def test_a_usage_error_under_json_is_json_too(capsys: pytest.CaptureFixture[str]
         main(["env", "add", "q", "--json"])
     out, err = capsys.readouterr()
     assert exited.value.code == 2
-    assert json.loads(out)["error"]["message"].startswith("the following arguments are required: --python")
+    assert json.loads(out)["cli_error"]["message"].startswith(
+        "the following arguments are required: --python"
+    )
     assert err.startswith("alphaagent: error: the following arguments are required")
 
 
@@ -158,3 +160,125 @@ def test_pinned_code_that_does_not_parse_is_refused_before_anything_is_written(
     assert err.startswith("alphaagent: error: steps[1].code: SyntaxError at line 1:")
     code, out, _ = _run(capsys, "conversations", "--home", str(home), "--json")
     assert json.loads(out) == []
+
+
+_JSON_ARGV = {
+    "exec": ["-"],
+    "run": ["spec.json"],
+    "submit": ["spec.json"],
+    "demo": [],
+    "files": [],
+    "cat": [],
+    "history": [],
+    "artifacts": [],
+    "sessions": [],
+    "turns": [],
+    "conversations": [],
+    "export": ["-o", "x.zip"],
+    "env": ["list"],
+    "env add": ["x", "--python", "p"],
+    "env list": [],
+    "env show": ["x"],
+    "env remove": ["x"],
+}
+"""The arguments each command with ``--json`` needs to parse."""
+
+
+def _commands_with_json() -> set[str]:
+    import argparse
+
+    from alphaagent.cli import build_parser
+
+    found: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, command in action.choices.items():
+                    full = f"{prefix} {name}".strip()
+                    if any(a.dest == "json" for a in command._actions):
+                        found.add(full)
+                    walk(command, full)
+
+    walk(build_parser(), "")
+    return found
+
+
+def test_json_means_the_same_before_or_after_the_command_name() -> None:
+    from alphaagent.cli import build_parser
+
+    # Given every command that prints JSON (a new one must be added to the table)
+    assert _commands_with_json() == set(_JSON_ARGV)
+    parser = build_parser()
+    for name, rest in _JSON_ARGV.items():
+        words = [*name.split(), *rest]
+        # When --json comes before the command name, after it, or not at all
+        before = parser.parse_args(["--json", *words])
+        after = parser.parse_args([*words, "--json"])
+        neither = parser.parse_args(words)
+        # Then the first two ask for JSON and the third does not
+        assert (before.json, after.json, neither.json) == (True, True, False), name
+
+
+def test_a_refused_spec_under_a_leading_json_is_a_json_cli_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec with a typo in a field
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"spec_version": 1, "scope": {"conversation_id": "c"}, "gaol": "x"}))
+    home = tmp_path / "home"
+    # When it is run with the global --json, before the command name
+    code, out, err = _run(capsys, "--json", "run", str(spec_file), "--home", str(home))
+    # Then the answer is the command's error under cli_error, one line on stderr, nothing written
+    assert code == 2
+    answer = json.loads(out)
+    assert set(answer) == {"cli_error"} and answer["cli_error"]["exit_code"] == 2
+    assert "gaol" in answer["cli_error"]["message"] and err.count("\n") == 1
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "mcp"])
+def test_json_for_a_command_without_json_output_is_named(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(capsys, "--json", command)
+    assert code == 2
+    assert err == f"alphaagent: error: --json: {command} prints no JSON (see alphaagent {command} --help)\n"
+    assert json.loads(out)["cli_error"]["exit_code"] == 2
+
+
+def test_the_command_error_and_the_code_error_have_different_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given code that fails, and a command that fails
+    code_file = tmp_path / "job.py"
+    code_file.write_text("1/0\n")
+    code, out, _ = _run(capsys, "exec", str(code_file), "--json")
+    run = json.loads(out)
+    bad, out_bad, _ = _run(capsys, "exec", str(tmp_path / "missing.py"), "--json")
+    # Then the code's error is "error" in the result, the command's is "cli_error" alone
+    assert code == 1 and set(run["error"]) == {"name", "value", "traceback"} and "cli_error" not in run
+    assert bad == 2 and set(json.loads(out_bad)) == {"cli_error"}
+
+
+def test_exec_names_no_spill_file_in_the_folder_it_removed_and_the_real_one_with_a_workdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given code that prints more than a result returns (1 MiB; spilled past 16 KiB)
+    monkeypatch.chdir(tmp_path)
+    code_file = tmp_path / "loud.py"
+    code_file.write_text("print('x' * 1_200_000)\n")  # past the 1 MiB a result returns
+    # When it runs in exec's own temporary folder, as JSON and as text
+    assert main(["exec", str(code_file), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert main(["exec", str(code_file)]) == 0
+    text = capsys.readouterr().out
+    # Then no path points into the removed folder, and the text says the full output was not kept
+    assert result["stdout_truncated"] and result["stdout_path"] is None
+    assert "full output: not kept (the temporary folder is removed; give --workdir DIR to keep it)" in text
+    # When it runs with --workdir; Then the path shown is one the user can open from here
+    (tmp_path / "wd").mkdir()
+    assert main(["exec", str(code_file), "--workdir", "wd"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("full output: ")]
+    shown = line.removeprefix("full output: ").split()[0]
+    assert shown.startswith("wd/work/runs/") and (tmp_path / shown).read_text().startswith("x" * 1000)

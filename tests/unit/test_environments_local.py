@@ -352,13 +352,16 @@ def test_removing_an_environment_refuses_its_specs_with_exit_2_naming_the_availa
 def test_builtin_cannot_be_removed_and_an_unknown_one_is_not_found(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = _cli(tmp_path, "env", "remove", "builtin", capsys=capsys)
+    home = tmp_path / "home"
+    code, _, err = _cli(home, "env", "remove", "builtin", capsys=capsys)
     assert (
         code == 2
         and err == "alphaagent: error: environment_id: 'builtin' is built in and cannot be removed\n"
     )
-    code, _, err = _cli(tmp_path, "env", "remove", "nowhere", capsys=capsys)
+    code, _, err = _cli(home, "env", "remove", "nowhere", capsys=capsys)
     assert code == 1 and err == "alphaagent: error: environment 'nowhere' is not registered\n"
+    # Neither refusal made the data directory
+    assert not home.exists()
 
 
 @pytest.mark.parametrize(
@@ -461,7 +464,7 @@ def test_env_add_under_json_fails_as_json_on_stdout_too(
     code, out, err = _cli(tmp_path, "env", "add", "x", "--python", missing, "--json", capsys=capsys)
     message = f"--python: {missing}: no such interpreter"
     assert code == 2 and err == f"alphaagent: error: {message}\n"
-    assert json.loads(out) == {"error": {"message": message, "exit_code": 2}}
+    assert json.loads(out) == {"cli_error": {"message": message, "exit_code": 2}}
 
 
 def test_env_add_finds_a_bare_interpreter_name_on_path(
@@ -474,3 +477,56 @@ def test_env_add_finds_a_bare_interpreter_name_on_path(
     # Then the path found on PATH is recorded, the venv's own (not the interpreter it links to)
     assert code == 0, err
     assert json.loads(out)["start"]["python"] == bare_python
+
+
+# ----------------------------------------------------------------------------- exec --env and turns
+
+
+def test_exec_runs_in_a_registered_environment_within_its_ceilings(
+    tmp_path: Path, bare_python: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an environment `tight` whose runs may take at most 5 s
+    home = tmp_path / "home"
+    assert _cli(home, "env", "add", "tight", "--python", bare_python, "--timeout", "5", capsys=capsys)[0] == 0
+    code_file = tmp_path / "probe.py"
+    code_file.write_text(PROBE_STEP)
+    # When `exec --env tight` asks for 60 s
+    code, out, err = _cli(
+        home, "exec", str(code_file), "--env", "tight", "--timeout", "60", "--json", capsys=capsys
+    )
+    # Then the code ran under its interpreter (no pandas), with the run's timeout lowered to 5 s
+    assert code == 0, err
+    result = json.loads(out)
+    assert json.loads(result["stdout"]) == {"executable": bare_python, "pandas": False}
+    assert result["limits"]["timeout_s"] == 5
+
+
+def test_exec_in_an_unknown_environment_is_one_line_naming_the_flag_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    code_file = tmp_path / "job.py"
+    code_file.write_text("print(1)\n")
+    code, out, err = _cli(home, "exec", str(code_file), "--env", "nope", capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err == "alphaagent: error: --env: unknown environment 'nope' (available: builtin)\n"
+    assert not home.exists()
+
+
+def test_turns_and_history_say_which_environment_a_turn_used(
+    agent: AlphaAgent, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a turn run in `bare`
+    conversation = f"c-{new_ulid().lower()}"
+    assert agent.run_analysis(_spec(conversation, "bare", "print(1)")).status == "completed"
+    # When its turns and history are listed
+    code, out, _ = _cli(
+        home, "turns", "--conversation", conversation, "--user", USER, "--json", capsys=capsys
+    )
+    [turn] = json.loads(out)
+    _, plain, _ = _cli(home, "turns", "--conversation", conversation, "--user", USER, capsys=capsys)
+    _, history, _ = _cli(home, "history", "--conversation", conversation, "--user", USER, capsys=capsys)
+    # Then each names the environment
+    assert code == 0 and turn["environment_id"] == "bare"
+    assert "env bare" in plain.splitlines()[0]
+    assert "env bare" in history.splitlines()[0]

@@ -291,12 +291,12 @@ def test_cli_answers_bob_about_alices_scope_exactly_as_about_a_missing_one(
 
     # Then both answers are byte for byte the same not-found, naming only what bob asked for
     assert in_a == in_b
-    # (with --json, the same one line is also {"error": ...} on standard output, for scripts)
+    # (with --json, the same one line is also {"cli_error": ...} on standard output, for scripts)
     message = NOT_FOUND[CLI_CASES[case][0]]
     stdout = b""
     if "--json" in CLI_CASES[case][1]:
         text = message.decode().removeprefix("alphaagent: error: ").rstrip("\n")
-        stdout = (json.dumps({"error": {"message": text, "exit_code": 1}}) + "\n").encode()
+        stdout = (json.dumps({"cli_error": {"message": text, "exit_code": 1}}) + "\n").encode()
     assert in_a == Answer(1, stdout, message)
 
 

@@ -149,6 +149,24 @@ def test_sleeping_code_times_out_too(sandbox: Sandbox, tmp_path: Path) -> None:
     result = sandbox.run("import time\ntime.sleep(60)", cwd=tmp_path, limits=RunLimits(timeout_s=1))
     assert_status(result, "timeout")
     assert result.duration_ms < 2000
+    # The traceback points at the line that was running and names the timeout, not the
+    # KeyboardInterrupt the sandbox used to stop it
+    traceback = result.error.traceback if result.error else ""
+    assert 'File "<code>", line 2, in <module>' in traceback, traceback
+    assert traceback.endswith("TimeoutError: wall-clock limit of 1 s exceeded\n"), traceback
+    assert "KeyboardInterrupt" not in traceback
+
+
+def test_a_timeout_traceback_names_the_timeout_whatever_the_code_raised() -> None:
+    from alphaagent.sandbox.classify import timeout_traceback
+
+    cut = 'Traceback (most recent call last):\n  File "<code>", line 3, in <module>\nKeyboardInterrupt\n'
+    assert timeout_traceback(cut, "limit") == (
+        'Traceback (most recent call last):\n  File "<code>", line 3, in <module>\nTimeoutError: limit\n'
+    )
+    caught = 'Traceback (most recent call last):\n  File "<code>", line 5, in <module>\nValueError: mine\n'
+    assert timeout_traceback(caught, "limit").endswith("ValueError: mine\n\nTimeoutError: limit\n")
+    assert timeout_traceback("", "limit") == ""
 
 
 def test_cpu_limit_is_distinct_from_the_wall_clock(any_sandbox: Sandbox, tmp_path: Path) -> None:

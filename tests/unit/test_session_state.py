@@ -109,6 +109,43 @@ def test_an_object_that_cannot_be_kept_is_skipped_by_name_and_the_rest_survives(
     assert second.stdout == "5 False threading\n", second.error
 
 
+def test_what_is_kept_of_files_and_streams_is_said_precisely(sandbox: Sandbox, scope_root: Path) -> None:
+    # Given a run that leaves in-memory streams, a text file open for reading, and open files of
+    # the kinds that cannot travel: writing, binary, a socket
+    (scope_root / "work" / "in.txt").write_text("abc\n")
+    session = _session()
+    first = sandbox.run(
+        "import io, socket\n"
+        "sio = io.StringIO('hello')\nsio.seek(2)\n"
+        "bio = io.BytesIO(b'bytes')\n"
+        "reading = open('work/in.txt')\n"
+        "writing = open('work/out.txt', 'w')\n"
+        "binary = open('work/in.txt', 'rb')\n"
+        "sock = socket.socket()\n",
+        cwd=scope_root,
+        state=session,
+    )
+    assert first.status == "ok", first.error
+    assert first.state is not None
+    # Then the streams and the text file being read are kept, the others skipped saying what they are
+    assert {"sio", "bio", "reading"} <= set(first.state.saved)
+    assert set(first.state.skipped) == {"writing", "binary", "sock"}
+    for name, kind in (
+        ("writing", "an open file or stream"),
+        ("binary", "an open file"),
+        ("sock", "a socket"),
+    ):
+        assert first.state.skipped[name].startswith(kind), first.state.skipped[name]
+        assert first.state.skipped[name].endswith("; recreate it in the next run")
+    # And the next run gets the streams as they were, and the read file as a StringIO of its contents
+    second = sandbox.run(
+        "print(sio.read(), bio.getvalue(), type(reading).__name__, repr(reading.read()))",
+        cwd=scope_root,
+        state=session,
+    )
+    assert second.stdout == "llo b'bytes' StringIO 'abc\\n'\n", second.error
+
+
 def test_a_failing_run_keeps_what_it_had(sandbox: Sandbox, scope_root: Path) -> None:
     # Given a session holding a frame
     session = _session()

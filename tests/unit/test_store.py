@@ -168,6 +168,55 @@ def test_a_version_1_database_is_migrated_and_its_turns_keep_reading(db_path: Pa
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_a_store_created_on_first_write_leaves_nothing_until_then(db_path: Path) -> None:
+    # Given a store opened "on_first_write" on a folder that does not exist
+    store = SqliteStore(db_path, create="on_first_write")
+    try:
+        # When it is only read, from two threads
+        answers: list[object] = [store.owner_of(CONV), store.list_turns(ALICE, CONV)]
+        reader = threading.Thread(target=lambda: answers.append(store.get_turn(ALICE, "01X")))
+        reader.start()
+        reader.join()
+        # Then it answers as an empty store does, and neither the file nor its folder exists
+        assert answers == [None, [], None]
+        assert not db_path.parent.exists()
+        # When it is written once; Then the file exists, and every thread reads what was written
+        assert store.claim_owner(CONV, ALICE, T0) == ALICE
+        assert db_path.is_file()
+        seen: list[str | None] = []
+        other = threading.Thread(target=lambda: seen.append(store.owner_of(CONV)))
+        other.start()
+        other.join()
+        assert (store.owner_of(CONV), seen) == (ALICE, [ALICE])
+    finally:
+        store.close()
+    with SqliteStore(db_path) as again:
+        assert again.owner_of(CONV) == ALICE
+
+
+def test_a_version_3_turn_reads_with_no_environment(db_path: Path) -> None:
+    # Given a database of schema version 3 (before turns kept their environment), with a turn
+    from alphaagent.local.store import _MIGRATIONS
+
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db_path) as raw:
+        for migration in _MIGRATIONS[:3]:
+            for statement in migration:
+                raw.execute(statement)
+        raw.execute(
+            "INSERT INTO turns VALUES ('01OLD', 'u', 'conversations/c', 's', 'running', 'g',"
+            " '2026-01-01T00:00:00+00:00', NULL, NULL, NULL)"
+        )
+        raw.execute("PRAGMA user_version = 3")
+    # When it is opened; Then the old turn reads with no environment, and a new one keeps its own
+    with SqliteStore(db_path) as store:
+        old = store.get_turn("u", "01OLD")
+        assert old is not None and old.environment_id is None
+        store.create_turn(make_turn("01NEW").model_copy(update={"environment_id": "stats"}))
+        new = store.get_turn(ALICE, "01NEW")
+        assert new is not None and new.environment_id == "stats"
+
+
 def test_a_database_from_a_newer_alphaagent_is_refused_and_left_untouched(db_path: Path) -> None:
     # Given a database whose schema version is ahead of this code
     db_path.parent.mkdir(parents=True)

@@ -453,3 +453,28 @@ def test_only_loopback_addresses_count_as_this_machine_and_ipv6_urls_get_bracket
     assert [is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost")] == [True] * 4
     assert [is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.com")] == [False] * 4
     assert viewer_url("::1", 8765, "t") == "http://[::1]:8765/?token=t"
+
+
+def test_the_viewer_names_each_turns_environment_and_the_state_not_kept(tmp_path: Path) -> None:
+    from alphaagent.api import AlphaAgent
+
+    # Given a turn whose step leaves a lock in the session's globals
+    spec = {
+        "spec_version": 1,
+        "user_id": ALICE,
+        "scope": {"conversation_id": "c-env"},
+        "goal": "keep a lock",
+        "steps": [{"title": "lock", "code": "import threading\nlock = threading.Lock()\nn = 1"}],
+    }
+    with AlphaAgent(tmp_path) as agent:
+        result = agent.run_analysis(spec)
+    assert_status(result, "completed")
+    client = client_for(tmp_path)
+    # When its scope, turn and run pages are read
+    scope_page = client.get(f"/c/c-env/?token={TOKEN}").text
+    turn_page = client.get(f"/c/c-env/turns/{result.turn_id}").text
+    runs_page = client.get("/c/c-env/runs").text
+    # Then the turn's environment is named, and the run says what its state did not keep
+    assert "<th>environment</th>" in scope_page and "<code>builtin</code>" in scope_page
+    assert '<code id="turn-environment">builtin</code>' in turn_page
+    assert "not kept: lock (a lock or event (TypeError:" in runs_page

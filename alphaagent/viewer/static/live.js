@@ -50,6 +50,7 @@
     stream(section, run, "stdout");
     stream(section, run, "stderr");
     if (run.error) section.appendChild(element("p", "error", run.error));
+    if (run.state) section.appendChild(element("p", "muted state", run.state));
     runs.appendChild(section);
   }
 
