@@ -41,6 +41,7 @@ from alphaagent.models.records import ArtifactRef, ArtifactVersion, CitationRef,
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.models.spec import Spec
 from alphaagent.ports import OutputSink
+from alphaagent.sandbox.session import is_session_state
 
 MAX_STORED_CODE_CHARS = 64 * 1024
 MAX_CITATIONS_PER_TURN = 200
@@ -168,8 +169,8 @@ def read_document(
     normal = _scope_path(ctx, path)
     if offset < 0 or not 0 < limit <= MAX_PAGE_CHARS:
         raise ToolError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE_CHARS}")
-    info = ctx.backend.workspace.stat(ctx.scope, normal)
-    if info is None:
+    info = None if is_session_state(normal) else ctx.backend.workspace.stat(ctx.scope, normal)
+    if info is None:  # the sessions' state is platform-owned: answered as a missing file is
         raise ToolError(f"path {normal!r}: no such document in this scope")
     if info.size_bytes > MAX_DOCUMENT_BYTES:
         raise ToolError(
@@ -280,7 +281,7 @@ def emit_citation(
         )
     if "://" not in source:
         normal = _scope_path(ctx, source)
-        if ctx.backend.workspace.stat(ctx.scope, normal) is None:
+        if is_session_state(normal) or ctx.backend.workspace.stat(ctx.scope, normal) is None:
             raise ToolError(f"source: {normal!r} is not a file of this scope")
         source = normal
     for value, label in ((locator, "locator"), (quote, "quote"), (claim, "claim")):

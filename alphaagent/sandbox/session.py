@@ -81,6 +81,15 @@ def valid_session_id(session_id: str) -> bool:
     return bool(_SESSION_ID.fullmatch(session_id))
 
 
+def is_session_state(path: str) -> bool:
+    """Whether the normalised workspace path ``path`` is ``work/sessions`` or below it: the sessions'
+    live state, platform-owned (DESIGN §4.7), so never a user's file. ``files``, ``cat``, export, the
+    viewer, ``read_document``, citations, inputs and ``register_artifact`` answer for such a path
+    exactly as for a missing one, and leave it out of every listing (a pickle is not the user's
+    work, and unpickled later it is code)."""
+    return path == SESSIONS_DIR or path.startswith(SESSIONS_DIR + "/")
+
+
 def state_path(session_id: str) -> str:
     """``work/sessions/{session_id}``: the workspace-relative folder of a session's state."""
     return f"{SESSIONS_DIR}/{session_id}"
