@@ -235,7 +235,9 @@ def _write_archive(
     exported_at = utcnow()
     skipped: list[tuple[str, str]] = []
     # The sessions' live state is the platform's, not a file of the user's (DESIGN §4.7).
-    listed = [info for info in workspace.list_files(scope, skipped=skipped) if not is_session_state(info.path)]
+    listed = [
+        info for info in workspace.list_files(scope, skipped=skipped) if not is_session_state(info.path)
+    ]
     skipped = [(path, reason) for path, reason in skipped if not is_session_state(path)]
     files = sorted(listed, key=lambda item: item.path)
     names = assign_archive_names([info.path for info in files if info.size_bytes <= max_file_bytes])

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from alphaagent.errors import InvalidRequestError
+from alphaagent.sandbox.removal import remove_tree
 
 SESSIONS_DIR: Final = "work/sessions"
 """The platform-owned folder of every scope that holds its sessions' states, one folder per session
@@ -117,14 +117,15 @@ def state_files(root: Path, session_id: str) -> list[str]:
 
 def drop_state(root: Path, session_id: str) -> bool:
     """Delete a session's state folder under the scope root ``root`` (its session ended); True if
-    there was one. Symlinks are removed, never followed."""
+    there was one. Symlinks are removed, never followed; the run may have nested the folder
+    thousands of levels deep (``remove_tree``: iterative and bounded)."""
     folder = root / state_path(session_id)
     try:
         info = os.lstat(folder)
     except FileNotFoundError:
         return False
     if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(folder)  # rmtree does not follow symlinks inside (its fd-based walk)
+        remove_tree(folder)
     else:
         folder.unlink()
     return True

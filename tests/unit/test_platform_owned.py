@@ -70,7 +70,9 @@ def test_files_and_cat_never_show_a_sessions_state(workspace: Any) -> None:
     reads = _reads(workspace)
     assert [f.path for f in reads.files("alice", SCOPE)] == USER_FILES
     assert reads.files("alice", SCOPE, "work/sessions") == []
-    assert reads.files("alice", SCOPE, "work") == [f for f in reads.files("alice", SCOPE) if f.path.startswith("work/")]
+    assert reads.files("alice", SCOPE, "work") == [
+        f for f in reads.files("alice", SCOPE) if f.path.startswith("work/")
+    ]
     # cat of a pickle is exactly cat of a missing file
     assert _fails(lambda: reads.read_file("alice", SCOPE, STATE[0])) == _fails(
         lambda: reads.read_file("alice", SCOPE, "work/sessions/s1/no-such.pkl")
