@@ -11,9 +11,11 @@ Every byte here was written by untrusted code, so everything is bounded before i
 - **Profiles**: the registered version's stored profile (``alphaagent.domain.artifacts``), rendered
   to at most ``MAX_PROFILE_CHARS`` characters whatever the width of the table.
 - **Table pages**: csv, parquet and xlsx read ``limit`` rows from row ``offset``; a csv line (the
-  header or a row) over ``MAX_HEADER_BYTES`` is refused before pandas sees it; a parquet file is
-  decoded one page-sized batch at a time (never a whole row group: the footer's sizes are the
-  writer's word); a file over ``MAX_TABLE_FILE_BYTES`` is refused.
+  header or a row) over ``MAX_HEADER_BYTES`` is refused before pandas sees it; parquet and xlsx
+  are decoded in the bounded child of ``alphaagent.domain.decoding`` (2 GiB, 30 s: a few KB of
+  parquet can decode to gigabytes, and the footer's sizes are the writer's word), one page-sized
+  batch at a time, whole row groups before the offset skipped by the footer's row counts; a file
+  over ``MAX_TABLE_FILE_BYTES`` is refused.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from alphaagent.domain.artifacts import MAX_XLSX_UNPACKED_BYTES
+from alphaagent.domain.decoding import decode_in_child
 from alphaagent.domain.tools import TurnContext
-from alphaagent.errors import ToolError
+from alphaagent.errors import DecodeRefusedError, ToolError
 from alphaagent.sandbox.session import is_session_state
 
 MAX_IMAGES = 3
@@ -214,44 +217,42 @@ def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any
     return frame, None
 
 
-def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def _decoded_page(job: str, ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+    """A page of a compressed table, decoded in the bounded child (``alphaagent.domain.decoding``):
+    a few KB of parquet can decode to gigabytes (a dictionary value repeated by a run-length code, a
+    huge string compressed to nothing) whatever its footer says, so no check here bounds it."""
+    import pandas as pd
 
     with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
-        parquet = pq.ParquetFile(raw)
-        meta = parquet.metadata
-        columns = parquet.schema_arrow.names[:MAX_TABLE_COLUMNS]
-        # Decoded a page at a time: the footer's sizes are the writer's word (a dictionary-encoded
-        # column of a few hundred KB can decode to gigabytes), the rows of one batch are not.
-        batches, seen = [], 0
-        for batch in parquet.iter_batches(batch_size=limit + 1, columns=columns):
-            if seen + batch.num_rows > offset:
-                batches.append(batch.slice(max(offset - seen, 0)))
-            seen += batch.num_rows
-            if sum(b.num_rows for b in batches) > limit:
-                break
-        table = pa.Table.from_batches(batches) if batches else parquet.schema_arrow.empty_table()
-        frame = table.slice(0, limit + 1).to_pandas()
-    return frame, int(meta.num_rows)
+        page = decode_in_child(job, raw, {"offset": offset, "limit": limit, "max_columns": MAX_TABLE_COLUMNS})
+    frame = (
+        pd.DataFrame(page["rows"], columns=page["columns"])
+        if page["rows"]
+        else pd.DataFrame(columns=page["columns"])
+    )
+    total = page.get("total_rows")
+    return frame, None if total is None else int(total)
+
+
+def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+    return _decoded_page("parquet_page", ctx, path, offset, limit)
 
 
 def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
     import zipfile
-
-    import pandas as pd
 
     info = ctx.backend.workspace.stat(ctx.scope, path)
     if info is not None and info.size_bytes > MAX_XLSX_BYTES:
         raise ToolError(f"path {path!r}: over {MAX_XLSX_BYTES // 2**20} MiB; read it with code in run_in_env")
     if offset > MAX_XLSX_ROWS:  # pandas turns skiprows into a set of that size
         raise ToolError(f"offset: an xlsx sheet has at most {MAX_XLSX_ROWS:,} rows")
-    data = ctx.backend.workspace.read_bytes(ctx.scope, path)
-    unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist())
+    with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
+        # The zip's directory, read without unpacking: a quick, clear refusal of the obvious bomb
+        # (the child's bounds hold whatever the directory says).
+        unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(raw.read())).infolist())
     if unpacked > MAX_XLSX_UNPACKED_BYTES:
         raise ToolError(f"path {path!r}: unpacks to {unpacked:,} bytes; read it with code in run_in_env")
-    frame = pd.read_excel(io.BytesIO(data), skiprows=range(1, offset + 1), nrows=limit + 1)
-    return frame.iloc[:, :MAX_TABLE_COLUMNS], None
+    return _decoded_page("xlsx_page", ctx, path, offset, limit)
 
 
 def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
@@ -271,6 +272,10 @@ def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
         )
     try:
         frame, total = reader(ctx, path, offset, limit)
+    except DecodeRefusedError as exc:
+        raise ToolError(
+            f"path {path!r}: cannot be read as a table ({exc}); read it with code in run_in_env"
+        ) from None
     except ToolError:
         raise
     except Exception as exc:  # a file the reader cannot parse is the model's to fix, with the reason

@@ -267,7 +267,8 @@ def register_artifact(
         elif size > limit and suffix != ".csv":
             metadata = {"profiled": False, "reason": f"larger than {limit // 2**20} MiB"}
         else:
-            metadata = dataset_metadata(workspace.read_blob(sha256), suffix)
+            # Compressed formats go to the bounded child here too (spooled: no descriptor).
+            metadata = profile_dataset(io.BytesIO(workspace.read_blob(sha256)), size, suffix)
     return store.add_artifact_version(
         ArtifactVersion(
             artifact_id=new_ulid(),

@@ -19,7 +19,9 @@ from pydantic import BaseModel
 from alphaagent.connectors import fetch, names
 from alphaagent.domain.artifacts import register_artifact as register_artifact_version
 from alphaagent.domain.backend import Backend
+from alphaagent.domain.decoding import decode_in_child
 from alphaagent.domain.documents import (
+    DECODED_IN_CHILD,
     DEFAULT_PAGE_CHARS,
     MAX_DOCUMENT_BYTES,
     MAX_PAGE_CHARS,
@@ -29,6 +31,7 @@ from alphaagent.domain.documents import (
 from alphaagent.domain.recorder import history_view
 from alphaagent.errors import (
     AlphaAgentError,
+    DecodeRefusedError,
     PathRuleError,
     SandboxError,
     ScopeBusyError,
@@ -177,11 +180,28 @@ def read_document(
             f"path {normal!r}: {info.size_bytes} bytes is over the {MAX_DOCUMENT_BYTES // 2**20} MiB"
             " read_document limit; read it with code in run_in_env"
         )
+    suffix = PurePosixPath(normal).suffix.lower()
     try:
+        if suffix in DECODED_IN_CHILD:
+            # A pdf's streams are deflated: a few KB can inflate to gigabytes (see decoding.py).
+            with ctx.backend.workspace.open_file(ctx.scope, normal) as reader:
+                page = decode_in_child(
+                    "document_page", reader, {"suffix": suffix, "offset": offset, "limit": limit}
+                )
+            metadata = {**page["metadata"], "size_bytes": info.size_bytes}
+            return DocumentPage(
+                path=normal,
+                offset=offset,
+                text=page["text"],
+                total_chars=page["total_chars"],
+                metadata=metadata,
+            )
         data = ctx.backend.workspace.read_bytes(ctx.scope, normal)
     except FileNotFoundError:
         raise ToolError(f"path {normal!r}: no such document in this scope") from None
-    text, metadata = document_text(data, PurePosixPath(normal).suffix.lower())
+    except DecodeRefusedError as exc:
+        raise ToolError(f"path {normal!r}: {exc}; read it with code in run_in_env") from None
+    text, metadata = document_text(data, suffix)
     metadata["size_bytes"] = len(data)
     return DocumentPage(
         path=normal,

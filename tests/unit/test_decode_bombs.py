@@ -1,0 +1,123 @@
+"""Decode bombs in what the backend reads of a run's files (alphaagent/domain/decoding.py): parquet,
+xlsx and pdf are decoded only in the bounded child, whatever their size, so a file of a few hundred
+bytes that decodes to gigabytes is refused with the reason and the backend's process never holds it;
+csv pages stay in the process, bounded per line and per page."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from alphaagent.domain import tools
+from alphaagent.domain.decoding import CHILD_MEMORY_BYTES
+from alphaagent.domain.profiling import profile_dataset
+from alphaagent.errors import ToolError
+from alphaagent.local.workspace import LocalWorkspace
+from alphaagent.models.common import ConversationScope
+from coder import seeing
+
+SCOPE = ConversationScope(conversation_id="c1")
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Any:
+    workspace = LocalWorkspace(tmp_path / "home")
+    workspace.ensure_scope(SCOPE)
+    return SimpleNamespace(backend=SimpleNamespace(workspace=workspace), scope=SCOPE)
+
+
+def put(ctx: Any, path: str, data: bytes) -> None:
+    ctx.backend.workspace.write_bytes(SCOPE, path, data)
+
+
+def dictionary_bomb(rows: int, value_bytes: int) -> bytes:
+    """A parquet file whose one column repeats one dictionary value of ``value_bytes``: the value is
+    stored once (and compresses to almost nothing), the rows are a run-length code of index 0."""
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * value_bytes]))
+    out = io.BytesIO()
+    pq.write_table(pa.table({"s": column}), out, compression="zstd")
+    return out.getvalue()
+
+
+def test_a_parquet_of_a_few_hundred_bytes_that_decodes_past_the_bound_is_refused_with_the_reason(
+    ctx: Any,
+) -> None:
+    # Given 742 bytes of parquet whose first page decodes to 501 x 8 MiB = 4 GB
+    bomb = dictionary_bomb(600, 8 * 2**20)
+    assert len(bomb) < 4096 and 501 * 8 * 2**20 > CHILD_MEMORY_BYTES
+    put(ctx, "datasets/bomb.parquet", bomb)
+
+    # When the coder pages through it, Then it is refused, naming the path and the bound
+    with pytest.raises(ToolError, match=r"bomb\.parquet.*more than 2 GiB of memory.*run_in_env"):
+        seeing.read_table(ctx, "datasets/bomb.parquet", 0, 500)
+
+    # And its profile (under 1 MiB: it used to be decoded in the backend's process) is bounded too
+    with ctx.backend.workspace.open_file(SCOPE, "datasets/bomb.parquet") as reader:
+        metadata = profile_dataset(reader, len(bomb), ".parquet")
+    assert metadata["row_count"] == 600
+    assert all(len(row["s"]) <= 201 for row in metadata["preview"])
+
+
+def test_no_parquet_xlsx_or_pdf_is_decoded_in_the_backends_process(
+    ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given small, valid files of each compressed format (all far under the 1 MiB that used to be
+    # decoded in the calling process)
+    frame = pd.DataFrame({"species": ["Adelie", "Gentoo", None], "mass_g": [3700, None, 5000]})
+    parquet, xlsx = io.BytesIO(), io.BytesIO()
+    frame.to_parquet(parquet)
+    frame.to_excel(xlsx, index=False)
+    put(ctx, "datasets/mass.parquet", parquet.getvalue())
+    put(ctx, "datasets/mass.xlsx", xlsx.getvalue())
+    from pypdf import PdfWriter
+
+    pdf = io.BytesIO()
+    writer = PdfWriter()
+    writer.add_blank_page(width=72, height=72)
+    writer.write(pdf)
+    put(ctx, "docs/blank.pdf", pdf.getvalue())
+
+    # And decoders that fail if the backend's process calls them
+    def in_backend(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("decoded in the backend's process")
+
+    monkeypatch.setattr(pq, "ParquetFile", in_backend)
+    monkeypatch.setattr(pd, "read_excel", in_backend)
+    import pypdf
+
+    monkeypatch.setattr(pypdf, "PdfReader", in_backend)
+
+    # When each is paged, profiled and read, Then the answers come (from the child)
+    page = seeing.read_table(ctx, "datasets/mass.parquet", 0, 50).splitlines()
+    assert page[2:] == ["| Adelie | 3700.0 |", "| Gentoo | null |", "| null | 5000.0 |"]
+    assert '"total_rows": 3' in page[0]
+    sheet = seeing.read_table(ctx, "datasets/mass.xlsx", 1, 50).splitlines()
+    assert sheet[2:] == ["| Gentoo | null |", "| null | 5000.0 |"]
+    for name, suffix in (("datasets/mass.parquet", ".parquet"), ("datasets/mass.xlsx", ".xlsx")):
+        with ctx.backend.workspace.open_file(SCOPE, name) as reader:
+            profile = profile_dataset(reader, 2_000, suffix)
+        assert profile["profiled"] is True and profile["row_count"] == 3, profile
+    document = tools.read_document(ctx, "docs/blank.pdf")
+    assert document.metadata["type"] == "pdf" and document.metadata["pages"] == 1
+    # A reader without a descriptor (S3's streaming body) is spooled for the child
+    assert profile_dataset(io.BytesIO(parquet.getvalue()), 2_000, ".parquet")["row_count"] == 3
+
+
+def test_a_parquet_page_far_in_skips_whole_row_groups_by_the_footer(ctx: Any) -> None:
+    out = io.BytesIO()
+    pq.write_table(pa.table({"n": list(range(100_000))}), out, row_group_size=1_000)
+    put(ctx, "datasets/long.parquet", out.getvalue())
+    page = seeing.read_table(ctx, "datasets/long.parquet", 98_765, 3).splitlines()
+    assert page[2:] == ["| 98765 |", "| 98766 |", "| 98767 |"]
+    assert '"next_offset": 98768' in page[0]
+    end = seeing.read_table(ctx, "datasets/long.parquet", 99_999, 5).splitlines()
+    assert end[2:] == ["| 99999 |"] and '"next_offset": null' in end[0]
+    past = seeing.read_table(ctx, "datasets/long.parquet", 10**12, 5).splitlines()
+    assert len(past) == 2 and '"rows": 0' in past[0]
