@@ -11,11 +11,13 @@ Every byte here was written by untrusted code, so everything is bounded before i
 - **Profiles**: the registered version's stored profile (``alphaagent.domain.artifacts``), rendered
   to at most ``MAX_PROFILE_CHARS`` characters whatever the width of the table.
 - **Table pages**: csv, parquet and xlsx read ``limit`` rows from row ``offset``; a csv line (the
-  header or a row) over ``MAX_HEADER_BYTES`` is refused before pandas sees it; parquet and xlsx
-  are decoded in the bounded child of ``alphaagent.domain.decoding`` (2 GiB, 30 s: a few KB of
-  parquet can decode to gigabytes, and the footer's sizes are the writer's word), one page-sized
-  batch at a time, whole row groups before the offset skipped by the footer's row counts; a file
-  over ``MAX_TABLE_FILE_BYTES`` is refused.
+  header or a row) over ``MAX_HEADER_BYTES`` is refused before pandas sees it, a page parses at
+  most ``MAX_CSV_PAGE_BYTES`` of rows, and the rows before ``offset`` are skipped by counting
+  newlines a block at a time (an offset past the end answers after one pass, with the row count);
+  parquet and xlsx are decoded in the bounded child of ``alphaagent.domain.decoding`` (2 GiB,
+  30 s: a few KB of parquet can decode to gigabytes, and the footer's sizes are the writer's
+  word), one page-sized batch at a time, whole row groups before the offset skipped by the
+  footer's row counts; a file over ``MAX_TABLE_FILE_BYTES`` is refused.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ MAX_XLSX_BYTES = 32 * 2**20
 MAX_XLSX_ROWS = 1_048_576
 """Rows of an Excel sheet (the format's own limit)."""
 MAX_TABLE_COLUMNS = 50
+MAX_CSV_PAGE_BYTES = 4 * 2**20
+"""Bytes of csv rows one page parses at most: 500 rows of 1 MiB each would be 500 MiB for pandas;
+past the budget the page ends early and ``next_offset`` says where the next one starts."""
+CSV_BLOCK_BYTES = 1 * 2**20
+"""A csv is read in blocks of 1 MiB (rows before the page are skipped by counting newlines)."""
 
 
 @dataclass(frozen=True)
@@ -180,12 +187,51 @@ def render_profile(metadata: dict[str, Any]) -> str:
     return text
 
 
-def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+class _Lines:
+    """Lines of a binary stream read a block at a time (any reader: a file, S3's body). ``skip``
+    counts newlines with ``bytes.count`` (memory speed: 512 MiB in well under a second), never a
+    Python call per line, so an offset of a billion costs one pass over the file at most."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.buffer, self.eof = raw, b"", False
+
+    def _fill(self) -> None:
+        block: bytes = self.raw.read(CSV_BLOCK_BYTES)
+        self.eof = not block
+        self.buffer += block
+
+    def readline(self, cap: int) -> bytes:
+        """The next line with its newline, or its first ``cap`` bytes; b"" at the end."""
+        while True:
+            end = self.buffer.find(b"\n", 0, cap)
+            if end >= 0 or len(self.buffer) >= cap or self.eof:
+                cut = end + 1 if end >= 0 else cap
+                line, self.buffer = self.buffer[:cut], self.buffer[cut:]
+                return line
+            self._fill()
+
+    def skip(self, count: int) -> int:
+        """Skip ``count`` lines; how many there were (fewer at the end of the stream)."""
+        skipped = 0
+        while skipped < count:
+            newlines = self.buffer.count(b"\n")
+            if skipped + newlines >= count:
+                self.buffer = self.buffer.split(b"\n", count - skipped)[-1]
+                return count
+            skipped += newlines
+            if self.eof:
+                return skipped + (1 if self.buffer else 0)  # a last line without its newline
+            self.buffer = self.buffer[self.buffer.rfind(b"\n") + 1 :]
+            self._fill()
+        return skipped
+
+
+def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None, int]:
     import pandas as pd
 
-    def line(raw: Any, what: str) -> bytes:
+    def line(lines: _Lines, what: str) -> bytes:
         # Every line is read with a cap: a row of a million fields must not reach pandas.
-        text: bytes = raw.readline(MAX_HEADER_BYTES + 1)
+        text = lines.readline(MAX_HEADER_BYTES + 1)
         if len(text) > MAX_HEADER_BYTES and not text.endswith(b"\n"):
             raise ToolError(
                 f"path {path!r}: {what} is over {MAX_HEADER_BYTES // 2**20} MiB; read it with code in"
@@ -193,31 +239,42 @@ def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any
             )
         return text
 
+    total: int | None = None
+    shown = limit
     with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
-        header = line(raw, "its header line")
-        for number in range(offset):
-            if not line(raw, f"row {number}"):
-                break
-        rows = []
-        for number in range(offset, offset + limit + 1):
-            text = line(raw, f"row {number}")
+        lines = _Lines(raw)
+        header = line(lines, "its header line")
+        skipped = lines.skip(offset)  # rows before the page are counted, never parsed
+        rows: list[bytes] = []
+        size = 0
+        if skipped < offset:
+            total = skipped  # the file ended before the offset: its row count is known now
+        for number in range(offset, offset + limit + 1) if total is None else ():
+            text = line(lines, f"row {number}")
             if not text:
+                total = number
                 break
             rows.append(text)
+            size += len(text)
+            if size > MAX_CSV_PAGE_BYTES and len(rows) > 1:
+                shown = len(rows) - 1  # the page ends before the row that passed the budget
+                break
     columns = pd.read_csv(io.BytesIO(header)).columns[:MAX_TABLE_COLUMNS]
     body = b"".join(rows)
     if not body.strip():
-        return pd.DataFrame(columns=list(columns)), None
+        return pd.DataFrame(columns=list(columns)), total, shown
     frame = pd.read_csv(
         io.BytesIO(body),
         header=None,
         usecols=range(min(len(columns), body.split(b"\n", 1)[0].count(b",") + 1)),
     )
     frame.columns = list(columns)[: frame.shape[1]]
-    return frame, None
+    return frame, total, shown
 
 
-def _decoded_page(job: str, ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+def _decoded_page(
+    job: str, ctx: TurnContext, path: str, offset: int, limit: int
+) -> tuple[Any, int | None, int]:
     """A page of a compressed table, decoded in the bounded child (``alphaagent.domain.decoding``):
     a few KB of parquet can decode to gigabytes (a dictionary value repeated by a run-length code, a
     huge string compressed to nothing) whatever its footer says, so no check here bounds it."""
@@ -231,14 +288,14 @@ def _decoded_page(job: str, ctx: TurnContext, path: str, offset: int, limit: int
         else pd.DataFrame(columns=page["columns"])
     )
     total = page.get("total_rows")
-    return frame, None if total is None else int(total)
+    return frame, None if total is None else int(total), limit
 
 
-def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None, int]:
     return _decoded_page("parquet_page", ctx, path, offset, limit)
 
 
-def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None, int]:
     import zipfile
 
     info = ctx.backend.workspace.stat(ctx.scope, path)
@@ -271,7 +328,7 @@ def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
             " tool pages through; read it with code in run_in_env"
         )
     try:
-        frame, total = reader(ctx, path, offset, limit)
+        frame, total, shown = reader(ctx, path, offset, limit)
     except DecodeRefusedError as exc:
         raise ToolError(
             f"path {path!r}: cannot be read as a table ({exc}); read it with code in run_in_env"
@@ -282,13 +339,13 @@ def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
         raise ToolError(
             f"path {path!r}: cannot be read as a table ({type(exc).__name__}: {exc})"[:500]
         ) from None
-    more = len(frame) > limit
-    frame = frame.iloc[:limit]
+    more = len(frame) > shown  # ``shown``: ``limit``, or fewer rows when a csv page's bytes ran out
+    frame = frame.iloc[:shown]
     header = {
         "path": path,
         "offset": offset,
         "rows": len(frame),
-        "next_offset": offset + limit if more else None,
+        "next_offset": offset + shown if more else None,
         "total_rows": total,
         "columns": [str(c) for c in frame.columns],
     }

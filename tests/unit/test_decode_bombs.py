@@ -6,6 +6,7 @@ csv pages stay in the process, bounded per line and per page."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -51,7 +52,7 @@ def test_a_parquet_of_a_few_hundred_bytes_that_decodes_past_the_bound_is_refused
 ) -> None:
     # Given 742 bytes of parquet whose first page decodes to 501 x 8 MiB = 4 GB
     bomb = dictionary_bomb(600, 8 * 2**20)
-    assert len(bomb) < 4096 and 501 * 8 * 2**20 > CHILD_MEMORY_BYTES
+    assert len(bomb) < 4096 and CHILD_MEMORY_BYTES < 501 * 8 * 2**20
     put(ctx, "datasets/bomb.parquet", bomb)
 
     # When the coder pages through it, Then it is refused, naming the path and the bound
@@ -121,3 +122,69 @@ def test_a_parquet_page_far_in_skips_whole_row_groups_by_the_footer(ctx: Any) ->
     assert end[2:] == ["| 99999 |"] and '"next_offset": null' in end[0]
     past = seeing.read_table(ctx, "datasets/long.parquet", 10**12, 5).splitlines()
     assert len(past) == 2 and '"rows": 0' in past[0]
+
+
+class _Counting:
+    """A reader that counts the calls made on it (read and readline alike)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.calls = raw, 0
+
+    def read(self, size: int = -1) -> bytes:
+        self.calls += 1
+        data: bytes = self.raw.read(size)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        self.calls += 1
+        data: bytes = self.raw.readline(size)
+        return data
+
+    def __enter__(self) -> _Counting:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.raw.close()
+
+
+def test_a_csv_page_at_a_huge_offset_costs_one_pass_in_blocks_not_a_call_per_row(
+    ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a csv of 300,000 short rows, and a reader that counts what is asked of it
+    put(ctx, "datasets/long.csv", b"n\n" + b"".join(b"%d\n" % n for n in range(300_000)))
+    workspace = ctx.backend.workspace
+    opened: list[_Counting] = []
+    real_open = workspace.open_file
+
+    def counting_open(scope: Any, path: str) -> _Counting:
+        opened.append(_Counting(real_open(scope, path)))
+        return opened[-1]
+
+    monkeypatch.setattr(workspace, "open_file", counting_open)
+
+    # When a page far past the end is asked for, Then it is empty, says the row count, and the
+    # file was read in a few blocks (not 300,000 lines one call each)
+    past = seeing.read_table(ctx, "datasets/long.csv", 10**12, 50).splitlines()
+    assert '"rows": 0' in past[0] and '"total_rows": 300000' in past[0]
+    assert opened[-1].calls < 20, opened[-1].calls
+
+    # And a page near the end is the right rows, found the same way
+    near = seeing.read_table(ctx, "datasets/long.csv", 299_998, 5).splitlines()
+    assert near[1:] == ["| n |", "| 299998 |", "| 299999 |"] and '"next_offset": null' in near[0]
+    assert '"total_rows": 300000' in near[0] and opened[-1].calls < 20
+    # a row cut at a block's edge is still whole
+    edge = seeing.read_table(ctx, "datasets/long.csv", 150_000, 2).splitlines()
+    assert edge[2:] == ["| 150000 |", "| 150001 |"] and '"next_offset": 150002' in edge[0]
+
+
+def test_a_csv_page_of_wide_rows_stops_at_its_byte_budget(ctx: Any) -> None:
+    # Given rows of 600 KB each: 500 of them would be 300 MB for pandas
+    row = b"y" * 600_000 + b"\n"
+    put(ctx, "datasets/wide.csv", b"s\n" + row * 20)
+    header = json.loads(seeing.read_table(ctx, "datasets/wide.csv", 0, 500).splitlines()[0])
+    fit = seeing.MAX_CSV_PAGE_BYTES // len(row)  # the rows within the budget, and no more
+    assert (header["rows"], header["next_offset"]) == (fit, fit) and fit < 20
+    # and a single line of 2 MiB is refused before pandas sees it
+    put(ctx, "datasets/one-line.csv", b"s\n" + b"z" * (2 * 2**20))
+    with pytest.raises(ToolError, match="row 0 is over 1 MiB"):
+        seeing.read_table(ctx, "datasets/one-line.csv", 0, 5)
