@@ -72,8 +72,8 @@ _PACKAGE_ROOT: Final = str(Path(alphaagent.__file__).resolve().parent.parent)
 
 
 def decode_in_child(job: str, source: BinaryIO | bytes, args: dict[str, Any]) -> dict[str, Any]:
-    """Run ``job`` (``profile``, ``parquet_page``, ``xlsx_page``, ``document_page``) on the file
-    ``source`` holds, in a bounded child process; its JSON answer.
+    """Run ``job`` (``profile``, ``parquet_page``, ``xlsx_page``, ``document_page``,
+    ``viewer_page``) on the file ``source`` holds, in a bounded child process; its JSON answer.
 
     Raises:
         DecodeRefusedError: the child ran out of a bound or failed; the message says which.
@@ -233,7 +233,18 @@ def _document_page(reader: BinaryIO, args: dict[str, Any]) -> dict[str, Any]:
     return {"text": text[offset : offset + limit], "total_chars": len(text), "metadata": metadata}
 
 
+def _viewer_page(reader: BinaryIO, args: dict[str, Any]) -> dict[str, Any]:
+    """The viewer's page of a dataset (``alphaagent.viewer.preview.decoded_page``) as its fields."""
+    import dataclasses
+
+    from alphaagent.viewer.preview import decoded_page
+
+    page = decoded_page(reader.read(), str(args["suffix"]), int(args["page"]), int(args["page_rows"]))
+    return dataclasses.asdict(page)
+
+
 _JOBS: Final = {
+    "viewer_page": _viewer_page,
     "profile": _profile,
     "parquet_page": _parquet_page,
     "xlsx_page": _xlsx_page,

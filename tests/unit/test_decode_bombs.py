@@ -188,3 +188,33 @@ def test_a_csv_page_of_wide_rows_stops_at_its_byte_budget(ctx: Any) -> None:
     put(ctx, "datasets/one-line.csv", b"s\n" + b"z" * (2 * 2**20))
     with pytest.raises(ToolError, match="row 0 is over 1 MiB"):
         seeing.read_table(ctx, "datasets/one-line.csv", 0, 5)
+
+
+def test_the_viewer_pages_parquet_and_xlsx_in_the_bounded_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alphaagent.viewer.preview import dataset_page
+
+    # A bomb is a reason on the page, not gigabytes in the viewer's process (a page of 50 rows of
+    # one 48 MiB value is 2.4 GB)
+    bomb = dictionary_bomb(60, 48 * 2**20)
+    assert len(bomb) < 64 * 2**10
+    bombed = dataset_page(bomb, ".parquet")
+    assert bombed.rows == [] and bombed.note and "memory" in bombed.note
+
+    # And no parquet or xlsx is decoded in the viewer's process at all
+    def in_viewer(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("decoded in the viewer's process")
+
+    monkeypatch.setattr(pq, "ParquetFile", in_viewer)
+    import openpyxl
+
+    monkeypatch.setattr(openpyxl, "load_workbook", in_viewer)
+    out = io.BytesIO()
+    pd.DataFrame({"n": range(75)}).to_parquet(out)
+    page = dataset_page(out.getvalue(), ".parquet", page=2, page_rows=50)
+    assert page.total_rows == 75 and page.rows[0] == ["50"] and len(page.rows) == 25
+    book = io.BytesIO()
+    pd.DataFrame({"city": ["x0", "x1"], "n": [0, 1]}).to_excel(book, index=False)
+    sheet = dataset_page(book.getvalue(), ".xlsx")
+    assert (
+        sheet.columns == ["city", "n"] and sheet.rows == [["x0", "0"], ["x1", "1"]] and sheet.total_rows == 2
+    )
