@@ -32,8 +32,8 @@ import io
 import json
 import os
 import resource
-import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -71,14 +71,22 @@ _BOOT: Final = (
 _PACKAGE_ROOT: Final = str(Path(alphaagent.__file__).resolve().parent.parent)
 
 
-def decode_in_child(job: str, source: BinaryIO | bytes, args: dict[str, Any]) -> dict[str, Any]:
+def decode_in_child(
+    job: str, source: BinaryIO | bytes, args: dict[str, Any], *, spool_bytes: int | None = None
+) -> dict[str, Any]:
     """Run ``job`` (``profile``, ``parquet_page``, ``xlsx_page``, ``document_page``,
     ``viewer_page``) on the file ``source`` holds, in a bounded child process; its JSON answer.
+    A reader that is not a regular file is copied to a temporary file for the child first: at most
+    ``spool_bytes`` of it when given (what the job reads at most), else all of it.
 
     Raises:
         DecodeRefusedError: the child ran out of a bound or failed; the message says which.
     """
-    with tempfile.TemporaryFile() as answer, tempfile.TemporaryFile() as errors, _descriptor(source) as fd:
+    with (
+        tempfile.TemporaryFile() as answer,
+        tempfile.TemporaryFile() as errors,
+        _descriptor(source, spool_bytes) as fd,
+    ):
         os.lseek(fd, 0, os.SEEK_SET)
         try:
             done = subprocess.run(
@@ -125,20 +133,27 @@ def _failure(code: int, stderr: str) -> str:
 
 
 @contextlib.contextmanager
-def _descriptor(source: BinaryIO | bytes) -> Iterator[int]:
-    """The descriptor of ``source`` if it is a file, else of a temporary copy of its bytes."""
+def _descriptor(source: BinaryIO | bytes, limit: int | None) -> Iterator[int]:
+    """The descriptor of ``source`` if it is a regular file, else of a temporary copy of (at most
+    ``limit`` of) its bytes (a socket's descriptor is never handed on)."""
     fd = -1
     if not isinstance(source, bytes):
         with contextlib.suppress(AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
-            fd = source.fileno()
+            fd = source.fileno() if stat.S_ISREG(os.fstat(source.fileno()).st_mode) else -1
     if fd >= 0:
         yield fd
         return
     with tempfile.TemporaryFile() as spool:
         if isinstance(source, bytes):
-            spool.write(source)
+            spool.write(source[:limit])
         else:
-            shutil.copyfileobj(source, spool, 2**20)
+            left = limit if limit is not None else -1
+            while left:
+                block = source.read(2**20 if left < 0 else min(left, 2**20))
+                if not block:
+                    break
+                spool.write(block)
+                left = left - len(block) if left > 0 else left
         spool.flush()
         yield spool.fileno()
 

@@ -44,11 +44,20 @@ def profile_dataset(reader: BinaryIO, size: int, suffix: str) -> dict[str, Any]:
     descriptor, as S3's body, is spooled to a temporary file for it).
 
     Never raises for the dataset's content: a failure is ``{"profiled": False, "reason": ...}``."""
-    from alphaagent.domain.artifacts import dataset_metadata
+    from alphaagent.domain.artifacts import (
+        MAX_CSV_SAMPLE_BYTES,
+        MAX_DATASET_PROFILE_BYTES,
+        MAX_PARQUET_PROFILE_BYTES,
+        dataset_metadata,
+    )
 
     if size <= IN_PROCESS_PROFILE_BYTES and suffix not in ALWAYS_IN_CHILD:
         return dataset_metadata(reader, suffix)
+    # What the child reads at most: a reader without a descriptor is copied only that far.
+    if suffix == ".parquet" and size > MAX_PARQUET_PROFILE_BYTES:
+        return {"profiled": False, "reason": f"larger than {MAX_PARQUET_PROFILE_BYTES // 2**20} MiB"}
+    spool = {".csv": MAX_CSV_SAMPLE_BYTES + 1, ".parquet": None}.get(suffix, MAX_DATASET_PROFILE_BYTES + 1)
     try:
-        return decode_in_child("profile", reader, {"suffix": suffix})
+        return decode_in_child("profile", reader, {"suffix": suffix}, spool_bytes=spool)
     except DecodeRefusedError as exc:
         return {"profiled": False, "reason": f"profiling: {exc}"[:500]}

@@ -218,3 +218,44 @@ def test_the_viewer_pages_parquet_and_xlsx_in_the_bounded_child(monkeypatch: pyt
     assert (
         sheet.columns == ["city", "n"] and sheet.rows == [["x0", "0"], ["x1", "1"]] and sheet.total_rows == 2
     )
+
+
+class _Versions:
+    """The two Store methods register_artifact needs: no earlier version, and keep what is added."""
+
+    def get_artifact(self, *_args: object) -> None:
+        return None
+
+    def add_artifact_version(self, version: Any) -> Any:
+        return version
+
+
+def test_on_s3_a_large_csv_is_profiled_from_its_sample_never_read_whole(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alphaagent.aws.workspace import S3Workspace, workspaces_bucket_name
+    from alphaagent.domain.artifacts import MAX_CSV_SAMPLE_BYTES, register_artifact
+
+    bucket = workspaces_bucket_name("123456789012", "us-east-1")
+    s3 = request.getfixturevalue("moto").bucket(bucket)
+    workspace = S3Workspace(bucket, client=s3, local_dir=tmp_path / "work")
+    workspace.ensure_scope(SCOPE)
+    row = b"1,abcdefghij\n"
+    workspace.write_bytes(SCOPE, "datasets/big.csv", b"a,b\n" + row * (3 * MAX_CSV_SAMPLE_BYTES // len(row)))
+
+    def whole(*_args: object) -> bytes:
+        raise AssertionError("the whole blob was read into the backend's memory")
+
+    monkeypatch.setattr(workspace, "read_blob", whole)
+    version = register_artifact(
+        _Versions(),  # type: ignore[arg-type]
+        workspace,
+        scope=SCOPE,
+        user_id="alice",
+        turn_id="t1",
+        kind="dataset",
+        path="datasets/big.csv",
+    )
+    assert version.metadata["profiled"] is True, version.metadata
+    assert 0 < version.metadata["sampled_bytes"] <= MAX_CSV_SAMPLE_BYTES
+    assert version.metadata["schema"] == {"a": "int64", "b": version.metadata["schema"]["b"]}
