@@ -13,6 +13,7 @@ in a child interpreter, and the limits are the kernel's:
 - ``RLIMIT_AS`` ``CHILD_MEMORY_BYTES``, ``RLIMIT_CPU`` ``CHILD_CPU_S``, a wall clock of
   ``CHILD_TIMEOUT_S``, ``RLIMIT_FSIZE`` ``CHILD_ANSWER_BYTES`` on its answer (a file, so a runaway
   answer is cut by the kernel, never read into the backend), no core dumps;
+- at most ``MAX_CHILDREN`` at once per backend process;
 - the file is passed as an inherited descriptor (spooled to a temporary file first when the reader
   has none, as S3's streaming body); the child imports the same ``alphaagent`` as the parent.
 
@@ -37,6 +38,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -60,6 +62,13 @@ CHILD_ANSWER_BYTES: Final = 16 * 2**20
 """The child's answer (JSON on its stdout, a file) is cut by RLIMIT_FSIZE at 16 MiB: a page of 500
 rows of 50 clipped cells, or 200,000 characters of text, are far below it."""
 
+MAX_CHILDREN: Final = 2
+"""Decoding children of one backend process at a time: each may hold up to 2 GiB, so twenty tool
+calls at once must not ask the machine for 40. A call waits up to ``CHILD_TIMEOUT_S`` for a turn,
+then is refused as busy."""
+
+_TURNS: Final = threading.BoundedSemaphore(MAX_CHILDREN)
+
 MAX_CELL_CHARS: Final = 200
 """A cell of a page is clipped to this many characters in the child, before it is serialised."""
 
@@ -80,8 +89,20 @@ def decode_in_child(
     ``spool_bytes`` of it when given (what the job reads at most), else all of it.
 
     Raises:
-        DecodeRefusedError: the child ran out of a bound or failed; the message says which.
+        DecodeRefusedError: the child ran out of a bound or failed, or every decoder stayed busy;
+            the message says which.
     """
+    if not _TURNS.acquire(timeout=CHILD_TIMEOUT_S):
+        raise DecodeRefusedError(f"every decoder was busy for {CHILD_TIMEOUT_S:g} s; try again")
+    try:
+        return _decode(job, source, args, spool_bytes)
+    finally:
+        _TURNS.release()
+
+
+def _decode(
+    job: str, source: BinaryIO | bytes, args: dict[str, Any], spool_bytes: int | None
+) -> dict[str, Any]:
     with (
         tempfile.TemporaryFile() as answer,
         tempfile.TemporaryFile() as errors,

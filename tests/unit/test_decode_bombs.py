@@ -259,3 +259,26 @@ def test_on_s3_a_large_csv_is_profiled_from_its_sample_never_read_whole(
     assert version.metadata["profiled"] is True, version.metadata
     assert 0 < version.metadata["sampled_bytes"] <= MAX_CSV_SAMPLE_BYTES
     assert version.metadata["schema"] == {"a": "int64", "b": version.metadata["schema"]["b"]}
+
+
+def test_decoding_children_are_bounded_in_number(ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from alphaagent.domain import decoding
+
+    # Given every decoding turn taken (as by MAX_CHILDREN calls still decoding)
+    turns = threading.BoundedSemaphore(1)
+    turns.acquire()
+    monkeypatch.setattr(decoding, "_TURNS", turns)
+    monkeypatch.setattr(decoding, "CHILD_TIMEOUT_S", 0.2)
+    out = io.BytesIO()
+    pd.DataFrame({"n": [1]}).to_parquet(out)
+    put(ctx, "datasets/one.parquet", out.getvalue())
+
+    # Then another call waits its bound and is refused as busy, starting no child
+    with pytest.raises(ToolError, match="every decoder was busy"):
+        seeing.read_table(ctx, "datasets/one.parquet", 0, 5)
+    # And once a turn is free, the next call decodes
+    turns.release()
+    monkeypatch.setattr(decoding, "CHILD_TIMEOUT_S", 30.0)
+    assert "| 1 |" in seeing.read_table(ctx, "datasets/one.parquet", 0, 5)
