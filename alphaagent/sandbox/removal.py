@@ -64,29 +64,37 @@ class _Level:
 def remove_tree(path: Path | str, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
     """Remove ``path`` and everything below it; a missing ``path`` is fine, a symlink or a file at
     ``path`` is unlinked (never followed). Every component above ``path`` is the caller's (trusted);
-    everything below it may be hostile.
+    everything below it may be hostile (see ``remove_at`` when a component above is hostile too).
 
     Raises:
         TreeTooLargeError: more than ``max_entries`` removals were needed (the rest is left).
         OSError: something could not be removed (a folder of another owner, a read-only mount...).
     """
     text = os.path.abspath(os.fspath(path))
+    parent_path, name = os.path.split(text)
     try:
-        info = os.lstat(text)
+        parent = os.open(parent_path or "/", _DIR_FLAGS & ~os.O_NOFOLLOW)  # the caller's own folder
     except FileNotFoundError:
         return
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(text)
-        return
-    parent_path, name = os.path.split(text)
-    parent = os.open(parent_path or "/", _DIR_FLAGS & ~os.O_NOFOLLOW)  # the caller's own folder
     try:
-        top = _open_level(parent, name)
-        if top is None:
-            return
-        _Walk(parent, top, max_entries, text).run()
+        remove_at(parent, name, max_entries=max_entries, label=text)
     finally:
         os.close(parent)
+
+
+def remove_at(parent: int, name: str, *, max_entries: int = DEFAULT_MAX_ENTRIES, label: str = "") -> bool:
+    """Remove the entry ``name`` of the directory open at ``parent`` and everything below it (a
+    symlink or a file is unlinked, never followed); True when there was one. ``label`` names it in
+    errors. Raises as ``remove_tree``."""
+    top = _open_level(parent, name)
+    if top is None:  # not a directory (or a symlink to one): the entry itself goes
+        try:
+            os.unlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            return False
+        return True
+    _Walk(parent, top, max_entries, label or name).run()
+    return True
 
 
 class _Walk:

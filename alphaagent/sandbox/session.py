@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from alphaagent.errors import InvalidRequestError
-from alphaagent.sandbox.removal import remove_tree
+from alphaagent.sandbox.removal import remove_at
 
 SESSIONS_DIR: Final = "work/sessions"
 """The platform-owned folder of every scope that holds its sessions' states, one folder per session
@@ -117,15 +118,27 @@ def state_files(root: Path, session_id: str) -> list[str]:
 
 def drop_state(root: Path, session_id: str) -> bool:
     """Delete a session's state folder under the scope root ``root`` (its session ended); True if
-    there was one. Symlinks are removed, never followed; the run may have nested the folder
-    thousands of levels deep (``remove_tree``: iterative and bounded)."""
-    folder = root / state_path(session_id)
+    there was one. ``root`` is the platform's; ``work/`` and ``work/sessions/`` below it are reached
+    without following a symlink (a run may have made ``work/sessions`` a link to another scope or a
+    home folder: then there is no state here to drop, and nothing there is touched). Symlinks inside
+    are removed, never followed; the run may have nested the folder thousands of levels deep
+    (``remove_at``: iterative and bounded)."""
     try:
-        info = os.lstat(folder)
+        folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
-    if stat.S_ISDIR(info.st_mode):
-        remove_tree(folder)
-    else:
-        folder.unlink()
-    return True
+    try:
+        for part in SESSIONS_DIR.split("/"):
+            try:
+                below = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder
+                )
+            except OSError as error:
+                if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    return False
+                raise
+            os.close(folder)
+            folder = below
+        return remove_at(folder, session_id, label=str(root / state_path(session_id)))
+    finally:
+        os.close(folder)

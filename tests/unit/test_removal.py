@@ -160,3 +160,25 @@ def test_the_scratch_area_and_the_aws_working_copy_are_cleaned_at_any_depth(tmp_
     deep_chain(tmp_path / "copy" / "again", DEPTH)
     sync.wipe_tree(tmp_path / "copy")
     assert not (tmp_path / "copy").exists()
+
+
+def test_ending_a_session_never_deletes_through_a_symlinked_sessions_folder(tmp_path: Path) -> None:
+    # Given a run that made work/sessions a link to a folder outside the scope, holding a folder
+    # named like the session
+    outside = tmp_path / "elsewhere"
+    (outside / "s1").mkdir(parents=True)
+    (outside / "s1" / "precious.txt").write_text("not the scope's")
+    root = tmp_path / "scope"
+    (root / "work").mkdir(parents=True)
+    (root / "work" / "sessions").symlink_to(outside, target_is_directory=True)
+
+    # When the session ends, Then nothing outside is touched (there is no state here to drop)
+    assert drop_state(root, "s1") is False
+    assert (outside / "s1" / "precious.txt").read_text() == "not the scope's"
+
+    # And with work itself a link, likewise
+    (root / "work" / "sessions").unlink()
+    (root / "work").rmdir()
+    (root / "work").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (outside / "sessions" / "s1").mkdir(parents=True)
+    assert drop_state(root, "s1") is False and (outside / "sessions" / "s1").is_dir()
