@@ -172,6 +172,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     go to standard error, and standard output is the result alone."""
     import tempfile
 
+    from alphaagent.sandbox.scratch import remove_path
     from alphaagent.sandbox.supervisor import Sandbox, _validate_code, _validate_workdir, iter_result_lines
 
     limits = _limits_from(args)
@@ -183,11 +184,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
         # Untrusted code may change or delete anything in its working directory, and every file in
         # it is walked and reported: never the folder the user happens to be in, unless asked for.
         if temporary:
-            # ignore_cleanup_errors: a tree the code made too deep to remove must not lose the result.
-            folder = stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="alphaagent-exec-", ignore_cleanup_errors=True)
-            )
-            workdir = _validate_workdir(Path(folder))
+            folder = Path(tempfile.mkdtemp(prefix="alphaagent-exec-"))
+            # remove_path, not TemporaryDirectory's rmtree: the code may nest folders thousands
+            # deep, lock them (chmod 000) or plant symlinks; whatever is left never loses the result.
+            stack.callback(remove_path, folder)
+            workdir = _validate_workdir(folder)
         else:
             workdir = _validate_workdir(Path(args.workdir))
         sandbox = stack.enter_context(Sandbox(config))

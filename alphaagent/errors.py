@@ -266,3 +266,9 @@ class InvalidSettingError(InvalidRequestError, ValueError):
     """An environment variable has a value its process's settings model refuses (or a required one
     is unset): one line, naming the variable and the rule (``ALPHAAGENT_LOCK_LEASE_S: Input should be
     greater than 0``). Also a ``ValueError``, as the ``pydantic.ValidationError`` it replaces was."""
+
+
+class DecodeRefusedError(ToolError):
+    """A file a run wrote could not be decoded within the bounds of the child process that decodes
+    untrusted compressed formats (``alphaagent.domain.decoding``): it needed more memory, CPU time or
+    answer than allowed, or its decoder failed. The message says which, with the limit."""

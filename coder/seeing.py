@@ -11,9 +11,13 @@ Every byte here was written by untrusted code, so everything is bounded before i
 - **Profiles**: the registered version's stored profile (``alphaagent.domain.artifacts``), rendered
   to at most ``MAX_PROFILE_CHARS`` characters whatever the width of the table.
 - **Table pages**: csv, parquet and xlsx read ``limit`` rows from row ``offset``; a csv line (the
-  header or a row) over ``MAX_HEADER_BYTES`` is refused before pandas sees it; a parquet file is
-  decoded one page-sized batch at a time (never a whole row group: the footer's sizes are the
-  writer's word); a file over ``MAX_TABLE_FILE_BYTES`` is refused.
+  header or a row) over ``MAX_HEADER_BYTES`` is refused before pandas sees it, a page parses at
+  most ``MAX_CSV_PAGE_BYTES`` of rows, and the rows before ``offset`` are skipped by counting
+  newlines a block at a time (an offset past the end answers after one pass, with the row count);
+  parquet and xlsx are decoded in the bounded child of ``alphaagent.domain.decoding`` (2 GiB,
+  30 s: a few KB of parquet can decode to gigabytes, and the footer's sizes are the writer's
+  word), one page-sized batch at a time, whole row groups before the offset skipped by the
+  footer's row counts; a file over ``MAX_TABLE_FILE_BYTES`` is refused.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from alphaagent.domain.artifacts import MAX_XLSX_UNPACKED_BYTES
+from alphaagent.domain.decoding import decode_in_child
 from alphaagent.domain.tools import TurnContext
-from alphaagent.errors import ToolError
+from alphaagent.errors import DecodeRefusedError, ToolError
+from alphaagent.sandbox.session import is_session_state
 
 MAX_IMAGES = 3
 MAX_SIDE = 1024
@@ -54,6 +60,11 @@ MAX_XLSX_BYTES = 32 * 2**20
 MAX_XLSX_ROWS = 1_048_576
 """Rows of an Excel sheet (the format's own limit)."""
 MAX_TABLE_COLUMNS = 50
+MAX_CSV_PAGE_BYTES = 4 * 2**20
+"""Bytes of csv rows one page parses at most: 500 rows of 1 MiB each would be 500 MiB for pandas;
+past the budget the page ends early and ``next_offset`` says where the next one starts."""
+CSV_BLOCK_BYTES = 1 * 2**20
+"""A csv is read in blocks of 1 MiB (rows before the page are skipped by counting newlines)."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +187,51 @@ def render_profile(metadata: dict[str, Any]) -> str:
     return text
 
 
-def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+class _Lines:
+    """Lines of a binary stream read a block at a time (any reader: a file, S3's body). ``skip``
+    counts newlines with ``bytes.count`` (memory speed: 512 MiB in well under a second), never a
+    Python call per line, so an offset of a billion costs one pass over the file at most."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.buffer, self.eof = raw, b"", False
+
+    def _fill(self) -> None:
+        block: bytes = self.raw.read(CSV_BLOCK_BYTES)
+        self.eof = not block
+        self.buffer += block
+
+    def readline(self, cap: int) -> bytes:
+        """The next line with its newline, or its first ``cap`` bytes; b"" at the end."""
+        while True:
+            end = self.buffer.find(b"\n", 0, cap)
+            if end >= 0 or len(self.buffer) >= cap or self.eof:
+                cut = end + 1 if end >= 0 else cap
+                line, self.buffer = self.buffer[:cut], self.buffer[cut:]
+                return line
+            self._fill()
+
+    def skip(self, count: int) -> int:
+        """Skip ``count`` lines; how many there were (fewer at the end of the stream)."""
+        skipped = 0
+        while skipped < count:
+            newlines = self.buffer.count(b"\n")
+            if skipped + newlines >= count:
+                self.buffer = self.buffer.split(b"\n", count - skipped)[-1]
+                return count
+            skipped += newlines
+            if self.eof:
+                return skipped + (1 if self.buffer else 0)  # a last line without its newline
+            self.buffer = self.buffer[self.buffer.rfind(b"\n") + 1 :]
+            self._fill()
+        return skipped
+
+
+def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None, int]:
     import pandas as pd
 
-    def line(raw: Any, what: str) -> bytes:
+    def line(lines: _Lines, what: str) -> bytes:
         # Every line is read with a cap: a row of a million fields must not reach pandas.
-        text: bytes = raw.readline(MAX_HEADER_BYTES + 1)
+        text = lines.readline(MAX_HEADER_BYTES + 1)
         if len(text) > MAX_HEADER_BYTES and not text.endswith(b"\n"):
             raise ToolError(
                 f"path {path!r}: {what} is over {MAX_HEADER_BYTES // 2**20} MiB; read it with code in"
@@ -189,68 +239,77 @@ def _csv_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any
             )
         return text
 
+    total: int | None = None
+    shown = limit
     with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
-        header = line(raw, "its header line")
-        for number in range(offset):
-            if not line(raw, f"row {number}"):
-                break
-        rows = []
-        for number in range(offset, offset + limit + 1):
-            text = line(raw, f"row {number}")
+        lines = _Lines(raw)
+        header = line(lines, "its header line")
+        skipped = lines.skip(offset)  # rows before the page are counted, never parsed
+        rows: list[bytes] = []
+        size = 0
+        if skipped < offset:
+            total = skipped  # the file ended before the offset: its row count is known now
+        for number in range(offset, offset + limit + 1) if total is None else ():
+            text = line(lines, f"row {number}")
             if not text:
+                total = number
                 break
             rows.append(text)
+            size += len(text)
+            if size > MAX_CSV_PAGE_BYTES and len(rows) > 1:
+                shown = len(rows) - 1  # the page ends before the row that passed the budget
+                break
     columns = pd.read_csv(io.BytesIO(header)).columns[:MAX_TABLE_COLUMNS]
     body = b"".join(rows)
     if not body.strip():
-        return pd.DataFrame(columns=list(columns)), None
+        return pd.DataFrame(columns=list(columns)), total, shown
     frame = pd.read_csv(
         io.BytesIO(body),
         header=None,
         usecols=range(min(len(columns), body.split(b"\n", 1)[0].count(b",") + 1)),
     )
     frame.columns = list(columns)[: frame.shape[1]]
-    return frame, None
+    return frame, total, shown
 
 
-def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def _decoded_page(
+    job: str, ctx: TurnContext, path: str, offset: int, limit: int
+) -> tuple[Any, int | None, int]:
+    """A page of a compressed table, decoded in the bounded child (``alphaagent.domain.decoding``):
+    a few KB of parquet can decode to gigabytes (a dictionary value repeated by a run-length code, a
+    huge string compressed to nothing) whatever its footer says, so no check here bounds it."""
+    import pandas as pd
 
     with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
-        parquet = pq.ParquetFile(raw)
-        meta = parquet.metadata
-        columns = parquet.schema_arrow.names[:MAX_TABLE_COLUMNS]
-        # Decoded a page at a time: the footer's sizes are the writer's word (a dictionary-encoded
-        # column of a few hundred KB can decode to gigabytes), the rows of one batch are not.
-        batches, seen = [], 0
-        for batch in parquet.iter_batches(batch_size=limit + 1, columns=columns):
-            if seen + batch.num_rows > offset:
-                batches.append(batch.slice(max(offset - seen, 0)))
-            seen += batch.num_rows
-            if sum(b.num_rows for b in batches) > limit:
-                break
-        table = pa.Table.from_batches(batches) if batches else parquet.schema_arrow.empty_table()
-        frame = table.slice(0, limit + 1).to_pandas()
-    return frame, int(meta.num_rows)
+        page = decode_in_child(job, raw, {"offset": offset, "limit": limit, "max_columns": MAX_TABLE_COLUMNS})
+    frame = (
+        pd.DataFrame(page["rows"], columns=page["columns"])
+        if page["rows"]
+        else pd.DataFrame(columns=page["columns"])
+    )
+    total = page.get("total_rows")
+    return frame, None if total is None else int(total), limit
 
 
-def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None]:
+def _parquet_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None, int]:
+    return _decoded_page("parquet_page", ctx, path, offset, limit)
+
+
+def _xlsx_page(ctx: TurnContext, path: str, offset: int, limit: int) -> tuple[Any, int | None, int]:
     import zipfile
-
-    import pandas as pd
 
     info = ctx.backend.workspace.stat(ctx.scope, path)
     if info is not None and info.size_bytes > MAX_XLSX_BYTES:
         raise ToolError(f"path {path!r}: over {MAX_XLSX_BYTES // 2**20} MiB; read it with code in run_in_env")
     if offset > MAX_XLSX_ROWS:  # pandas turns skiprows into a set of that size
         raise ToolError(f"offset: an xlsx sheet has at most {MAX_XLSX_ROWS:,} rows")
-    data = ctx.backend.workspace.read_bytes(ctx.scope, path)
-    unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist())
+    with ctx.backend.workspace.open_file(ctx.scope, path) as raw:
+        # The zip's directory, read without unpacking: a quick, clear refusal of the obvious bomb
+        # (the child's bounds hold whatever the directory says).
+        unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(raw.read())).infolist())
     if unpacked > MAX_XLSX_UNPACKED_BYTES:
         raise ToolError(f"path {path!r}: unpacks to {unpacked:,} bytes; read it with code in run_in_env")
-    frame = pd.read_excel(io.BytesIO(data), skiprows=range(1, offset + 1), nrows=limit + 1)
-    return frame.iloc[:, :MAX_TABLE_COLUMNS], None
+    return _decoded_page("xlsx_page", ctx, path, offset, limit)
 
 
 def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
@@ -260,8 +319,8 @@ def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
         raise ToolError(f"limit: for a table, between 1 and {MAX_TABLE_ROWS} rows")
     suffix = PurePosixPath(path).suffix.lower()
     reader = {".csv": _csv_page, ".parquet": _parquet_page, ".xlsx": _xlsx_page}[suffix]
-    info = ctx.backend.workspace.stat(ctx.scope, path)
-    if info is None:
+    info = None if is_session_state(path) else ctx.backend.workspace.stat(ctx.scope, path)
+    if info is None:  # the sessions' state is platform-owned: answered as a missing file is
         raise ToolError(f"path {path!r}: no such document in this scope")
     if info.size_bytes > MAX_TABLE_FILE_BYTES:
         raise ToolError(
@@ -269,20 +328,24 @@ def read_table(ctx: TurnContext, path: str, offset: int, limit: int) -> str:
             " tool pages through; read it with code in run_in_env"
         )
     try:
-        frame, total = reader(ctx, path, offset, limit)
+        frame, total, shown = reader(ctx, path, offset, limit)
+    except DecodeRefusedError as exc:
+        raise ToolError(
+            f"path {path!r}: cannot be read as a table ({exc}); read it with code in run_in_env"
+        ) from None
     except ToolError:
         raise
     except Exception as exc:  # a file the reader cannot parse is the model's to fix, with the reason
         raise ToolError(
             f"path {path!r}: cannot be read as a table ({type(exc).__name__}: {exc})"[:500]
         ) from None
-    more = len(frame) > limit
-    frame = frame.iloc[:limit]
+    more = len(frame) > shown  # ``shown``: ``limit``, or fewer rows when a csv page's bytes ran out
+    frame = frame.iloc[:shown]
     header = {
         "path": path,
         "offset": offset,
         "rows": len(frame),
-        "next_offset": offset + limit if more else None,
+        "next_offset": offset + shown if more else None,
         "total_rows": total,
         "columns": [str(c) for c in frame.columns],
     }

@@ -51,7 +51,6 @@ import contextlib
 import functools
 import importlib
 import os
-import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -63,7 +62,8 @@ from alphaagent.aws import sdk
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.errors import EnvScopeTooLargeError, PathRuleError
 from alphaagent.local import safefs
-from alphaagent.models.common import SCOPE_FOLDERS, Scope, check_workspace_path
+from alphaagent.models.common import MAX_KEY_BYTES, SCOPE_FOLDERS, Scope, check_workspace_path
+from alphaagent.sandbox.removal import remove_tree
 
 MiB: Final = 2**20
 
@@ -603,6 +603,11 @@ def _scan(root: Path) -> dict[str, os.stat_result]:
             name = f"{relative}{entry.name}"
             info = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
+                if len(name.encode("utf-8", "surrogateescape")) >= MAX_KEY_BYTES:
+                    # Nothing below is addressable (a key is at most 1,024 bytes), and a walk by
+                    # path would soon pass PATH_MAX: removed whole, however deep it goes.
+                    remove_tree(entry.path)
+                    continue
                 if stat.S_IMODE(info.st_mode) & 0o700 != 0o700:
                     os.chmod(entry.path, 0o700, follow_symlinks=False)
                 stack.append((Path(entry.path), f"{name}/"))
@@ -615,11 +620,18 @@ def _scan(root: Path) -> dict[str, os.stat_result]:
 
 def _prune_empty(root: Path) -> None:
     """Remove the folders below ``root`` that hold nothing (S3 has no folders; the six scope folders
-    are made again by the caller). Bottom up, so a folder emptied by its children's removal goes too."""
-    for parent, _, _ in os.walk(root, topdown=False):
-        if parent != str(root):
-            with contextlib.suppress(OSError):  # not empty
-                os.rmdir(parent)
+    are made again by the caller). Bottom up, so a folder emptied by its children's removal goes too;
+    with a stack, not ``os.walk`` (recursive on 3.11: a run's folders nested 1,000 deep would raise
+    ``RecursionError``). ``_scan`` has already removed what is nested past a key's length."""
+    folders, stack = [], [str(root)]
+    while stack:
+        folder = stack.pop()
+        folders.append(folder)
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            stack.extend(entry.path for entry in entries if entry.is_dir(follow_symlinks=False))
+    for folder in reversed(folders[1:]):  # every folder after its parent: reversed, children first
+        with contextlib.suppress(OSError):  # not empty
+            os.rmdir(folder)
 
 
 def wipe_tree(path: Path) -> None:
@@ -630,21 +642,7 @@ def wipe_tree(path: Path) -> None:
     Raises:
         OSError: something could not be removed.
     """
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(mode):
-        path.unlink()
-        return
-    os.chmod(path, 0o700)
-    for parent, dirnames, _ in os.walk(path):
-        for name in dirnames:  # os.walk lists a symlink to a directory here but never enters it
-            child = os.path.join(parent, name)
-            if not os.path.islink(child):
-                with contextlib.suppress(OSError):
-                    os.chmod(child, 0o700)
-    shutil.rmtree(path)
+    remove_tree(path)  # iterative (a run may nest folders thousands deep), never follows a link
 
 
 def _folder(scope: Scope, folder: str) -> str:

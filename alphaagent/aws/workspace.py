@@ -352,6 +352,21 @@ class S3Workspace:
             data: bytes = body.read()
         return data
 
+    def open_blob(self, sha256: str) -> BinaryIO:
+        """A streaming reader of the blob stored under ``sha256`` (one GetObject; the caller closes
+        it), so a dataset's profile reads only what it needs (a csv's first 4 MiB, not the whole
+        object into memory); ``FileNotFoundError`` as for ``read_blob``."""
+        if not _SHA256_HEX.fullmatch(sha256):
+            raise FileNotFoundError(f"no blob stored under {sha256!r}")
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=_blob_key(sha256))
+        except sdk.client_error() as error:
+            if sdk.error_code(error) in _MISSING_CODES:
+                raise FileNotFoundError(f"no blob stored under {sha256!r}") from None
+            raise
+        body: BinaryIO = response["Body"]
+        return body
+
     def drop_session_state(self, scope: Scope, session_id: str) -> None:
         """Delete every object of ``work/sessions/{session_id}/`` (the session ended, DESIGN §4.7),
         the manifest first. An id that could not name a folder has no state."""

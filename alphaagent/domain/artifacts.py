@@ -24,6 +24,7 @@ from alphaagent.models.common import (
 )
 from alphaagent.models.records import ArtifactVersion
 from alphaagent.ports import Store, Workspace
+from alphaagent.sandbox.session import is_session_state
 
 KIND_FOLDERS: dict[str, str] = {"dataset": "datasets", "chart": "charts", "report": "reports"}
 PREVIEW_ROWS = 5
@@ -92,8 +93,10 @@ def check_artifact_path(workspace: Workspace, scope: Scope, kind: ArtifactKind, 
         raise ArtifactError(f"path {path!r}: {exc}; {inside}") from None
     if normal.split("/", 1)[0] not in ARTIFACT_FOLDERS or "/" not in normal:
         raise ArtifactError(f"path {normal!r}: {inside}")
-    if workspace.stat(scope, normal) is None:
-        near = closest_file(normal, [f.path for f in workspace.list_files(scope)])
+    # The sessions' state (platform-owned) is answered as a missing file, and never offered.
+    if is_session_state(normal) or workspace.stat(scope, normal) is None:
+        listed = [f.path for f in workspace.list_files(scope) if not is_session_state(f.path)]
+        near = closest_file(normal, listed)
         hint = f"; the closest existing file is {near!r}" if near else "; the scope has no file like it"
         raise ArtifactError(
             f"path {normal!r}: no regular file there (missing, a directory or a symlink){hint}"
@@ -264,7 +267,8 @@ def register_artifact(
         elif size > limit and suffix != ".csv":
             metadata = {"profiled": False, "reason": f"larger than {limit // 2**20} MiB"}
         else:
-            metadata = dataset_metadata(workspace.read_blob(sha256), suffix)
+            # Compressed formats go to the bounded child here too (spooled: no descriptor).
+            metadata = profile_dataset(io.BytesIO(workspace.read_blob(sha256)), size, suffix)
     return store.add_artifact_version(
         ArtifactVersion(
             artifact_id=new_ulid(),

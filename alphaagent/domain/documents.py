@@ -30,6 +30,9 @@ MAX_PAGE_CHARS = 200_000
 MAX_DOCUMENT_BYTES = 25 * 2**20
 """read_document reads documents up to the connector cap (25 MiB): larger files are for code."""
 MAX_PDF_PAGES = 500
+DECODED_IN_CHILD = (".pdf",)
+"""Compressed document types: ``read_document`` extracts them in the bounded child process of
+``alphaagent.domain.decoding`` (a pdf's deflated streams can inflate to gigabytes)."""
 
 
 class DocumentPage(BaseModel):

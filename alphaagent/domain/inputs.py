@@ -28,6 +28,7 @@ from alphaagent.models.spec import (
     Spec,
 )
 from alphaagent.ports import Workspace
+from alphaagent.sandbox.session import is_session_state
 
 SIDECAR_SUFFIX = ".version.json"
 """A registered artifact copied into ``docs/`` gets a sidecar next to it, ``docs/NAME.EXT`` +
@@ -87,7 +88,7 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
     stable_names: set[str] = set()
     for i, item in enumerate(spec.inputs):
         if isinstance(item, DocumentInput):
-            if not owned or workspace.stat(scope, item.path) is None:
+            if not owned or is_session_state(item.path) or workspace.stat(scope, item.path) is None:
                 raise InvalidSpecError(f"inputs[{i}].path: {item.path!r} is not a file of this scope")
             resolved.append(ResolvedInput(item.path, None, f"using {item.path}"))
         elif isinstance(item, DatasetInput):

@@ -20,6 +20,7 @@ from alphaagent.errors import InvalidRequestError, NotFoundError, PathRuleError
 from alphaagent.models.common import Scope, check_workspace_path
 from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Session, Turn
 from alphaagent.ports import FileInfo, Store, Workspace
+from alphaagent.sandbox.session import is_session_state
 
 
 class ScopeReads:
@@ -40,17 +41,20 @@ class ScopeReads:
         return scope
 
     def files(self, user_id: str, scope: Scope, prefix: str = "") -> list[FileInfo]:
-        """The scope's regular files under ``prefix``."""
+        """The scope's regular files under ``prefix``; the sessions' state (platform-owned) is never
+        one of them."""
         self._owned(user_id, scope)
         if prefix:
             prefix = _path_or_not_found(prefix.rstrip("/"), scope)
-        return self.workspace.list_files(scope, prefix)
+        return [f for f in self.workspace.list_files(scope, prefix) if not is_session_state(f.path)]
 
     def read_file(self, user_id: str, scope: Scope, path: str) -> bytes:
         """The bytes of one file of the scope."""
         self._owned(user_id, scope)
         normal = _path_or_not_found(path, scope)
         try:
+            if is_session_state(normal):  # platform-owned: answered as a missing file is
+                raise FileNotFoundError(normal)
             return self.workspace.read_bytes(scope, normal)
         except FileNotFoundError:
             raise NotFoundError(f"{normal} not found in {scope_label(scope)}") from None

@@ -19,7 +19,9 @@ from pydantic import BaseModel
 from alphaagent.connectors import fetch, names
 from alphaagent.domain.artifacts import register_artifact as register_artifact_version
 from alphaagent.domain.backend import Backend
+from alphaagent.domain.decoding import decode_in_child
 from alphaagent.domain.documents import (
+    DECODED_IN_CHILD,
     DEFAULT_PAGE_CHARS,
     MAX_DOCUMENT_BYTES,
     MAX_PAGE_CHARS,
@@ -29,6 +31,7 @@ from alphaagent.domain.documents import (
 from alphaagent.domain.recorder import history_view
 from alphaagent.errors import (
     AlphaAgentError,
+    DecodeRefusedError,
     PathRuleError,
     SandboxError,
     ScopeBusyError,
@@ -41,6 +44,7 @@ from alphaagent.models.records import ArtifactRef, ArtifactVersion, CitationRef,
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.models.spec import Spec
 from alphaagent.ports import OutputSink
+from alphaagent.sandbox.session import is_session_state
 
 MAX_STORED_CODE_CHARS = 64 * 1024
 MAX_CITATIONS_PER_TURN = 200
@@ -168,19 +172,36 @@ def read_document(
     normal = _scope_path(ctx, path)
     if offset < 0 or not 0 < limit <= MAX_PAGE_CHARS:
         raise ToolError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE_CHARS}")
-    info = ctx.backend.workspace.stat(ctx.scope, normal)
-    if info is None:
+    info = None if is_session_state(normal) else ctx.backend.workspace.stat(ctx.scope, normal)
+    if info is None:  # the sessions' state is platform-owned: answered as a missing file is
         raise ToolError(f"path {normal!r}: no such document in this scope")
     if info.size_bytes > MAX_DOCUMENT_BYTES:
         raise ToolError(
             f"path {normal!r}: {info.size_bytes} bytes is over the {MAX_DOCUMENT_BYTES // 2**20} MiB"
             " read_document limit; read it with code in run_in_env"
         )
+    suffix = PurePosixPath(normal).suffix.lower()
     try:
+        if suffix in DECODED_IN_CHILD:
+            # A pdf's streams are deflated: a few KB can inflate to gigabytes (see decoding.py).
+            with ctx.backend.workspace.open_file(ctx.scope, normal) as reader:
+                page = decode_in_child(
+                    "document_page", reader, {"suffix": suffix, "offset": offset, "limit": limit}
+                )
+            metadata = {**page["metadata"], "size_bytes": info.size_bytes}
+            return DocumentPage(
+                path=normal,
+                offset=offset,
+                text=page["text"],
+                total_chars=page["total_chars"],
+                metadata=metadata,
+            )
         data = ctx.backend.workspace.read_bytes(ctx.scope, normal)
     except FileNotFoundError:
         raise ToolError(f"path {normal!r}: no such document in this scope") from None
-    text, metadata = document_text(data, PurePosixPath(normal).suffix.lower())
+    except DecodeRefusedError as exc:
+        raise ToolError(f"path {normal!r}: {exc}; read it with code in run_in_env") from None
+    text, metadata = document_text(data, suffix)
     metadata["size_bytes"] = len(data)
     return DocumentPage(
         path=normal,
@@ -280,7 +301,7 @@ def emit_citation(
         )
     if "://" not in source:
         normal = _scope_path(ctx, source)
-        if ctx.backend.workspace.stat(ctx.scope, normal) is None:
+        if is_session_state(normal) or ctx.backend.workspace.stat(ctx.scope, normal) is None:
             raise ToolError(f"source: {normal!r} is not a file of this scope")
         source = normal
     for value, label in ((locator, "locator"), (quote, "quote"), (claim, "claim")):

@@ -12,6 +12,8 @@ Rules, in the order a user would ask about them:
 * **Regular files only.** The files are those of ``Workspace.list_files``, which never lists or follows
   a symlink, FIFO or device, and each is read through ``Workspace.open_file``, which never follows one
   either: a link to ``/proc/self/environ``, ``/etc/passwd`` or ``/usr`` contributes nothing (PATH-01).
+* **The user's files only.** ``work/sessions/`` (the sessions' pickled live state, platform-owned,
+  DESIGN §4.7) is neither exported nor listed as omitted.
 * **Names safe to extract anywhere** (PATH-03, and Windows): see ``safe_archive_name``. Two files that
   would land on the same name, compared case-insensitively as Windows and macOS do, get distinct names
   by a ``~2``, ``~3``, ... before the extension (``report~2.md``); names that needed no change keep it,
@@ -48,6 +50,7 @@ from typing import IO, Any, BinaryIO, Final, NamedTuple
 from alphaagent.errors import PathRuleError
 from alphaagent.models.common import Scope, printable_path, utcnow
 from alphaagent.ports import FileInfo, Workspace
+from alphaagent.sandbox.session import is_session_state
 
 MiB: Final = 2**20
 DEFAULT_MAX_FILE_BYTES: Final = 25 * MiB
@@ -231,7 +234,12 @@ def _write_archive(
 ) -> ExportReport:
     exported_at = utcnow()
     skipped: list[tuple[str, str]] = []
-    files = sorted(workspace.list_files(scope, skipped=skipped), key=lambda item: item.path)
+    # The sessions' live state is the platform's, not a file of the user's (DESIGN §4.7).
+    listed = [
+        info for info in workspace.list_files(scope, skipped=skipped) if not is_session_state(info.path)
+    ]
+    skipped = [(path, reason) for path, reason in skipped if not is_session_state(path)]
+    files = sorted(listed, key=lambda item: item.path)
     names = assign_archive_names([info.path for info in files if info.size_bytes <= max_file_bytes])
     included: list[IncludedFile] = []
     omitted: list[OmittedFile] = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import stat
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alphaagent.sandbox.procs import send_signal
+from alphaagent.sandbox.removal import remove_tree
 
 ZYGOTE_LOG = "zygote.log"
 
@@ -81,42 +81,11 @@ def wipe_contents(root: Path, keep: set[Path]) -> None:
 def remove_path(path: Path) -> bool:
     """Remove ``path`` -- a file, a symlink (never followed) or a whole tree; True when it is gone.
 
-    A directory its owner made unwritable or unreadable (``chmod 500``) would make ``rmtree`` leave
-    its contents: if the first pass leaves anything, every directory of the tree is given back to
-    its owner (``u+rwx``) and the removal is tried once more."""
-    for attempt in range(2):
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        if not stat.S_ISDIR(mode):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            continue
-        if attempt:
-            grant_owner_access(path)
-        with contextlib.suppress(RecursionError):  # a tree deeper than Python's recursion limit
-            shutil.rmtree(path, ignore_errors=True)
+    ``remove_tree`` walks iteratively (any depth), gives a folder its owner locked (``chmod 500``)
+    back to the owner, and never follows a symlink."""
+    with contextlib.suppress(OSError):
+        remove_tree(path)
     return not os.path.lexists(path)
-
-
-def grant_owner_access(top: Path) -> None:
-    """``chmod 700`` every directory under ``top``, not following symlinks. Never as root (root
-    needs no permission to remove, and ``chmod`` follows a symlink swapped in after ``lstat``);
-    otherwise only called once every other process of the uid is gone, so nothing swaps it."""
-    if os.geteuid() == 0:
-        return
-    stack = [str(top)]
-    while stack:
-        directory = stack.pop()
-        with contextlib.suppress(OSError):
-            if not stat.S_ISDIR(os.lstat(directory).st_mode):
-                continue
-            os.chmod(directory, 0o700)
-            with os.scandir(directory) as entries:
-                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
 
 
 @dataclass(frozen=True)

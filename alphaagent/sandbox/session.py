@@ -11,16 +11,17 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from alphaagent.errors import InvalidRequestError
+from alphaagent.sandbox.removal import remove_at
 
 SESSIONS_DIR: Final = "work/sessions"
 """The platform-owned folder of every scope that holds its sessions' states, one folder per session
@@ -81,6 +82,15 @@ def valid_session_id(session_id: str) -> bool:
     return bool(_SESSION_ID.fullmatch(session_id))
 
 
+def is_session_state(path: str) -> bool:
+    """Whether the normalised workspace path ``path`` is ``work/sessions`` or below it: the sessions'
+    live state, platform-owned (DESIGN §4.7), so never a user's file. ``files``, ``cat``, export, the
+    viewer, ``read_document``, citations, inputs and ``register_artifact`` answer for such a path
+    exactly as for a missing one, and leave it out of every listing (a pickle is not the user's
+    work, and unpickled later it is code)."""
+    return path == SESSIONS_DIR or path.startswith(SESSIONS_DIR + "/")
+
+
 def state_path(session_id: str) -> str:
     """``work/sessions/{session_id}``: the workspace-relative folder of a session's state."""
     return f"{SESSIONS_DIR}/{session_id}"
@@ -108,14 +118,27 @@ def state_files(root: Path, session_id: str) -> list[str]:
 
 def drop_state(root: Path, session_id: str) -> bool:
     """Delete a session's state folder under the scope root ``root`` (its session ended); True if
-    there was one. Symlinks are removed, never followed."""
-    folder = root / state_path(session_id)
+    there was one. ``root`` is the platform's; ``work/`` and ``work/sessions/`` below it are reached
+    without following a symlink (a run may have made ``work/sessions`` a link to another scope or a
+    home folder: then there is no state here to drop, and nothing there is touched). Symlinks inside
+    are removed, never followed; the run may have nested the folder thousands of levels deep
+    (``remove_at``: iterative and bounded)."""
     try:
-        info = os.lstat(folder)
+        folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
-    if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(folder)  # rmtree does not follow symlinks inside (its fd-based walk)
-    else:
-        folder.unlink()
-    return True
+    try:
+        for part in SESSIONS_DIR.split("/"):
+            try:
+                below = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder
+                )
+            except OSError as error:
+                if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    return False
+                raise
+            os.close(folder)
+            folder = below
+        return remove_at(folder, session_id, label=str(root / state_path(session_id)))
+    finally:
+        os.close(folder)

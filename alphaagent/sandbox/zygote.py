@@ -1903,7 +1903,10 @@ class Zygote:
         if self.scratch_root:
             import shutil
 
-            shutil.rmtree(self.scratch_root, ignore_errors=True)
+            try:
+                shutil.rmtree(self.scratch_root, ignore_errors=True)
+            except RecursionError:
+                pass  # a run nested folders past the recursion limit: the supervisor removes them
         os._exit(0)
 
     # -- main loop -------------------------------------------------------------------------

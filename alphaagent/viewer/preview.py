@@ -1,7 +1,8 @@
 """What the viewer shows of user content: dataset pages, rendered reports, image types.
 
-Every byte here was written by untrusted code and is read in the viewer's own process, so each
-reader is bounded the way artifact registration bounds its profile (``alphaagent.domain.artifacts``):
+Every byte here was written by untrusted code. Parquet and xlsx are decoded only in the bounded
+child of ``alphaagent.domain.decoding`` (``DECODED_IN_CHILD``); what is read in the viewer's own
+process is bounded the way artifact registration bounds its profile (``alphaagent.domain.artifacts``):
 csv, json and xlsx are parsed only up to ``MAX_DATASET_PROFILE_BYTES``, an xlsx only if its zip
 directory says it unpacks to at most ``MAX_XLSX_UNPACKED_BYTES``, a parquet row group is read only if
 its footer says it decompresses to at most ``MAX_PARQUET_PREVIEW_GROUP_BYTES``. A table shows at most
@@ -100,14 +101,37 @@ def _fit(columns: list[Any], rows: Iterable[Iterable[Any]], page: TablePage) -> 
     return page
 
 
+DECODED_IN_CHILD: Final = (".parquet", ".xlsx")
+"""Compressed datasets, paged in the bounded child of ``alphaagent.domain.decoding`` (2 GiB, 30 s):
+742 bytes of parquet can decode to 4 GB whatever its footer says, and openpyxl pads every row of a
+sparse sheet to its widest column (one cell at column XFD makes each row 16,384 cells)."""
+
+
 def dataset_page(data: bytes, suffix: str, page: int = 1, page_rows: int = PAGE_ROWS) -> TablePage:
     """Page ``page`` (from 1) of a dataset file's rows, ``page_rows`` at a time.
 
     ``suffix`` is the file's lower-case suffix: ``.csv`` (UTF-8, invalid bytes shown as U+FFFD; the
     first row is the header), ``.json`` (a list of objects), ``.parquet`` or ``.xlsx`` (the first
-    sheet; the first row is the header). Anything else, or a file over a bound of the module
-    docstring, is a page with a ``note`` and no rows.
+    sheet; the first row is the header; both decoded in the bounded child, ``DECODED_IN_CHILD``).
+    Anything else, or a file over a bound of the module docstring, is a page with a ``note`` and no
+    rows.
     """
+    if suffix not in DECODED_IN_CHILD:
+        return decoded_page(data, suffix, page, page_rows)
+    from alphaagent.domain.decoding import decode_in_child
+    from alphaagent.errors import DecodeRefusedError
+
+    try:
+        answer = decode_in_child(
+            "viewer_page", data, {"suffix": suffix, "page": page, "page_rows": page_rows}
+        )
+    except DecodeRefusedError as exc:
+        return TablePage(page=max(1, page), page_rows=page_rows, note=f"not previewed: {exc}"[:300])
+    return TablePage(**answer)
+
+
+def decoded_page(data: bytes, suffix: str, page: int = 1, page_rows: int = PAGE_ROWS) -> TablePage:
+    """``dataset_page`` decoded in this process: for text formats, and in the decoding child."""
     page = max(1, page)
     result = TablePage(page=page, page_rows=page_rows)
     start = (page - 1) * page_rows
@@ -123,6 +147,10 @@ def dataset_page(data: bytes, suffix: str, page: int = 1, page_rows: int = PAGE_
             return _json_page(data, start, result)
         if suffix == ".xlsx":
             return _xlsx_page(data, start, result)
+    except MemoryError:  # in the decoding child: its address-space bound
+        result.columns, result.rows = [], []
+        result.note = "not previewed: decoding it needs more memory than allowed (download it)"
+        return result
     except Exception as exc:  # untrusted bytes: any parser failure is a reason shown, not a crash
         result.columns, result.rows = [], []
         result.note = f"not previewed: {type(exc).__name__}: {exc}"[:300]

@@ -15,6 +15,7 @@ from alphaagent.errors import NotFoundError, PathRuleError
 from alphaagent.models.common import Scope, check_workspace_path, scope_from_key
 from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Turn
 from alphaagent.ports import FileInfo, Store, Workspace
+from alphaagent.sandbox.session import is_session_state
 
 Opener = Callable[[], tuple[Store, Workspace] | None]
 """Opens the backend's store and workspace, or answers None while there is no data at all (a local
@@ -98,17 +99,19 @@ class WorkspaceReader:
             raise NotFoundError("not found") from None
 
     def files(self, scope: Scope) -> tuple[list[FileInfo], list[tuple[str, str]]]:
-        """The scope's regular files by path, and what was left out (display path, reason)."""
+        """The scope's regular files by path, and what was left out (display path, reason); the
+        sessions' state is platform-owned and in neither."""
         _, workspace = self._owned(scope)
         skipped: list[tuple[str, str]] = []
-        return workspace.list_files(scope, "", skipped), skipped
+        files = [f for f in workspace.list_files(scope, "", skipped) if not is_session_state(f.path)]
+        return files, [(path, why) for path, why in skipped if not is_session_state(path)]
 
     def file(self, scope: Scope, path: str) -> tuple[FileInfo, BinaryIO]:
         """A file's info and a reader of its bytes (the caller closes it)."""
         _, workspace = self._owned(scope)
         try:
             normal = check_workspace_path(path, prefix=scope.key + "/")
-            info = workspace.stat(scope, normal)
+            info = None if is_session_state(normal) else workspace.stat(scope, normal)
             if info is None:
                 raise FileNotFoundError(normal)
             return info, workspace.open_file(scope, normal)
