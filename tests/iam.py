@@ -537,9 +537,16 @@ def _sqs(operation: str, p: dict[str, Any], region: str, account: str) -> list[N
         "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
         "GetQueueAttributes": "GetQueueAttributes",
         "DeleteQueue": "DeleteQueue",
+        "TagQueue": "TagQueue",
+        "ListQueueTags": "ListQueueTags",
     }
     if operation == "CreateQueue":
-        return [Need("sqs:CreateQueue", f"arn:aws:sqs:{region}:{account}:{p['QueueName']}")]
+        arn = f"arn:aws:sqs:{region}:{account}:{p['QueueName']}"
+        # CreateQueue API reference: tagging a queue at creation needs sqs:TagQueue as well.
+        return [Need("sqs:CreateQueue", arn)] + ([Need("sqs:TagQueue", arn)] if p.get("tags") else [])
+    if operation == "ListQueues":
+        # Names only; the Service Authorization Reference scopes it to no queue.
+        return [Need("sqs:ListQueues", "*")]
     if operation == "GetQueueUrl":
         return [
             Need(
@@ -715,6 +722,18 @@ class Iam:
             if role_name in attached:
                 statements += _listed(r.value(resource["Properties"]["PolicyDocument"])["Statement"])
         return statements
+
+    def managed_policy(self, logical_id: str) -> list[dict[str, Any]]:
+        """The statements of the template's ``AWS::IAM::ManagedPolicy`` ``logical_id``, resolved (for
+        a principal outside the stack that an operator attaches it to: ``add_principal``)."""
+        resource = self.resources[logical_id]
+        assert resource["Type"] == "AWS::IAM::ManagedPolicy", logical_id
+        return _listed(self.resolver.value(resource["Properties"]["PolicyDocument"])["Statement"])
+
+    def add_principal(self, name: str, statements: list[dict[str, Any]]) -> None:
+        """A caller the template does not define (an operator), allowed exactly ``statements``."""
+        self._statements[name] = statements
+        self._principals.add(name)
 
     def _policy(self, component: str) -> tuple[str, list[dict[str, Any]]]:
         if component in self._principals:

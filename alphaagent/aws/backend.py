@@ -20,6 +20,7 @@ from alphaagent.aws.bus import BusLimits, EventBridgeBus, event_from_eventbridge
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.executor import LambdaExecutor
 from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
+from alphaagent.aws.turn_notices import send_turn_notice
 from alphaagent.aws.settings import (
     CoderBackendSettings,
     LambdaSettings,
@@ -33,7 +34,7 @@ from alphaagent.domain.backend import Backend, TurnSettings
 from alphaagent.domain.recorder import Recorder, history_view
 from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, NoExecutorError
 from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, TurnInput, run_result_key
-from alphaagent.models.events import Event, RunCompleted, RunFailed
+from alphaagent.models.events import Event, RunCompleted, RunFailed, TurnCompleted, TurnFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.models.spec import TURN_ID_REUSED
 from alphaagent.ports import OutputSink
@@ -273,15 +274,22 @@ def record_destination(record: DestinationRecord) -> Event:
 
 @functools.cache
 def notice_sqs() -> Any:
-    """The recorder's SQS client for run notices (``alphaagent.aws.notices``), created on first use."""
+    """The recorder's SQS client for run and turn notices (``alphaagent.aws.notices``,
+    ``alphaagent.aws.turn_notices``), created on first use; its timeouts are short because a
+    notice that cannot go out in a few seconds is better dropped (the waiter reads on its timer)."""
     return sdk.client("sqs", config={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2}})
 
 
 def record_eventbridge(message: dict[str, Any]) -> Event:
-    """Persist one of our events as an EventBridge rule delivers it (claim checks followed)."""
+    """Persist one of our events as an EventBridge rule delivers it (claim checks followed). A turn's
+    end is then announced to its waiter, if one waits (``alphaagent.aws.turn_notices``): every path
+    that ends a turn publishes its event after writing the record, and this is where all of them
+    arrive. ``message["account"]`` (every EventBridge event carries it) is the queue's account."""
     backend = get_backend()
     event = event_from_eventbridge(message, fetch=fetch_object)
     Recorder(backend.store).handle(event)
+    if isinstance(event.detail, TurnCompleted | TurnFailed):
+        send_turn_notice(notice_sqs(), str(message["account"]), event.detail.user_id, event.detail.turn_id)
     return event
 
 
