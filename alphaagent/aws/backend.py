@@ -20,7 +20,6 @@ from alphaagent.aws.bus import BusLimits, EventBridgeBus, event_from_eventbridge
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.executor import LambdaExecutor
 from alphaagent.aws.notices import RunNotice, RunNotices, send_notice
-from alphaagent.aws.turn_notices import send_turn_notice
 from alphaagent.aws.settings import (
     CoderBackendSettings,
     LambdaSettings,
@@ -28,6 +27,7 @@ from alphaagent.aws.settings import (
     get_lambda_settings,
 )
 from alphaagent.aws.store import DynamoStore
+from alphaagent.aws.turn_notices import send_turn_notice
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.domain.audit import emf_audit
 from alphaagent.domain.backend import Backend, TurnSettings
@@ -284,13 +284,21 @@ def record_eventbridge(message: dict[str, Any]) -> Event:
     """Persist one of our events as an EventBridge rule delivers it (claim checks followed). A turn's
     end is then announced to its waiter, if one waits (``alphaagent.aws.turn_notices``): every path
     that ends a turn publishes its event after writing the record, and this is where all of them
-    arrive. ``message["account"]`` (every EventBridge event carries it) is the queue's account."""
+    arrive. The queue is in the event's ``account`` (the stack's own)."""
     backend = get_backend()
     event = event_from_eventbridge(message, fetch=fetch_object)
     Recorder(backend.store).handle(event)
     if isinstance(event.detail, TurnCompleted | TurnFailed):
-        send_turn_notice(notice_sqs(), str(message["account"]), event.detail.user_id, event.detail.turn_id)
+        account = str(message.get("account") or own_account())
+        send_turn_notice(notice_sqs(), account, event.detail.user_id, event.detail.turn_id)
     return event
+
+
+@functools.cache
+def own_account() -> str:
+    """The AWS account this process runs in (``sts:GetCallerIdentity``, which needs no permission),
+    for an event delivered without its ``account`` field."""
+    return str(sdk.client("sts").get_caller_identity()["Account"])
 
 
 def fetch_object(key: str) -> bytes:

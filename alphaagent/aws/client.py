@@ -44,6 +44,7 @@ SQS_MAX_MESSAGE_BYTES = 256 * 1024
 QUEUED = "queued"
 """The status ``wait_for_turn`` reports while no turn record is visible to the caller."""
 
+
 class TurnSignal(Protocol):
     """What ``wait_for_turn`` pauses on between two reads (``TurnWaiter``, or a test's fake)."""
 

@@ -203,6 +203,11 @@ class ReleaseOrphanLockSettings(TurnFunctionSettings):
     EVENT_BUS_NAME: EventBus = ""
 
 
+class SweepNoticeQueuesSettings(FunctionSettings):
+    """``SweepNoticeQueuesFunction``: deletes expired notice queues (``alphaagent.aws.queue_sweeper``);
+    it needs no variable of its own (the queues are found by name prefix in its account)."""
+
+
 FUNCTION_SETTINGS: Final[dict[str, type[FunctionSettings]]] = {
     "StartTurnFunction": StartTurnSettings,
     "AcquireLockFunction": AcquireLockSettings,
@@ -211,6 +216,7 @@ FUNCTION_SETTINGS: Final[dict[str, type[FunctionSettings]]] = {
     "ReleaseLockFunction": ReleaseLockSettings,
     "RecordEventFunction": RecordEventSettings,
     "ReleaseOrphanLockFunction": ReleaseOrphanLockSettings,
+    "SweepNoticeQueuesFunction": SweepNoticeQueuesSettings,
 }
 """Each zip function's settings model, by its logical id in ``template.yaml``."""
 

@@ -197,7 +197,7 @@ def test_every_handler_names_a_functions_module() -> None:
         for name, r in _resources("AWS::Serverless::Function").items()
         if r["Properties"].get("PackageType", "Zip") == "Zip"
     }
-    assert len(handlers) == 7
+    assert len(handlers) == 8
     for name, handler in handlers.items():
         assert re.fullmatch(r"functions/[a-z][a-z0-9_]*\.lambda_handler", handler), (name, handler)
 

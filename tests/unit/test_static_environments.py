@@ -322,7 +322,17 @@ def _coder_statements() -> dict[str, dict[str, Any]]:
 def test_the_coder_may_read_its_inference_profile() -> None:
     statement = _coder_statements()["ReadInferenceProfile"]
     assert statement["Action"] == ["bedrock:GetInferenceProfile"]
-    assert statement["Resource"]["Fn::Sub"].endswith(":inference-profile/*")
+    ends = sorted(resource["Fn::Sub"].rsplit(":", 1)[-1] for resource in statement["Resource"])
+    assert ends == ["application-inference-profile/*", "inference-profile/*"]
+
+
+def test_the_coder_may_invoke_an_application_inference_profile_and_what_it_routes_to() -> None:
+    # An application inference profile's ARN as CoderModelId (Bedrock authorizes InvokeModel on the
+    # profile and on the foundation models and system profiles it routes to)
+    statement = _coder_statements()["InvokeModel"]
+    ends = {resource["Fn::Sub"].rsplit(":", 1)[-1] for resource in statement["Resource"]}
+    assert ends == {"foundation-model/*", "inference-profile/*", "application-inference-profile/*"}
+    assert statement["Action"] == ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
 
 
 def test_the_connectors_may_decrypt_sse_kms_objects_through_s3_only() -> None:
