@@ -24,7 +24,8 @@ This harness closes that gap:
    the list is empty.
 
 Further templates deployed against the core one (an environment's ``env_images/environment.yaml``)
-join it with ``Iam(..., stacks=...)``: their ``Fn::ImportValue`` resolves to the core's exports.
+join it with ``Iam(..., stacks=...)``: their ``Fn::ImportValue`` resolves to the core's exports, and
+``stack_parameters`` gives their parameters the core's outputs.
 
 Not modelled: resource-based policies (bucket and queue policies; ours only deny plain HTTP or allow
 AWS services), permission boundaries, SCPs, KMS key policies, and condition keys other than the few
@@ -648,12 +649,15 @@ class Iam:
         state_machine: str = "TurnStateMachine",
         principals: dict[str, list[dict[str, Any]]] | None = None,
         stacks: tuple[str, ...] = (),
+        stack_parameters: dict[str, str] | None = None,
     ) -> None:
         """``principals`` adds callers the template does not define (an operator running the CLI):
         name -> the statements of its policy. ``stacks`` are the texts of further templates deployed
         against this one (an environment's ``env_images/environment.yaml``): their resources join
         the core template's (logical ids must not clash), their ``Fn::ImportValue`` resolves to the
-        core template's exports, and their parameters come from ``physical.parameters``."""
+        core template's exports, and their parameters come from ``physical.parameters`` or, for those
+        named in ``stack_parameters`` (parameter -> output of the core template), from the core
+        template's outputs as ``make env-deploy`` passes them."""
         self.template = copy.deepcopy(translate(template_text, physical.region))
         for stack in stacks:
             extra = translate(stack, physical.region)
@@ -667,6 +671,9 @@ class Iam:
                 self.template.setdefault(section, {}).update(copy.deepcopy(extra.get(section, {})))
         self.physical = physical
         self.resolver = Resolver(self.template, physical)
+        for parameter, output in (stack_parameters or {}).items():
+            value = self.template["Outputs"][output]["Value"]
+            self.resolver.parameters[parameter] = self.resolver.value(value)
         self.resources: dict[str, Any] = self.template["Resources"]
         self.state_machine = state_machine
         self.denied: list[str] = []

@@ -48,6 +48,7 @@ from moto_account import MotoAccount
 
 from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
+from alphaagent.aws.env_deploy import CORE_PARAMETERS
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import DynamoStore
@@ -599,7 +600,12 @@ def stack(
         "ENV_TENANT_ISOLATION": "Disabled",
     }.items():
         monkeypatch.setenv(name, value)
-    iam = Iam(iam_template, physical_names(), stacks=(ENV_TEMPLATE.read_text(),))
+    iam = Iam(
+        iam_template,
+        physical_names(),
+        stacks=(ENV_TEMPLATE.read_text(),),
+        stack_parameters=dict(CORE_PARAMETERS),
+    )
     lambdas = InProcessLambda(iam)
     # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
     for backend in (LambdaBackend, LambdaSimpleBackend):
