@@ -266,6 +266,12 @@ class EnvSettings(FunctionSettings):
         description="Cap of a session's saved live state in MiB (default 512, DESIGN §4.7).",
         json_schema_extra=ORIGIN_DEFAULT,
     )
+    ENV_RUN_NOTICES: bool = Field(
+        True,
+        description="Whether the function can reach SQS to send run notices (alphaagent.aws.notices):"
+        " template.yaml sets false in a VPC without an SQS endpoint, and the notice is then skipped"
+        " instead of timing out (the coder's fallback look finds the result).",
+    )
 
 
 def _read(model: type[S]) -> S:

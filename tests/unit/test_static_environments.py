@@ -194,7 +194,9 @@ def test_the_environment_stack_imports_nothing_that_would_lock_the_core_stack() 
 def test_every_core_parameter_of_the_environment_stack_is_an_output_of_the_core_stack() -> None:
     from alphaagent.aws.env_deploy import CORE_PARAMETERS
 
-    parameters = {name for name in _env()["Parameters"] if name.startswith("Core") and name != "CoreStackName"}
+    parameters = {
+        name for name in _env()["Parameters"] if name.startswith("Core") and name != "CoreStackName"
+    }
     assert parameters == set(CORE_PARAMETERS)
     assert set(CORE_PARAMETERS.values()) <= set(_core()["Outputs"])
 
@@ -206,7 +208,7 @@ def test_env_deploy_parameters_reads_the_core_stacks_outputs(capsys: pytest.Capt
         def __init__(self, outputs: dict[str, str]) -> None:
             self.outputs = outputs
 
-        def describe_stacks(self, StackName: str) -> dict[str, Any]:  # noqa: N803 - boto3's name
+        def describe_stacks(self, StackName: str) -> dict[str, Any]:
             entries = [{"OutputKey": k, "OutputValue": v} for k, v in self.outputs.items()]
             return {"Stacks": [{"StackName": StackName, "Outputs": entries}]}
 
@@ -366,3 +368,20 @@ def test_the_connectors_may_decrypt_sse_kms_objects_through_s3_only() -> None:
     [decrypt] = [s for s in policy if s["Action"] == ["kms:Decrypt"]]
     assert decrypt["Condition"] == {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}
     assert decrypt["Resource"]["Fn::Sub"].endswith(":key/*")
+
+
+def test_an_environment_in_a_vpc_without_an_sqs_endpoint_skips_run_notices() -> None:
+    # Both stacks tell the function whether it has a route to SQS (no VPC, or the VPC's SQS endpoint)
+    core, env = _core(), _env()
+    assert _function(core, "EnvBuiltinFunction")["Environment"]["Variables"]["ENV_RUN_NOTICES"] == {
+        "Fn::If": ["EnvReachesSqs", "true", "false"]
+    }
+    assert _function(env, "EnvironmentFunction")["Environment"]["Variables"]["ENV_RUN_NOTICES"] == {
+        "Fn::If": ["ReachesSqs", "true", "false"]
+    }
+    # and the endpoint's egress exists only with the endpoint named
+    assert core["Resources"]["EnvSqsEndpointEgress"]["Condition"] == "HasEnvSqsEndpoint"
+    assert env["Resources"]["SqsEndpointEgress"]["Condition"] == "HasSqsEndpoint"
+    coder = core["Resources"]["CoderTaskDefinition"]["Properties"]["ContainerDefinitions"][0]
+    [notices] = [v for v in coder["Environment"] if v["Name"] == "RUN_NOTICES"]
+    assert notices["Value"] == {"Fn::If": ["EnvReachesSqs", "true", "false"]}
