@@ -208,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     try:
         if arguments.command == "parameters":
-            found = core_parameters(arguments.core_stack)
-            print(" ".join(f"{name}={value}" for name, value in found.items()))
+            core = core_parameters(arguments.core_stack)
+            print(" ".join(f"{name}={value}" for name, value in core.items()))
             return 0
         environment = build_environment(arguments) if arguments.command == "register" else None
         table = arguments.table or table_of_stack(arguments.core_stack)

@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import pytest
 from assertions import assert_status
-from aws_lambda_powertools.utilities.parser.models import SqsModel
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel, SqsModel
 from iam import Iam, Physical
 from moto_account import MotoAccount
 from pydantic import BaseModel
@@ -99,6 +99,7 @@ MODELS: dict[str, type[BaseModel] | Callable[[dict[str, Any]], None]] = {
     "artifact_registered.json": lambda e: _eventbridge(e),
     "citation_emitted.json": lambda e: _eventbridge(e),
     "execution_aborted.json": ExecutionStatusChange,
+    "sweep_notice_queues.json": EventBridgeModel,
 }
 """Each sample event -> the model (or check) it must satisfy."""
 
@@ -789,7 +790,7 @@ def test_the_sweeper_deletes_expired_and_old_untagged_notice_queues_only(
     monkeypatch.setattr(time, "time", lambda: later)
 
     # When the hourly schedule runs the sweeper (as its role: ListQueues, ListQueueTags, DeleteQueue)
-    answer = sweep_notice_queues.lambda_handler({"source": "aws.events"}, Context())
+    answer = sweep_notice_queues.lambda_handler(load("sweep_notice_queues.json"), Context())
 
     # Then exactly the dead ones are gone
     left = set(sqs.list_queues().get("QueueUrls", []))
@@ -809,7 +810,7 @@ def test_the_sweeper_keeps_a_queue_whose_expiry_is_ahead(aws: dict[str, Any]) ->
     fresh = sqs.create_queue(QueueName="alphaagent-turns-" + "6" * 32)
 
     # When the sweeper runs now
-    answer = sweep_notice_queues.lambda_handler({"source": "aws.events"}, Context())
+    answer = sweep_notice_queues.lambda_handler(load("sweep_notice_queues.json"), Context())
 
     # Then both are kept
     left = set(sqs.list_queues().get("QueueUrls", []))

@@ -385,3 +385,20 @@ def test_an_environment_in_a_vpc_without_an_sqs_endpoint_skips_run_notices() -> 
     coder = core["Resources"]["CoderTaskDefinition"]["Properties"]["ContainerDefinitions"][0]
     [notices] = [v for v in coder["Environment"] if v["Name"] == "RUN_NOTICES"]
     assert notices["Value"] == {"Fn::If": ["EnvReachesSqs", "true", "false"]}
+
+
+def test_env_deploy_parameters_prints_them_as_sam_takes_them(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alphaagent.aws import env_deploy
+
+    # Given the core stack's outputs
+    outputs = {output: f"v-{output}" for output in env_deploy.CORE_PARAMETERS.values()}
+    monkeypatch.setattr(env_deploy, "stack_outputs", lambda stack_name, client=None: outputs)
+
+    # When make env-deploy asks for the parameters; Then one line of Key=Value pairs, exit 0
+    assert env_deploy.main(["parameters", "--core-stack", "alphaagent"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert dict(pair.split("=", 1) for pair in line.split(" ")) == {
+        name: f"v-{output}" for name, output in env_deploy.CORE_PARAMETERS.items()
+    }
