@@ -1742,11 +1742,11 @@ def local_files_with_state(workspace: S3Workspace) -> list[str]:
 
 
 def test_without_a_route_to_sqs_the_env_function_skips_the_notice(
-    aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+    moto: MotoAccount, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given an environment in a VPC without an SQS endpoint (ENV_RUN_NOTICES false, as the stacks set
-    # it there), and an SQS client that would hang on connect if anything tried to use it
-    sqs = boto3.client("sqs", region_name=REGION)
+    # it there), whose notice, were it attempted, is recorded here instead of sent
+    sqs = moto.client("sqs")
     with _IAM[0].acting_as("CoderTaskRole"):
         url = RunNotices(sqs).queue_url
     monkeypatch.setenv("ENV_RUN_NOTICES", "false")
