@@ -437,14 +437,41 @@ def _turn_queues(aws: dict[str, Any]) -> list[str]:
     return [u for u in aws["sqs"].list_queues().get("QueueUrls", []) if "alphaagent-turns-" in u]
 
 
-def test_submit_wait_prints_progress_and_the_result_and_exits_0(
-    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Given a running turn that a worker finishes a moment later (and the recorder announces)
-    store: DynamoStore = aws["store"]
-    turn = _running_turn(store)
-    worker = threading.Timer(0.3, _finish_and_announce, (aws, turn, COMPLETED))
+def _finish_after_the_first_read(
+    aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch, turn: Turn, delay_s: float
+) -> tuple[threading.Thread, list[float]]:
+    """A worker that ends ``turn`` (and the recorder that announces it) ``delay_s`` after the wait
+    has read the record once: the wait sees "running" first however slow the machine is. Returns the
+    worker and the times (monotonic s) at which the wait read the record."""
+    reads: list[float] = []
+    first = threading.Event()
+    original = DynamoStore.get_turn
+
+    def get_turn(self: DynamoStore, user_id: str, turn_id: str) -> Turn | None:
+        found = original(self, user_id, turn_id)
+        reads.append(time.monotonic())
+        first.set()
+        return found
+
+    monkeypatch.setattr(DynamoStore, "get_turn", get_turn)
+
+    def work() -> None:
+        if first.wait(60):
+            time.sleep(delay_s)
+            _finish_and_announce(aws, turn, COMPLETED)
+
+    worker = threading.Thread(target=work, daemon=True)
     worker.start()
+    return worker, reads
+
+
+def test_submit_wait_prints_progress_and_the_result_and_exits_0(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a running turn that a worker finishes a moment after the wait first reads it (and the
+    # recorder announces)
+    turn = _running_turn(aws["store"])
+    worker, _ = _finish_after_the_first_read(aws, monkeypatch, turn, 0.3)
 
     # When its spec is submitted with --wait
     started = time.monotonic()
@@ -584,29 +611,13 @@ def test_submit_wait_with_a_reused_turn_id_and_another_spec_exits_2_not_the_old_
 # ----------------------------------------------------------------------------- turn notices
 
 
-def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The times (monotonic s) at which the wait read the turn record."""
-    reads: list[float] = []
-    original = DynamoStore.get_turn
-
-    def get_turn(self: DynamoStore, user_id: str, turn_id: str) -> Turn | None:
-        reads.append(time.monotonic())
-        return original(self, user_id, turn_id)
-
-    monkeypatch.setattr(DynamoStore, "get_turn", get_turn)
-    return reads
-
-
 def test_submit_wait_reads_the_record_when_the_notice_comes_not_on_a_ladder(
     aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a running turn that ends 3 s after the wait starts, announced by the recorder (the
-    # fallback read, 15 s, is far away: only the notice can end the wait that soon)
-    store: DynamoStore = aws["store"]
-    turn = _running_turn(store)
-    reads = _count_reads(monkeypatch)
-    worker = threading.Timer(3.0, _finish_and_announce, (aws, turn, COMPLETED))
-    worker.start()
+    # Given a running turn that ends 3 s after the wait first reads it, announced by the recorder
+    # (the fallback read, 15 s, is far away: only the notice can end the wait that soon)
+    turn = _running_turn(aws["store"])
+    worker, reads = _finish_after_the_first_read(aws, monkeypatch, turn, 3.0)
 
     # When its spec is submitted with --wait
     started = time.monotonic()
