@@ -184,12 +184,16 @@ env-args:
 	@[[ "$(ENV)" =~ ^[a-z][a-z0-9-]{0,31}$$ && "$(ENV)" != builtin && "$(ENV)" != default ]] || { echo "make env-deploy: ENV must be the environment id (1-32 of a-z0-9-, starting with a letter; not builtin), e.g. ENV=gpu-ml" >&2; exit 2; }
 	@test -n "$(IMAGE)" || { echo "make env-deploy: set IMAGE to the environment's ECR image URI (make images pushes env_images/$(ENV))" >&2; exit 2; }
 
+# The core stack's values (bus, bucket, table, boundary, VPC) go in as parameters read from its
+# outputs, never as imports of its exports: an import locks the export (CloudFormation refuses to
+# change or delete an export in use), so every environment stack would block core updates.
 env-deploy: env-args $(STAMP) $(LINT_STAMP) ## Deploy one custom environment's stack and register it: ENV=<id> IMAGE=<ECR image URI>
+	core=$$($(PY) -m alphaagent.aws.env_deploy parameters --core-stack $(CORE_STACK)) || exit 2; \
 	SAM_CLI_TELEMETRY=0 $(LINT_VENV)/bin/sam deploy --template-file env_images/environment.yaml \
 		--stack-name alphaagent-env-$(ENV) --capabilities CAPABILITY_IAM --resolve-s3 --resolve-image-repos \
 		--no-fail-on-empty-changeset --parameter-overrides EnvironmentId=$(ENV) ImageUri=$(IMAGE) \
 		CoreStackName=$(CORE_STACK) Architecture=$(if $(filter command line,$(origin ARCHITECTURE)),$(ARCHITECTURE),$(ENV_ARCHITECTURE)) \
-		MemorySize=$(ENV_MEMORY) Timeout=$(ENV_TIMEOUT) $(ENV_OVERRIDES)
+		MemorySize=$(ENV_MEMORY) Timeout=$(ENV_TIMEOUT) $$core $(ENV_OVERRIDES)
 	$(PY) -m alphaagent.aws.env_deploy register --core-stack $(CORE_STACK) --environment-id $(ENV) \
 		--image $(IMAGE) --memory-mb $(ENV_MEMORY) --timeout-s $(ENV_TIMEOUT) \
 		--description "$(ENV_DESCRIPTION)" $(if $(ENV_PACKAGES),--packages-file $(ENV_PACKAGES))

@@ -397,32 +397,43 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, timeout_s: float) -> int:
-    from alphaagent.aws.client import aws_client, queue_region, submit_spec, wait_for_turn
+    from alphaagent.aws.client import aws_client, open_turn_waiter, queue_region, submit_spec, wait_for_turn
     from alphaagent.aws.store import DynamoStore
     from alphaagent.clock import get_clock
     from alphaagent.errors import TurnWaitTimeoutError
 
     region = queue_region(queue_url)
-    turn_id = submit_spec(spec, queue_url=queue_url, sqs=aws_client("sqs", region))
+    sqs = aws_client("sqs", region)
+    turn_id = submit_spec(spec, queue_url=queue_url, sqs=sqs)
     if not args.wait:
         _emit(args, {"turn_id": turn_id, "queue_url": queue_url}, [f"submitted turn {turn_id}"])
         return EXIT_OK
     print(f"submitted turn {turn_id}", file=sys.stderr, flush=True)
     store = DynamoStore(table, client=aws_client("dynamodb", region))
     clock = get_clock()
+
+    def say(line: str) -> None:
+        print(f"turn {turn_id}: {line}", file=sys.stderr, flush=True)
+
+    # Opened before the first read of the record: an end after that read is announced on it.
+    notices = open_turn_waiter(sqs, spec.user_id, turn_id, timeout_s=timeout_s, clock=clock, say=say)
     try:
         result = wait_for_turn(
             store,
             spec.user_id,
             turn_id,
             timeout_s=timeout_s,
-            progress=lambda status: print(f"turn {turn_id}: {status}", file=sys.stderr, flush=True),
+            progress=say,
             spec_sha256=spec.digest(),
             sleep=clock.sleep,
             clock=clock.monotonic,
+            notices=notices,
         )
     except TurnWaitTimeoutError as exc:
         return _fail(f"{exc}; it may still finish", EXIT_FAILED, as_json=args.json)
+    finally:
+        if notices is not None:
+            notices.close()
     # Artifacts live in the workspaces bucket under the scope's key (DESIGN §4.2).
     return _emit_turn_result(args, result, PurePosixPath(spec.scope.key))
 

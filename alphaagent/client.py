@@ -9,7 +9,8 @@ another user owns, is refused with exactly the ``NotFoundError`` a scope that do
 - ``local``: turns run in this process on the local backend (``alphaagent.api.AlphaAgent``: files
   under the data directory, records in SQLite, code in the sandbox).
 - ``aws``: a spec goes to the deployed stack's SpecQueue (``alphaagent.aws.client.submit_spec``);
-  waiting polls the state table for the turn's result (``wait_for_turn``); reads go to the state
+  waiting reads the turn's record when a turn notice says it ended (``wait_for_turn``,
+  ``alphaagent.aws.turn_notices``), with a fallback read on a timer; reads go to the state
   table and the workspaces bucket. Nothing AWS is imported until an ``aws`` client is made.
 
 Example::
@@ -338,22 +339,33 @@ class AwsClient(Client):
     def result(
         self, turn_id: str, *, progress: Progress | None = None, timeout_s: float | None = None
     ) -> TurnResult:
-        """Poll the state table until the turn has a result (every ``poll_s`` s, for ``timeout_s``,
-        default the client's). Raises ``TurnWaitTimeoutError`` (the turn goes on)."""
-        from alphaagent.aws.client import wait_for_turn
+        """Wait until the turn has a result (for ``timeout_s``, default the client's): its record
+        is read when the recorder's turn notice says it ended (``alphaagent.aws.turn_notices``),
+        else every ``FALLBACK_READ_S`` s; every ``poll_s`` s where the notice queue cannot be made
+        (one progress line says so). Raises ``TurnWaitTimeoutError`` (the turn goes on)."""
+        from alphaagent.aws.client import open_turn_waiter, wait_for_turn
 
         def say(status: str) -> None:
             if progress is not None:
                 progress(f"turn {turn_id}: {status}")
 
-        return wait_for_turn(
-            self._reads.store,
-            self.user_id,
-            turn_id,
-            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
-            poll_s=self.poll_s,
-            progress=say,
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        notices = open_turn_waiter(
+            self._sqs, self.user_id, turn_id, timeout_s=wait_s, say=say, poll_s=self.poll_s
         )
+        try:
+            return wait_for_turn(
+                self._reads.store,
+                self.user_id,
+                turn_id,
+                timeout_s=wait_s,
+                poll_s=self.poll_s,
+                progress=say,
+                notices=notices,
+            )
+        finally:
+            if notices is not None:
+                notices.close()
 
     def close(self) -> None:
         """Nothing to release: a turn submitted to the stack goes on without this client."""

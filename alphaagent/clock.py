@@ -8,6 +8,7 @@ a deadline passes without the test sleeping through it, and a wait of 30 s takes
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -32,6 +33,10 @@ class Clock(Protocol):
         """Pause for ``seconds``."""
         ...
 
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Pause for up to ``seconds``, ending early once ``event`` is set; True if it is set."""
+        ...
+
 
 class SystemClock:
     """The real clock: ``time.time``, ``time.monotonic``, ``datetime.now(UTC)`` and ``time.sleep``."""
@@ -47,6 +52,9 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        return event.wait(max(seconds, 0.0))
 
 
 SYSTEM_CLOCK: Clock = SystemClock()

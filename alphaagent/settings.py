@@ -48,6 +48,7 @@ PROCESS_KINDS: Final[dict[str, tuple[str, ...]]] = {
     "ReleaseLockFunction": ("alphaagent.aws.settings:ReleaseLockSettings",),
     "RecordEventFunction": ("alphaagent.aws.settings:RecordEventSettings",),
     "ReleaseOrphanLockFunction": ("alphaagent.aws.settings:ReleaseOrphanLockSettings",),
+    "SweepNoticeQueuesFunction": ("alphaagent.aws.settings:SweepNoticeQueuesSettings",),
     "EnvBuiltinFunction": ("alphaagent.aws.settings:EnvSettings",),
     "coder worker": (
         "coder.worker:WorkerSettings",

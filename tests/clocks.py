@@ -38,6 +38,14 @@ class FakeClock:
         self.sleeps.append(seconds)
         self.advance(seconds)
 
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """A pause that an event set before it ends at once; otherwise the whole ``seconds`` pass (an
+        event set by another thread meanwhile is seen at the end, as it would be after the pause)."""
+        if event.is_set():
+            return True
+        self.sleep(seconds)
+        return event.is_set()
+
     def advance(self, seconds: float) -> None:
         """Move both readings on by ``seconds``, then run the actions that have come due, in order."""
         with self._lock:

@@ -24,7 +24,8 @@ This harness closes that gap:
    the list is empty.
 
 Further templates deployed against the core one (an environment's ``env_images/environment.yaml``)
-join it with ``Iam(..., stacks=...)``: their ``Fn::ImportValue`` resolves to the core's exports.
+join it with ``Iam(..., stacks=...)``: their ``Fn::ImportValue`` resolves to the core's exports, and
+``stack_parameters`` gives their parameters the core's outputs.
 
 Not modelled: resource-based policies (bucket and queue policies; ours only deny plain HTTP or allow
 AWS services), permission boundaries, SCPs, KMS key policies, and condition keys other than the few
@@ -537,9 +538,16 @@ def _sqs(operation: str, p: dict[str, Any], region: str, account: str) -> list[N
         "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
         "GetQueueAttributes": "GetQueueAttributes",
         "DeleteQueue": "DeleteQueue",
+        "TagQueue": "TagQueue",
+        "ListQueueTags": "ListQueueTags",
     }
     if operation == "CreateQueue":
-        return [Need("sqs:CreateQueue", f"arn:aws:sqs:{region}:{account}:{p['QueueName']}")]
+        arn = f"arn:aws:sqs:{region}:{account}:{p['QueueName']}"
+        # CreateQueue API reference: tagging a queue at creation needs sqs:TagQueue as well.
+        return [Need("sqs:CreateQueue", arn)] + ([Need("sqs:TagQueue", arn)] if p.get("tags") else [])
+    if operation == "ListQueues":
+        # Names only; the Service Authorization Reference scopes it to no queue.
+        return [Need("sqs:ListQueues", "*")]
     if operation == "GetQueueUrl":
         return [
             Need(
@@ -641,12 +649,15 @@ class Iam:
         state_machine: str = "TurnStateMachine",
         principals: dict[str, list[dict[str, Any]]] | None = None,
         stacks: tuple[str, ...] = (),
+        stack_parameters: dict[str, str] | None = None,
     ) -> None:
         """``principals`` adds callers the template does not define (an operator running the CLI):
         name -> the statements of its policy. ``stacks`` are the texts of further templates deployed
         against this one (an environment's ``env_images/environment.yaml``): their resources join
         the core template's (logical ids must not clash), their ``Fn::ImportValue`` resolves to the
-        core template's exports, and their parameters come from ``physical.parameters``."""
+        core template's exports, and their parameters come from ``physical.parameters`` or, for those
+        named in ``stack_parameters`` (parameter -> output of the core template), from the core
+        template's outputs as ``make env-deploy`` passes them."""
         self.template = copy.deepcopy(translate(template_text, physical.region))
         for stack in stacks:
             extra = translate(stack, physical.region)
@@ -660,6 +671,9 @@ class Iam:
                 self.template.setdefault(section, {}).update(copy.deepcopy(extra.get(section, {})))
         self.physical = physical
         self.resolver = Resolver(self.template, physical)
+        for parameter, output in (stack_parameters or {}).items():
+            value = self.template["Outputs"][output]["Value"]
+            self.resolver.parameters[parameter] = self.resolver.value(value)
         self.resources: dict[str, Any] = self.template["Resources"]
         self.state_machine = state_machine
         self.denied: list[str] = []
@@ -715,6 +729,18 @@ class Iam:
             if role_name in attached:
                 statements += _listed(r.value(resource["Properties"]["PolicyDocument"])["Statement"])
         return statements
+
+    def managed_policy(self, logical_id: str) -> list[dict[str, Any]]:
+        """The statements of the template's ``AWS::IAM::ManagedPolicy`` ``logical_id``, resolved (for
+        a principal outside the stack that an operator attaches it to: ``add_principal``)."""
+        resource = self.resources[logical_id]
+        assert resource["Type"] == "AWS::IAM::ManagedPolicy", logical_id
+        return _listed(self.resolver.value(resource["Properties"]["PolicyDocument"])["Statement"])
+
+    def add_principal(self, name: str, statements: list[dict[str, Any]]) -> None:
+        """A caller the template does not define (an operator), allowed exactly ``statements``."""
+        self._statements[name] = statements
+        self._principals.add(name)
 
     def _policy(self, component: str) -> tuple[str, list[dict[str, Any]]]:
         if component in self._principals:

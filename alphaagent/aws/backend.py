@@ -27,13 +27,14 @@ from alphaagent.aws.settings import (
     get_lambda_settings,
 )
 from alphaagent.aws.store import DynamoStore
+from alphaagent.aws.turn_notices import send_turn_notice
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.domain.audit import emf_audit
 from alphaagent.domain.backend import Backend, TurnSettings
 from alphaagent.domain.recorder import Recorder, history_view
 from alphaagent.errors import ForgedRunResponseError, InvalidSpecError, NoExecutorError
 from alphaagent.models.aws import DestinationRecord, EnvPointer, LambdaError, TurnInput, run_result_key
-from alphaagent.models.events import Event, RunCompleted, RunFailed
+from alphaagent.models.events import Event, RunCompleted, RunFailed, TurnCompleted, TurnFailed
 from alphaagent.models.run import RunError, RunLimits, RunOrigin, RunResult
 from alphaagent.models.spec import TURN_ID_REUSED
 from alphaagent.ports import OutputSink
@@ -273,16 +274,31 @@ def record_destination(record: DestinationRecord) -> Event:
 
 @functools.cache
 def notice_sqs() -> Any:
-    """The recorder's SQS client for run notices (``alphaagent.aws.notices``), created on first use."""
+    """The recorder's SQS client for run and turn notices (``alphaagent.aws.notices``,
+    ``alphaagent.aws.turn_notices``), created on first use; its timeouts are short because a
+    notice that cannot go out in a few seconds is better dropped (the waiter reads on its timer)."""
     return sdk.client("sqs", config={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2}})
 
 
 def record_eventbridge(message: dict[str, Any]) -> Event:
-    """Persist one of our events as an EventBridge rule delivers it (claim checks followed)."""
+    """Persist one of our events as an EventBridge rule delivers it (claim checks followed). A turn's
+    end is then announced to its waiter, if one waits (``alphaagent.aws.turn_notices``): every path
+    that ends a turn publishes its event after writing the record, and this is where all of them
+    arrive. The queue is in the event's ``account`` (the stack's own)."""
     backend = get_backend()
     event = event_from_eventbridge(message, fetch=fetch_object)
     Recorder(backend.store).handle(event)
+    if isinstance(event.detail, TurnCompleted | TurnFailed):
+        account = str(message.get("account") or own_account())
+        send_turn_notice(notice_sqs(), account, event.detail.user_id, event.detail.turn_id)
     return event
+
+
+@functools.cache
+def own_account() -> str:
+    """The AWS account this process runs in (``sts:GetCallerIdentity``, which needs no permission),
+    for an event delivered without its ``account`` field."""
+    return str(sdk.client("sts").get_caller_identity()["Account"])
 
 
 def fetch_object(key: str) -> bytes:

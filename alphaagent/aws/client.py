@@ -1,5 +1,6 @@
 """The Python client of a deployed stack (DESIGN §3 step 1): put a spec on the SpecQueue, then
-(optionally) wait for its turn's result in the state table.
+(optionally) wait for its turn's result in the state table, told when to read it by a turn notice
+(``alphaagent.aws.turn_notices``) where the caller may create the notice queue.
 
 The stack's outputs name what the client needs: ``SpecQueueUrl`` (the queue to submit to) and
 ``StateTableName`` (the table to read results from). The CLI reads them from
@@ -24,11 +25,12 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.aws import sdk
+from alphaagent.aws.turn_notices import FALLBACK_READ_S, TurnWaiter
 from alphaagent.errors import InvalidSpecError, TurnWaitTimeoutError
 from alphaagent.ids import new_ulid
 from alphaagent.models.records import TurnResult
@@ -41,6 +43,15 @@ SQS_MAX_MESSAGE_BYTES = 256 * 1024
 
 QUEUED = "queued"
 """The status ``wait_for_turn`` reports while no turn record is visible to the caller."""
+
+
+class TurnSignal(Protocol):
+    """What ``wait_for_turn`` pauses on between two reads (``TurnWaiter``, or a test's fake)."""
+
+    def wait(self, seconds: float) -> bool:
+        """Pause up to ``seconds``; True when the turn's end was announced meanwhile."""
+        ...
+
 
 _QUEUE_URL_REGION = re.compile(r"^https://(?:sqs\.)?([a-z]{2}(?:-[a-z]+)+-\d+)\.")
 
@@ -141,8 +152,14 @@ def wait_for_turn(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     spec_sha256: str | None = None,
+    notices: TurnSignal | None = None,
+    fallback_s: float = FALLBACK_READ_S,
 ) -> TurnResult:
-    """Poll ``store`` for the turn ``turn_id`` of ``user_id`` until it has a result; return it.
+    """Read ``store`` for the turn ``turn_id`` of ``user_id`` until it has a result; return it.
+
+    With ``notices`` (a ``TurnWaiter`` opened before this call, ``alphaagent.aws.turn_notices``) the
+    record is read once, then again each time a notice says the turn ended, or every ``fallback_s``
+    seconds if none comes; without, every ``poll_s`` seconds.
 
     ``spec_sha256`` (``Spec.digest()`` of the spec submitted) guards a reused turn id: when the turn
     of that id runs a different spec, the starter refused the submission (``SpecRejected``), so the
@@ -185,4 +202,37 @@ def wait_for_turn(
         remaining = deadline - clock()
         if remaining <= 0:
             raise TurnWaitTimeoutError(turn_id, clock() - start, status)
-        sleep(min(poll_s, remaining))
+        if notices is None:
+            sleep(min(poll_s, remaining))
+        else:
+            notices.wait(min(fallback_s, remaining))
+
+
+def open_turn_waiter(
+    sqs: Any,
+    user_id: str,
+    turn_id: str,
+    *,
+    timeout_s: float,
+    clock: Any = None,
+    say: Callable[[str], None] | None = None,
+    poll_s: float = 2.0,
+) -> TurnWaiter | None:
+    """The notice queue of a wait for ``turn_id`` (``alphaagent.aws.turn_notices``), opened; or None
+    when SQS refused it, after telling ``say`` in one line that the wait reads the record every
+    ``poll_s`` seconds instead (the caller lacks ``sqs:CreateQueue``/``sqs:TagQueue`` on
+    ``alphaagent-turns-*``, or SQS is unreachable)."""
+    from alphaagent.clock import SYSTEM_CLOCK
+
+    waiter = TurnWaiter(sqs, user_id, turn_id, lifetime_s=timeout_s, clock=clock or SYSTEM_CLOCK)
+    try:
+        waiter.open()
+    except sdk.sdk_errors() as error:
+        code = sdk.error_code(error) or type(error).__name__
+        if say is not None:
+            say(
+                f"turn notices unavailable ({code}: needs sqs:CreateQueue and sqs:TagQueue on"
+                f" alphaagent-turns-*); reading the turn record every {poll_s:g} s"
+            )
+        return None
+    return waiter

@@ -6,7 +6,14 @@ accept its specs (DESIGN §4.9).
         --image 123456789012.dkr.ecr.eu-west-1.amazonaws.com/alphaagent-env-gpu-ml:abc \\
         --packages-file env_images/gpu-ml/packages.txt --memory-mb 3008 --timeout-s 900
     python -m alphaagent.aws.env_deploy list --core-stack alphaagent [--json]
+    python -m alphaagent.aws.env_deploy parameters --core-stack alphaagent
     python -m alphaagent.aws.env_deploy remove --core-stack alphaagent --environment-id gpu-ml
+
+``parameters`` prints the environment stack's ``Core*`` parameters as ``sam deploy
+--parameter-overrides`` takes them (``Key=Value`` separated by spaces), read from the core stack's
+outputs (``CORE_PARAMETERS``): the environment stack takes the core's values as parameters instead of
+importing its exports, so that it never locks a core update (CloudFormation refuses to change or
+delete an export in use).
 
 The state table is the core stack's ``StateTableName`` output (``--table`` names it directly). A bad
 argument is one line on stderr naming it, exit 2, and nothing is written; runs with the caller's own
@@ -22,7 +29,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -38,6 +45,18 @@ _PACKAGE = re.compile(
 """One line of a packages file: a distribution name, optionally with extras and one version clause."""
 
 MAX_PACKAGES = 200
+
+CORE_PARAMETERS: Final = {
+    "CoreEventBusArn": "EventBusArn",
+    "CoreWorkspacesBucketName": "WorkspacesBucketName",
+    "CoreWorkspacesBucketArn": "WorkspacesBucketArn",
+    "CoreStateTableName": "StateTableName",
+    "CoreStateTableArn": "StateTableArn",
+    "CorePermissionsBoundaryArn": "EnvPermissionsBoundaryArn",
+    "CoreVpcId": "VpcId",
+}
+"""Each parameter of ``env_images/environment.yaml`` that carries a core stack value -> the core
+stack's output (template.yaml) it is read from."""
 
 
 def read_packages(path: Path) -> tuple[str, ...]:
@@ -72,23 +91,49 @@ def read_packages(path: Path) -> tuple[str, ...]:
     return tuple(found)
 
 
-def table_of_stack(stack_name: str, *, client: Any = None) -> str:
-    """The core stack's state table (its ``StateTableName`` output).
+def stack_outputs(stack_name: str, *, client: Any = None) -> dict[str, str]:
+    """The outputs of the stack ``stack_name`` (one DescribeStacks), by output key.
 
     Raises:
-        InvalidRequestError: the stack does not exist or has no such output.
+        InvalidRequestError: the stack cannot be described.
     """
     cloudformation = client or sdk.client("cloudformation")
     try:
         stacks = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
     except sdk.sdk_errors() as exc:
         raise InvalidRequestError(f"--core-stack: cannot describe stack {stack_name!r}: {exc}") from None
-    for output in stacks[0].get("Outputs", []) if stacks else []:
-        if output.get("OutputKey") == "StateTableName":
-            return str(output["OutputValue"])
-    raise InvalidRequestError(
-        f"--core-stack: stack {stack_name!r} has no StateTableName output (not a core stack)"
-    )
+    return {
+        str(output["OutputKey"]): str(output["OutputValue"])
+        for output in (stacks[0].get("Outputs", []) if stacks else [])
+    }
+
+
+def _output(outputs: dict[str, str], stack_name: str, key: str) -> str:
+    if key not in outputs:
+        raise InvalidRequestError(
+            f"--core-stack: stack {stack_name!r} has no {key} output (not a core stack, or one deployed"
+            " before it had that output: update it first)"
+        )
+    return outputs[key]
+
+
+def table_of_stack(stack_name: str, *, client: Any = None) -> str:
+    """The core stack's state table (its ``StateTableName`` output).
+
+    Raises:
+        InvalidRequestError: the stack does not exist or has no such output.
+    """
+    return _output(stack_outputs(stack_name, client=client), stack_name, "StateTableName")
+
+
+def core_parameters(stack_name: str, *, client: Any = None) -> dict[str, str]:
+    """The environment stack's ``Core*`` parameters from the core stack's outputs (``CORE_PARAMETERS``).
+
+    Raises:
+        InvalidRequestError: the stack does not exist or lacks one of the outputs (named).
+    """
+    outputs = stack_outputs(stack_name, client=client)
+    return {parameter: _output(outputs, stack_name, key) for parameter, key in CORE_PARAMETERS.items()}
 
 
 def build_environment(arguments: argparse.Namespace) -> Environment:
@@ -150,6 +195,11 @@ def _parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="the ready environments, builtin first")
     where(listing)
     listing.add_argument("--json", action="store_true")
+
+    parameters = commands.add_parser(
+        "parameters", help="the environment stack's Core* parameters, from the core stack's outputs"
+    )
+    parameters.add_argument("--core-stack", required=True, help="the core stack (template.yaml)")
     return parser
 
 
@@ -157,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (2 for a bad argument, with one line on stderr)."""
     arguments = _parser().parse_args(argv)
     try:
+        if arguments.command == "parameters":
+            core = core_parameters(arguments.core_stack)
+            print(" ".join(f"{name}={value}" for name, value in core.items()))
+            return 0
         environment = build_environment(arguments) if arguments.command == "register" else None
         table = arguments.table or table_of_stack(arguments.core_stack)
         registry = DynamoEnvironmentRegistry(table)

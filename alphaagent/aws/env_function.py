@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -69,12 +70,29 @@ def get_workspace() -> S3Workspace:
     return S3Workspace(get_env_settings().WORKSPACES_BUCKET_NAME, client=client, local_dir=LOCAL_DIR)
 
 
+SQS_CONFIG: dict[str, Any] = {
+    "connect_timeout": 1,
+    "read_timeout": 3,
+    "retries": {"mode": "standard", "total_max_attempts": 2},
+}
+"""The notice client's bounds: a notice is a hint, so at most two attempts of one second to connect
+(botocore's defaults, 60 s and three to five attempts, would hold the run's caller for minutes
+where SQS cannot be reached; ``ENV_RUN_NOTICES`` false skips the notice altogether there)."""
+
+
 @functools.cache
 def get_sqs() -> Any:
-    """The SQS client for run notices (created on first use), with short timeouts and one retry: a
-    notice is a hint, and an unreachable SQS (a VPC without an SQS endpoint) must not hold the
-    function for botocore's default minute per attempt."""
-    return sdk.client("sqs", config={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2}})
+    """The SQS client for run notices (created on first use), bounded by ``SQS_CONFIG``."""
+    return sdk.client("sqs", config=SQS_CONFIG)
+
+
+def notice_sender(queue_url: str | None) -> Callable[[RunNotice], None]:
+    """What sends this invocation's run notices: to ``queue_url`` through ``get_sqs()``, or nothing
+    when there is no queue or this function has no route to SQS (``ENV_RUN_NOTICES`` false: an
+    environment in a VPC without an SQS endpoint, where each send would only time out)."""
+    if queue_url is None or not get_env_settings().ENV_RUN_NOTICES:
+        return lambda notice: None
+    return functools.partial(send_notice, get_sqs(), queue_url)
 
 
 @functools.cache
@@ -138,7 +156,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     # The invocation's end on the clock the run is measured with (Lambda's deadline, read once).
     ends_at = timer.monotonic() + context.get_remaining_time_in_millis() / 1000
     settings, workspace = get_env_settings(), get_workspace()
-    tell = functools.partial(send_notice, get_sqs(), request.notice_queue_url)
+    tell = notice_sender(request.notice_queue_url)
     try:
         pointer = run_request(
             request,

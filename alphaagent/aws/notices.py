@@ -11,14 +11,16 @@ How it works (real AWS, least new infrastructure):
 - each coder process (``RunNotices``) creates its own queue ``alphaagent-runs-{32 hex}`` on its first
   run (``CreateQueue``: SQS-managed encryption, 60 s retention, the SQS minimum, and 20 s long polling,
   the SQS maximum), and deletes it when it stops (``close``). A queue left by a process that crashed
-  holds nothing after 60 s, and SQS reserves the right to delete queues inactive for 30 days;
+  holds nothing after 60 s; it carries an expiry tag (``alphaagent.aws.queue_sweeper``) that the
+  process pushes ``QUEUE_LEASE_S`` ahead at most every ``RENEW_S`` while it runs runs, and the hourly
+  sweeper deletes it once that has passed (a process whose queue was swept makes a new one);
 - the executor puts the queue's URL in the ``EnvRequest`` (``notice_queue_url``);
 - the env function sends one ``RunNotice`` there right after writing the claim check (or, on a
   platform failure, before re-raising), before it removes its claim marker (``send_notice``);
 - one listener thread per process long-polls the queue (``WaitTimeSeconds`` 20, up to 10 messages)
   while runs are awaited, and wakes the thread waiting for each run named.
 
-IAM (template.yaml): the coder task role may ``sqs:CreateQueue``, ``sqs:DeleteQueue``,
+IAM (template.yaml): the coder task role may ``sqs:CreateQueue``, ``sqs:TagQueue``, ``sqs:DeleteQueue``,
 ``sqs:ReceiveMessage`` and ``sqs:DeleteMessage`` on ``alphaagent-runs-*`` queues of its account and
 Region, the env functions ``sqs:SendMessage`` to them; no queue policy is needed (same account).
 
@@ -44,6 +46,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from alphaagent.aws import sdk
+from alphaagent.aws.queue_sweeper import expiry_tags, queue_gone
 
 QUEUE_NAME_PREFIX: Final = "alphaagent-runs-"
 """Names of the per-process notice queues; template.yaml grants the SQS actions on exactly these."""
@@ -59,6 +62,12 @@ RECEIVE_BATCH: Final = 10
 
 FALLBACK_POLL_S: Final = 10.0
 """Seconds between two looks for a result while no notice came: a lost notice costs at most this."""
+
+QUEUE_LEASE_S: Final = 6 * 3600
+"""Seconds after its last renewal that the sweeper may delete a process's queue."""
+
+RENEW_S: Final = 3600
+"""Seconds between two renewals of the queue's expiry tag (one TagQueue an hour at most)."""
 
 LISTEN_ERROR_PAUSE_S: Final = 1.0
 """Seconds the listener pauses after a failed ReceiveMessage before trying again."""
@@ -102,9 +111,11 @@ class RunNotices:
         pause: ``time.sleep``, injected by tests.
     """
 
-    def __init__(self, sqs: Any = None, *, pause: Any = time.sleep) -> None:
+    def __init__(self, sqs: Any = None, *, pause: Any = time.sleep, wall: Any = time.time) -> None:
         self._sqs = sqs
         self._pause = pause
+        self._wall = wall
+        self._renewed = 0.0
         self._lock = threading.Lock()
         self._queue_url: str | None = None
         self._waiting: dict[str, threading.Event] = {}
@@ -127,7 +138,10 @@ class RunNotices:
             botocore errors: SQS refused (the executor then waits without notices).
         """
         with self._lock:
+            if self._queue_url is not None and self._wall() - self._renewed >= RENEW_S:
+                self._renew(self._queue_url)
             if self._queue_url is None:
+                now = self._wall()
                 answer = self.sqs.create_queue(
                     QueueName=f"{QUEUE_NAME_PREFIX}{uuid.uuid4().hex}",
                     Attributes={
@@ -135,9 +149,24 @@ class RunNotices:
                         "ReceiveMessageWaitTimeSeconds": str(LONG_POLL_S),
                         "SqsManagedSseEnabled": "true",
                     },
+                    tags=expiry_tags(QUEUE_LEASE_S, now),
                 )
-                self._queue_url = str(answer["QueueUrl"])
+                self._queue_url, self._renewed = str(answer["QueueUrl"]), now
             return self._queue_url
+
+    def _renew(self, url: str) -> None:
+        """Push the queue's expiry on (lock held); a queue the sweeper took is forgotten, so the
+        caller makes a new one. Any other failure waits for the next renewal."""
+        now = self._wall()
+        try:
+            self.sqs.tag_queue(QueueUrl=url, Tags=expiry_tags(QUEUE_LEASE_S, now))
+        except sdk.sdk_errors() as error:
+            if queue_gone(error):
+                logger.warning("run notice queue %s was swept; making a new one", url)
+                self._queue_url = None
+                return
+            logger.warning("renewing the run notice queue's expiry failed: %s", error)
+        self._renewed = now
 
     def expect(self, run_id: str) -> threading.Event:
         """Start awaiting ``run_id``: the event is set whenever a notice for it arrives (the caller
@@ -178,7 +207,7 @@ class RunNotices:
         """Long-poll while runs are awaited; wake the waiter of each run named; delete what was read."""
         while True:
             with self._lock:
-                if self._closed or not self._waiting:
+                if self._closed or not self._waiting or self._queue_url != url:
                     self._listener = None
                     return
             try:
@@ -188,6 +217,11 @@ class RunNotices:
             except sdk.sdk_errors() as error:
                 if self._closed:
                     return
+                if queue_gone(error):  # swept: the next expect() makes a new queue and listener
+                    with self._lock:
+                        if self._queue_url == url:
+                            self._queue_url = None
+                    continue
                 logger.warning("receiving run notices failed; looking again: %s", error)
                 self._pause(LISTEN_ERROR_PAUSE_S)
                 continue

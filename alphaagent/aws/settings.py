@@ -203,6 +203,11 @@ class ReleaseOrphanLockSettings(TurnFunctionSettings):
     EVENT_BUS_NAME: EventBus = ""
 
 
+class SweepNoticeQueuesSettings(FunctionSettings):
+    """``SweepNoticeQueuesFunction``: deletes expired notice queues (``alphaagent.aws.queue_sweeper``);
+    it needs no variable of its own (the queues are found by name prefix in its account)."""
+
+
 FUNCTION_SETTINGS: Final[dict[str, type[FunctionSettings]]] = {
     "StartTurnFunction": StartTurnSettings,
     "AcquireLockFunction": AcquireLockSettings,
@@ -211,6 +216,7 @@ FUNCTION_SETTINGS: Final[dict[str, type[FunctionSettings]]] = {
     "ReleaseLockFunction": ReleaseLockSettings,
     "RecordEventFunction": RecordEventSettings,
     "ReleaseOrphanLockFunction": ReleaseOrphanLockSettings,
+    "SweepNoticeQueuesFunction": SweepNoticeQueuesSettings,
 }
 """Each zip function's settings model, by its logical id in ``template.yaml``."""
 
@@ -259,6 +265,12 @@ class EnvSettings(FunctionSettings):
         gt=0,
         description="Cap of a session's saved live state in MiB (default 512, DESIGN §4.7).",
         json_schema_extra=ORIGIN_DEFAULT,
+    )
+    ENV_RUN_NOTICES: bool = Field(
+        True,
+        description="Whether the function can reach SQS to send run notices (alphaagent.aws.notices):"
+        " template.yaml sets false in a VPC without an SQS endpoint, and the notice is then skipped"
+        " instead of timing out (the coder's fallback look finds the result).",
     )
 
 

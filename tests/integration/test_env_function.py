@@ -1739,3 +1739,40 @@ def local_files_with_state(workspace: S3Workspace) -> list[str]:
     """Every regular file of the scope's working copy, the sessions' state included."""
     root = workspace.local_root(SCOPE)
     return [path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()]
+
+
+def test_without_a_route_to_sqs_the_env_function_skips_the_notice(
+    moto: MotoAccount, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an environment in a VPC without an SQS endpoint (ENV_RUN_NOTICES false, as the stacks set
+    # it there), whose notice, were it attempted, is recorded here instead of sent
+    sqs = moto.client("sqs")
+    with _IAM[0].acting_as("CoderTaskRole"):
+        url = RunNotices(sqs).queue_url
+    monkeypatch.setenv("ENV_RUN_NOTICES", "false")
+    env_function.get_env_settings.cache_clear()
+
+    attempts: list[Any] = []
+    monkeypatch.setattr(env_function, "send_notice", lambda *arguments: attempts.append(arguments))
+
+    # When it runs a request naming the coder's notice queue
+    invoke("print('hello')", notice_queue_url=url)
+
+    # Then the run's result is there and no notice was attempted (the queue is empty)
+    assert stored_result(workspace).stdout == "hello\n"
+    assert attempts == []
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", []) == []
+
+
+def test_the_notice_client_gives_up_within_two_seconds_of_connect_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An unreachable SQS costs at most two one-second connect attempts, not botocore's 60 s ones
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    env_function.get_sqs.cache_clear()
+    try:
+        config = env_function.get_sqs().meta.config
+        assert config.connect_timeout <= 1
+        assert config.retries["total_max_attempts"] <= 2
+    finally:
+        env_function.get_sqs.cache_clear()

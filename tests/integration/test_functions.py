@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import pytest
 from assertions import assert_status
-from aws_lambda_powertools.utilities.parser.models import SqsModel
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel, SqsModel
 from iam import Iam, Physical
 from moto_account import MotoAccount
 from pydantic import BaseModel
@@ -47,7 +47,16 @@ EVENTS = ROOT / "events"
 # the repository root, as Lambda does (pytest's rootdir insertion only adds tests/).
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-acquire_lock, finalize_turn, prepare_turn, record_event, release_lock, release_orphan_lock, start_turn = (
+(
+    acquire_lock,
+    finalize_turn,
+    prepare_turn,
+    record_event,
+    release_lock,
+    release_orphan_lock,
+    start_turn,
+    sweep_notice_queues,
+) = (
     importlib.import_module(f"functions.{name}")
     for name in (
         "acquire_lock",
@@ -57,6 +66,7 @@ acquire_lock, finalize_turn, prepare_turn, record_event, release_lock, release_o
         "release_lock",
         "release_orphan_lock",
         "start_turn",
+        "sweep_notice_queues",
     )
 )
 REGION = "eu-west-1"
@@ -89,6 +99,7 @@ MODELS: dict[str, type[BaseModel] | Callable[[dict[str, Any]], None]] = {
     "artifact_registered.json": lambda e: _eventbridge(e),
     "citation_emitted.json": lambda e: _eventbridge(e),
     "execution_aborted.json": ExecutionStatusChange,
+    "sweep_notice_queues.json": EventBridgeModel,
 }
 """Each sample event -> the model (or check) it must satisfy."""
 
@@ -706,3 +717,103 @@ def test_prepare_copies_a_dataset_input_to_its_stable_name_with_a_sidecar(aws: d
         "docs/sales.csv",
         "docs/sales.csv.version.json",
     ]
+
+
+# ----------------------------------------------------------------------------- turn notices, sweeper
+
+
+def _turn_ended_event(detail_type: str) -> dict[str, Any]:
+    """A turn's end as the TurnEvents rule delivers it to the recorder."""
+    event = load("artifact_registered.json")
+    result = TurnResult(turn_id=TURN_ID, status="completed" if detail_type == "TurnCompleted" else "failed")
+    detail: dict[str, Any] = {**event["detail"], "result": result.model_dump(mode="json")}
+    detail.pop("artifact")
+    if detail_type == "TurnFailed":
+        detail["error"] = {"name": "ZeroDivisionError", "value": "division by zero", "traceback": ""}
+    return {
+        **event,
+        "id": "6f1c2a4e-0000-4000-8000-0000000000e1",
+        "source": "alphaagent.turn",
+        "detail-type": detail_type,
+        "detail": detail,
+    }
+
+
+@pytest.mark.parametrize("detail_type", ["TurnCompleted", "TurnFailed"])
+def test_a_turns_end_is_announced_on_its_waiters_queue(aws: dict[str, Any], detail_type: str) -> None:
+    # Given someone waiting for alice's turn (its notice queue exists, named by the turn)
+    from alphaagent.aws.turn_notices import TurnNotice, queue_name
+
+    url = aws["sqs"].create_queue(QueueName=queue_name(USER, TURN_ID))["QueueUrl"]
+
+    # When the recorder records the turn's end
+    answer = record_event.lambda_handler(_turn_ended_event(detail_type), Context())
+
+    # Then it is in the event log, and the waiter's queue holds one notice naming the turn only
+    assert answer["detail_type"] == detail_type
+    assert [e.detail_type for e in get_backend().store.list_events(TURN_ID)] == [detail_type]
+    messages = aws["sqs"].receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+    assert [TurnNotice.model_validate_json(m["Body"]) for m in messages] == [TurnNotice(turn_id=TURN_ID)]
+
+
+def test_a_turns_end_with_nobody_waiting_is_recorded_all_the_same(aws: dict[str, Any]) -> None:
+    # Given no notice queue for the turn; When the recorder records its end
+    answer = record_event.lambda_handler(_turn_ended_event("TurnCompleted"), Context())
+    # Then the end is recorded (the send to a queue that does not exist is not an error)
+    assert answer["detail_type"] == "TurnCompleted"
+    assert [e.detail_type for e in get_backend().store.list_events(TURN_ID)] == ["TurnCompleted"]
+
+
+def test_the_sweeper_deletes_expired_and_old_untagged_notice_queues_only(
+    aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given, a day after they were made: notice queues of owners that died (an expired tag; no tag
+    # at all), a live one (renewed: its expiry still ahead), and another kind's queue with the tag
+    import time
+
+    from alphaagent.aws import queue_sweeper
+
+    sqs = aws["sqs"]
+    now = time.time()
+    later = now + queue_sweeper.UNTAGGED_MAX_AGE_S + 60
+
+    def queue(name: str, expires: float | None) -> str:
+        tags = {} if expires is None else {queue_sweeper.EXPIRES_TAG: str(int(expires))}
+        url: str = sqs.create_queue(QueueName=name, tags=tags)["QueueUrl"]
+        return url
+
+    dead_run = queue("alphaagent-runs-" + "1" * 32, now + 60)
+    dead_turn = queue("alphaagent-turns-" + "2" * 32, now + 3600)
+    untagged = queue("alphaagent-runs-" + "3" * 32, None)
+    live = queue("alphaagent-turns-" + "4" * 32, later + 3600)
+    other = queue("someone-elses-queue", now)
+    monkeypatch.setattr(time, "time", lambda: later)
+
+    # When the hourly schedule runs the sweeper (as its role: ListQueues, ListQueueTags, DeleteQueue)
+    answer = sweep_notice_queues.lambda_handler(load("sweep_notice_queues.json"), Context())
+
+    # Then exactly the dead ones are gone
+    left = set(sqs.list_queues().get("QueueUrls", []))
+    assert not {dead_run, dead_turn, untagged} & left
+    assert {live, other} <= left
+    assert answer == {"examined": 4, "deleted": 3, "kept": 1}
+
+
+def test_the_sweeper_keeps_a_queue_whose_expiry_is_ahead(aws: dict[str, Any]) -> None:
+    import time
+
+    from alphaagent.aws.queue_sweeper import EXPIRES_TAG, expiry_tags
+
+    # Given a live coder process's queue (renewed: its expiry is hours ahead) and a fresh untagged one
+    sqs = aws["sqs"]
+    live = sqs.create_queue(QueueName="alphaagent-runs-" + "5" * 32, tags=expiry_tags(6 * 3600, time.time()))
+    fresh = sqs.create_queue(QueueName="alphaagent-turns-" + "6" * 32)
+
+    # When the sweeper runs now
+    answer = sweep_notice_queues.lambda_handler(load("sweep_notice_queues.json"), Context())
+
+    # Then both are kept
+    left = set(sqs.list_queues().get("QueueUrls", []))
+    assert {live["QueueUrl"], fresh["QueueUrl"]} <= left
+    assert answer == {"examined": 2, "deleted": 0, "kept": 2}
+    assert EXPIRES_TAG in sqs.list_queue_tags(QueueUrl=live["QueueUrl"])["Tags"]

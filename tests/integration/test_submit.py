@@ -48,20 +48,8 @@ SPEC: dict[str, Any] = {
 
 ACCOUNT = "123456789012"
 SPEC_QUEUE = "alphaagent-spec-queue"
-OPERATOR_POLICY = [
-    {
-        "Effect": "Allow",
-        "Action": "sqs:SendMessage",
-        "Resource": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{SPEC_QUEUE}",
-    },
-    # --wait reads the turn record (and nothing else) from the state table.
-    {
-        "Effect": "Allow",
-        "Action": "dynamodb:GetItem",
-        "Resource": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{TABLE}",
-    },
-]
-"""The least an operator needs for ``alphaagent submit`` (and ``--wait``)."""
+NAMES = {"SpecQueue": SPEC_QUEUE, "StateTable": TABLE}
+"""The test's names of the template's resources that ``SubmitAndWaitPolicy`` grants on."""
 
 
 @pytest.fixture
@@ -75,12 +63,9 @@ def aws(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     monkeypatch.setenv("ALPHAAGENT_STATE_TABLE", TABLE)
     for name in ("ALPHAAGENT_SPEC_QUEUE_URL", "ALPHAAGENT_USER"):
         monkeypatch.delenv(name, raising=False)
-    # The CLI runs as an operator allowed only what submit needs (OPERATOR_POLICY; tests/iam.py).
-    iam = Iam(
-        (ROOT / "template.yaml").read_text(),
-        Physical(REGION, ACCOUNT),
-        principals={"Operator": OPERATOR_POLICY},
-    )
+    # The CLI runs as an operator allowed exactly the template's SubmitAndWaitPolicy (tests/iam.py).
+    iam = Iam((ROOT / "template.yaml").read_text(), Physical(REGION, ACCOUNT, names=NAMES))
+    iam.add_principal("Operator", iam.managed_policy("SubmitAndWaitPolicy"))
     monkeypatch.setitem(globals(), "main", iam.as_component("Operator", cli_main))
     iam.install()
     try:
@@ -426,14 +411,67 @@ def test_wait_times_out_naming_the_turn_and_the_seconds(aws: dict[str, Any]) -> 
     )
 
 
-def test_submit_wait_prints_progress_and_the_result_and_exits_0(
-    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Given a running turn that a worker finishes a moment later
-    store: DynamoStore = aws["store"]
-    turn = _running_turn(store)
-    worker = threading.Timer(0.3, _finish, (store, turn, COMPLETED))
+def _recorder_announces(aws: dict[str, Any], user_id: str = USER, turn_id: str = TURN_ID) -> bool:
+    """What the recorder does after persisting a turn's end (as its role in template.yaml)."""
+    from alphaagent.aws.turn_notices import send_turn_notice
+
+    sqs = boto3.client("sqs", region_name=REGION)
+    announce = aws["iam"].as_component("RecordEventFunction", send_turn_notice)
+    sent: bool = announce(sqs, ACCOUNT, user_id, turn_id)
+    return sent
+
+
+def _finish_and_announce(aws: dict[str, Any], turn: Turn, result: TurnResult) -> None:
+    _finish(aws["store"], turn, result)
+    _recorder_announces(aws)
+
+
+def _finish_unchecked(aws: dict[str, Any], turn: Turn, result: TurnResult) -> None:
+    """The turn's end written by the stack (a fake clock runs it in the waiting thread: not as the
+    operator)."""
+    with aws["iam"].acting_as(None):
+        _finish(aws["store"], turn, result)
+
+
+def _turn_queues(aws: dict[str, Any]) -> list[str]:
+    return [u for u in aws["sqs"].list_queues().get("QueueUrls", []) if "alphaagent-turns-" in u]
+
+
+def _finish_after_the_first_read(
+    aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch, turn: Turn, delay_s: float
+) -> tuple[threading.Thread, list[float]]:
+    """A worker that ends ``turn`` (and the recorder that announces it) ``delay_s`` after the wait
+    has read the record once: the wait sees "running" first however slow the machine is. Returns the
+    worker and the times (monotonic s) at which the wait read the record."""
+    reads: list[float] = []
+    first = threading.Event()
+    original = DynamoStore.get_turn
+
+    def get_turn(self: DynamoStore, user_id: str, turn_id: str) -> Turn | None:
+        found = original(self, user_id, turn_id)
+        reads.append(time.monotonic())
+        first.set()
+        return found
+
+    monkeypatch.setattr(DynamoStore, "get_turn", get_turn)
+
+    def work() -> None:
+        if first.wait(60):
+            time.sleep(delay_s)
+            _finish_and_announce(aws, turn, COMPLETED)
+
+    worker = threading.Thread(target=work, daemon=True)
     worker.start()
+    return worker, reads
+
+
+def test_submit_wait_prints_progress_and_the_result_and_exits_0(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a running turn that a worker finishes a moment after the wait first reads it (and the
+    # recorder announces)
+    turn = _running_turn(aws["store"])
+    worker, _ = _finish_after_the_first_read(aws, monkeypatch, turn, 0.3)
 
     # When its spec is submitted with --wait
     started = time.monotonic()
@@ -568,3 +606,99 @@ def test_submit_wait_with_a_reused_turn_id_and_another_spec_exits_2_not_the_old_
     assert "total 7" not in captured.out
     # And the same spec, resubmitted, still gets its result
     assert main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--timeout", "5"]) == 0
+
+
+# ----------------------------------------------------------------------------- turn notices
+
+
+def test_submit_wait_reads_the_record_when_the_notice_comes_not_on_a_ladder(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a running turn that ends 3 s after the wait first reads it, announced by the recorder
+    # (the fallback read, 15 s, is far away: only the notice can end the wait that soon)
+    turn = _running_turn(aws["store"])
+    worker, reads = _finish_after_the_first_read(aws, monkeypatch, turn, 3.0)
+
+    # When its spec is submitted with --wait
+    started = time.monotonic()
+    code = main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--timeout", "60"])
+    worker.join()
+    waited = time.monotonic() - started
+
+    # Then the record was read twice (before, and on the notice), not every 2 s, the result is
+    # printed, and the wait's queue is gone
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert len(reads) == 2, reads
+    assert waited < 12, waited
+    assert captured.out.splitlines()[0] == f"turn {TURN_ID}: completed"
+    assert _turn_queues(aws) == []
+
+
+def test_a_wait_without_sqs_create_queue_says_so_in_one_line_and_polls(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_clock: FakeClock
+) -> None:
+    # Given an operator allowed to submit and read turns, but not to create queues
+    policy = [s for s in aws["iam"].managed_policy("SubmitAndWaitPolicy") if s.get("Sid") != "TurnNotices"]
+    aws["iam"].add_principal("Operator", policy)
+    store: DynamoStore = aws["store"]
+    turn = _running_turn(store)
+    fake_clock.after(5, lambda: _finish_unchecked(aws, turn, COMPLETED))
+
+    # When a spec is submitted with --wait
+    code = main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--timeout", "60"])
+
+    # Then one line says why and what the wait does instead, and it reads every 2 s to the result
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.err.splitlines() == [
+        f"submitted turn {TURN_ID}",
+        f"turn {TURN_ID}: turn notices unavailable (AccessDenied: needs sqs:CreateQueue and sqs:TagQueue"
+        " on alphaagent-turns-*); reading the turn record every 2 s",
+        f"turn {TURN_ID}: running",
+        f"turn {TURN_ID}: completed",
+    ]
+    assert fake_clock.sleeps == [2, 2, 2]
+    assert aws["iam"].denied and "sqs:CreateQueue" in aws["iam"].denied[0]
+    aws["iam"].denied.clear()
+
+
+def test_without_a_notice_the_wait_reads_every_fallback_interval(
+    aws: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_clock: FakeClock
+) -> None:
+    # Given a turn that ends 40 s into the wait with its notice lost (nobody announces it)
+    from alphaagent.aws.turn_notices import FALLBACK_READ_S
+
+    store: DynamoStore = aws["store"]
+    turn = _running_turn(store)
+    fake_clock.after(40, lambda: _finish_unchecked(aws, turn, COMPLETED))
+
+    # When its spec is submitted with --wait (on the fake clock)
+    code = main(["submit", _spec_file(tmp_path, turn_id=TURN_ID), "--wait", "--timeout", "120"])
+
+    # Then the record was read at 0, 15, 30 and 45 s, the result printed, and the queue deleted
+    assert code == 0, capsys.readouterr().err
+    assert fake_clock.sleeps == [FALLBACK_READ_S] * 3
+    assert _turn_queues(aws) == []
+
+
+def test_the_wait_queue_is_tagged_to_expire_after_the_wait(
+    aws: dict[str, Any], fake_clock: FakeClock
+) -> None:
+    # Given a wait of one hour for a turn
+    from alphaagent.aws.client import open_turn_waiter
+    from alphaagent.aws.queue_sweeper import EXPIRES_TAG
+    from alphaagent.aws.turn_notices import EXPIRY_MARGIN_S
+
+    sqs = boto3.client("sqs", region_name=REGION)
+    before = time.time()
+    waiter = aws["iam"].as_component("Operator", open_turn_waiter)(sqs, USER, TURN_ID, timeout_s=3600)
+    assert waiter is not None
+    try:
+        # Then its queue carries the sweeper's expiry: the end of the wait plus the margin
+        tags = aws["sqs"].list_queue_tags(QueueUrl=waiter.queue_url)["Tags"]
+        expires = float(tags[EXPIRES_TAG])
+        assert before + 3600 + EXPIRY_MARGIN_S <= expires <= time.time() + 3600 + EXPIRY_MARGIN_S + 1
+    finally:
+        aws["iam"].as_component("Operator", waiter.close)()
+    assert _turn_queues(aws) == []

@@ -48,6 +48,7 @@ from moto_account import MotoAccount
 
 from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
+from alphaagent.aws.env_deploy import CORE_PARAMETERS
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import DynamoStore
@@ -599,7 +600,12 @@ def stack(
         "ENV_TENANT_ISOLATION": "Disabled",
     }.items():
         monkeypatch.setenv(name, value)
-    iam = Iam(iam_template, physical_names(), stacks=(ENV_TEMPLATE.read_text(),))
+    iam = Iam(
+        iam_template,
+        physical_names(),
+        stacks=(ENV_TEMPLATE.read_text(),),
+        stack_parameters=dict(CORE_PARAMETERS),
+    )
     lambdas = InProcessLambda(iam)
     # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
     for backend in (LambdaBackend, LambdaSimpleBackend):
@@ -1139,3 +1145,52 @@ def test_a_spec_naming_an_unregistered_environment_is_refused_before_anything_ru
     assert "unknown environment 'other' (available: builtin, gpu-ml)" in turn.result.error.value
     assert not [name for name, _ in stack.lambdas.calls if "-env-" in name]
     assert lock_is_free(stack, scope)
+
+
+# ----------------------------------------------------------------------------- waiting for a turn
+
+
+def test_a_waiter_learns_of_the_turns_end_from_the_recorders_notice(stack: Stack) -> None:
+    # Given a submitter allowed exactly the template's SubmitAndWaitPolicy, waiting for its turn
+    # with a fallback read far beyond the turn's length (only a notice can end the wait in time)
+    from alphaagent.aws.client import open_turn_waiter, submit_spec, wait_for_turn
+    from alphaagent.models.spec import parse_spec
+
+    scope = conversation()
+    upload_measurements(stack, scope)
+    spec = parse_spec(json.dumps(analysis_spec(scope)))
+    assert spec.turn_id is not None
+    stack.iam.add_principal("Submitter", stack.iam.managed_policy("SubmitAndWaitPolicy"))
+    stack.start()
+    sqs = boto3.client("sqs", region_name=REGION)
+    store = DynamoStore(TABLE, client=boto3.client("dynamodb", region_name=REGION))
+    reads: list[str] = []
+    looks: list[str] = []
+    get_turn = store.get_turn
+    store.get_turn = lambda user_id, turn_id: looks.append(turn_id) or get_turn(user_id, turn_id)  # type: ignore[method-assign]
+
+    # When it submits the spec and waits (its calls checked against that policy)
+    with stack.iam.acting_as("Submitter"):
+        waiter = open_turn_waiter(sqs, USER, spec.turn_id, timeout_s=120, say=reads.append)
+        assert waiter is not None, reads
+        submit_spec(spec, queue_url=stack.spec_queue, sqs=sqs)
+        try:
+            result = wait_for_turn(
+                store,
+                USER,
+                spec.turn_id,
+                timeout_s=120,
+                progress=reads.append,
+                notices=waiter,
+                fallback_s=3600,
+            )
+        finally:
+            waiter.close()
+
+    # Then the recorder's notice (sent as its role) ended the wait on the completed turn: the record
+    # was read before the turn started and once more on the notice, and the queue is gone
+    assert_status(result, "completed")
+    assert waiter.notices == 1
+    assert reads == ["queued", "completed"] and len(looks) == 2, (reads, looks)
+    left = [u for u in stack.sqs.list_queues().get("QueueUrls", []) if "alphaagent-turns-" in u]
+    assert left == []

@@ -197,7 +197,7 @@ def test_every_handler_names_a_functions_module() -> None:
         for name, r in _resources("AWS::Serverless::Function").items()
         if r["Properties"].get("PackageType", "Zip") == "Zip"
     }
-    assert len(handlers) == 7
+    assert len(handlers) == 8
     for name, handler in handlers.items():
         assert re.fullmatch(r"functions/[a-z][a-z0-9_]*\.lambda_handler", handler), (name, handler)
 
@@ -322,11 +322,14 @@ def test_the_coder_may_invoke_only_environment_functions() -> None:
 
 def test_environment_variable_names_carry_their_resource_type() -> None:
     # STYLE §7: STATE_TABLE_NAME, WORKSPACES_BUCKET_NAME, EVENT_BUS_NAME, CODER_QUEUE_URL, ...; the
-    # connector allowlists name no AWS resource, so they carry their kind instead (CONNECTOR_*).
+    # connector allowlists name no AWS resource, so they carry their kind instead (CONNECTOR_*), as
+    # the env function's own settings do (ENV_*, EnvSettings: ENV_RUN_NOTICES, whether it can reach
+    # SQS), on that function only.
     for name, r in _resources("AWS::Serverless::Function").items():
+        own = "|ENV_[A-Z0-9_]+" if name == "EnvBuiltinFunction" else ""
         for variable in r["Properties"].get("Environment", {}).get("Variables", {}):
             assert re.fullmatch(
-                r"[A-Z][A-Z0-9_]*_(TABLE_NAME|BUCKET_NAME|BUS_NAME|QUEUE_URL|ARN)|CONNECTOR_[A-Z0-9_]+",
+                r"[A-Z][A-Z0-9_]*_(TABLE_NAME|BUCKET_NAME|BUS_NAME|QUEUE_URL|ARN)|CONNECTOR_[A-Z0-9_]+" + own,
                 variable,
             ), (
                 name,
@@ -346,6 +349,7 @@ _SUFFIXES = {
     "AWS::Events::Archive": "Archive",
     "AWS::Events::Rule": "Rule",
     "AWS::Logs::LogGroup": "LogGroup",
+    "AWS::EC2::SecurityGroupEgress": "Egress",
     "AWS::IAM::Role": "Role",
     "AWS::IAM::Policy": "Policy",
     "AWS::IAM::ManagedPolicy": "Policy",

@@ -157,7 +157,7 @@ def test_a_custom_environment_is_builtins_function_with_another_image() -> None:
     assert custom["FunctionName"] == {"Fn::Sub": "alphaagent-env-${EnvironmentId}"}
     assert custom["PackageType"] == "Image" and custom["ImageUri"] == {"Ref": "ImageUri"}
     # The same asynchronous contract: no retry, both outcomes to the core stack's bus
-    bus = {"Fn::ImportValue": {"Fn::Sub": "${CoreStackName}-EventBusArn"}}
+    bus = {"Ref": "CoreEventBusArn"}
     config = custom["EventInvokeConfig"]
     assert config["MaximumRetryAttempts"] == builtin["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
     for outcome in ("OnSuccess", "OnFailure"):
@@ -166,10 +166,10 @@ def test_a_custom_environment_is_builtins_function_with_another_image() -> None:
     assert custom["TenancyConfig"] == builtin["TenancyConfig"] == {"TenantIsolationMode": "PER_TENANT"}
     # The same least privilege: the very actions builtin's role has, and under the core's boundary
     assert _actions(custom) == _actions(builtin)
-    boundary = {"Fn::ImportValue": {"Fn::Sub": "${CoreStackName}-EnvPermissionsBoundaryArn"}}
+    boundary = {"Ref": "CorePermissionsBoundaryArn"}
     assert custom["PermissionsBoundary"] == boundary
     assert builtin["PermissionsBoundary"] == {"Ref": "EnvBoundaryPolicy"}
-    # The same variables, from the core stack's exports
+    # The same variables, from the core stack's outputs
     assert set(custom["Environment"]["Variables"]) >= set(builtin["Environment"]["Variables"])
     # and the tag by which the core stack's coder may invoke it
     assert custom["Tags"]["alphaagent-stack"] == {"Ref": "CoreStackName"}
@@ -185,14 +185,42 @@ def _imports(value: Any) -> list[str]:
     return []
 
 
-def test_every_import_of_the_environment_stack_is_an_export_of_the_core_stack() -> None:
-    exports = {
-        output["Export"]["Name"]["Fn::Sub"].replace("${AWS::StackName}", "${CoreStackName}")
-        for output in _core()["Outputs"].values()
-        if "Export" in output
+def test_the_environment_stack_imports_nothing_that_would_lock_the_core_stack() -> None:
+    # An import locks the export it reads (CloudFormation refuses to change or delete it), so the
+    # core's values come in as parameters instead
+    assert _imports(_env()["Resources"]) == []
+
+
+def test_every_core_parameter_of_the_environment_stack_is_an_output_of_the_core_stack() -> None:
+    from alphaagent.aws.env_deploy import CORE_PARAMETERS
+
+    parameters = {
+        name for name in _env()["Parameters"] if name.startswith("Core") and name != "CoreStackName"
     }
-    imported = set(_imports(_env()["Resources"]))
-    assert imported and imported <= exports, imported - exports
+    assert parameters == set(CORE_PARAMETERS)
+    assert set(CORE_PARAMETERS.values()) <= set(_core()["Outputs"])
+
+
+def test_env_deploy_parameters_reads_the_core_stacks_outputs(capsys: pytest.CaptureFixture[str]) -> None:
+    from alphaagent.aws import env_deploy
+
+    class FakeCloudFormation:
+        def __init__(self, outputs: dict[str, str]) -> None:
+            self.outputs = outputs
+
+        def describe_stacks(self, StackName: str) -> dict[str, Any]:
+            entries = [{"OutputKey": k, "OutputValue": v} for k, v in self.outputs.items()]
+            return {"Stacks": [{"StackName": StackName, "Outputs": entries}]}
+
+    # Given a core stack with every output, and one deployed before it had the boundary output
+    outputs = {output: f"value-of-{output}" for output in env_deploy.CORE_PARAMETERS.values()}
+    found = env_deploy.core_parameters("alphaagent", client=FakeCloudFormation(outputs))
+    assert found == {name: f"value-of-{output}" for name, output in env_deploy.CORE_PARAMETERS.items()}
+    older = {k: v for k, v in outputs.items() if k != "EnvPermissionsBoundaryArn"}
+
+    # When the parameters are asked of the older one; Then one line names the missing output
+    with pytest.raises(env_deploy.InvalidRequestError, match="has no EnvPermissionsBoundaryArn output"):
+        env_deploy.core_parameters("alphaagent", client=FakeCloudFormation(older))
 
 
 def test_the_boundary_allows_what_every_environment_role_is_given() -> None:
@@ -322,7 +350,17 @@ def _coder_statements() -> dict[str, dict[str, Any]]:
 def test_the_coder_may_read_its_inference_profile() -> None:
     statement = _coder_statements()["ReadInferenceProfile"]
     assert statement["Action"] == ["bedrock:GetInferenceProfile"]
-    assert statement["Resource"]["Fn::Sub"].endswith(":inference-profile/*")
+    ends = sorted(resource["Fn::Sub"].rsplit(":", 1)[-1] for resource in statement["Resource"])
+    assert ends == ["application-inference-profile/*", "inference-profile/*"]
+
+
+def test_the_coder_may_invoke_an_application_inference_profile_and_what_it_routes_to() -> None:
+    # An application inference profile's ARN as CoderModelId (Bedrock authorizes InvokeModel on the
+    # profile and on the foundation models and system profiles it routes to)
+    statement = _coder_statements()["InvokeModel"]
+    ends = {resource["Fn::Sub"].rsplit(":", 1)[-1] for resource in statement["Resource"]}
+    assert ends == {"foundation-model/*", "inference-profile/*", "application-inference-profile/*"}
+    assert statement["Action"] == ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
 
 
 def test_the_connectors_may_decrypt_sse_kms_objects_through_s3_only() -> None:
@@ -330,3 +368,37 @@ def test_the_connectors_may_decrypt_sse_kms_objects_through_s3_only() -> None:
     [decrypt] = [s for s in policy if s["Action"] == ["kms:Decrypt"]]
     assert decrypt["Condition"] == {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}
     assert decrypt["Resource"]["Fn::Sub"].endswith(":key/*")
+
+
+def test_an_environment_in_a_vpc_without_an_sqs_endpoint_skips_run_notices() -> None:
+    # Both stacks tell the function whether it has a route to SQS (no VPC, or the VPC's SQS endpoint)
+    core, env = _core(), _env()
+    assert _function(core, "EnvBuiltinFunction")["Environment"]["Variables"]["ENV_RUN_NOTICES"] == {
+        "Fn::If": ["EnvReachesSqs", "true", "false"]
+    }
+    assert _function(env, "EnvironmentFunction")["Environment"]["Variables"]["ENV_RUN_NOTICES"] == {
+        "Fn::If": ["ReachesSqs", "true", "false"]
+    }
+    # and the endpoint's egress exists only with the endpoint named
+    assert core["Resources"]["EnvSqsEndpointEgress"]["Condition"] == "HasEnvSqsEndpoint"
+    assert env["Resources"]["SqsEndpointEgress"]["Condition"] == "HasSqsEndpoint"
+    coder = core["Resources"]["CoderTaskDefinition"]["Properties"]["ContainerDefinitions"][0]
+    [notices] = [v for v in coder["Environment"] if v["Name"] == "RUN_NOTICES"]
+    assert notices["Value"] == {"Fn::If": ["EnvReachesSqs", "true", "false"]}
+
+
+def test_env_deploy_parameters_prints_them_as_sam_takes_them(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alphaagent.aws import env_deploy
+
+    # Given the core stack's outputs
+    outputs = {output: f"v-{output}" for output in env_deploy.CORE_PARAMETERS.values()}
+    monkeypatch.setattr(env_deploy, "stack_outputs", lambda stack_name, client=None: outputs)
+
+    # When make env-deploy asks for the parameters; Then one line of Key=Value pairs, exit 0
+    assert env_deploy.main(["parameters", "--core-stack", "alphaagent"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert dict(pair.split("=", 1) for pair in line.split(" ")) == {
+        name: f"v-{output}" for name, output in env_deploy.CORE_PARAMETERS.items()
+    }
