@@ -80,3 +80,51 @@ def moto(monkeypatch: pytest.MonkeyPatch, aws_region: str, moto_config: Any) -> 
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     with mock_aws(config=moto_config):
         yield MotoAccount(aws_region)
+
+
+# -- the order of the modules ---------------------------------------------------------------------
+# `make test` spreads the tests over two workers (pytest-xdist, --dist worksteal). A worker idle at
+# the end can steal only tests not yet started, so one long module scheduled last keeps the other
+# worker idle for its whole length. The costliest modules of the last run (their summed durations,
+# kept in pytest's cache) therefore go first; a module's tests stay together and in their order,
+# so its module-scoped fixtures are set up once per worker as before. Without a cache (a fresh
+# clone) the order is pytest's own.
+
+_MODULE_COSTS_KEY = "alphaagent/module_seconds"
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cache = getattr(config, "cache", None)
+    costs: dict[str, float] = cache.get(_MODULE_COSTS_KEY, {}) if cache is not None else {}
+    if not costs:
+        return
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(_module_of(item.nodeid), index)
+    # sorted() is stable: within a module the collected order holds.
+    items.sort(
+        key=lambda item: (-costs.get(_module_of(item.nodeid), 0.0), first_seen[_module_of(item.nodeid)])
+    )
+
+
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sums each module's setup, call and teardown times (under xdist: the controller's reports)."""
+    _module_seconds[_module_of(report.nodeid)] = _module_seconds.get(_module_of(report.nodeid), 0.0) + (
+        report.duration
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is None or not _module_seconds or hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller saw every report and writes the figures once
+    kept: dict[str, float] = cache.get(_MODULE_COSTS_KEY, {})
+    kept.update({module: round(seconds, 2) for module, seconds in _module_seconds.items()})
+    cache.set(_MODULE_COSTS_KEY, kept)
