@@ -49,7 +49,7 @@ from alphaagent.errors import (
 )
 from coder.prompts import max_turns_for, render_prompt, system_prompt_for
 from coder.settings import CoderSettings
-from coder.tools import ALLOWED_TOOLS, SERVER_NAME, alphaagent_server
+from coder.tools import ALLOWED_TOOLS, SERVER_NAME, ToolCalls, alphaagent_server
 from coder.transcript import Transcript
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,10 @@ CLI_ENV = {
     "ANTHROPIC_CUSTOM_HEADERS": "",
 }
 """Set over the host's environment for the CLI (after the provider's own variables)."""
+IN_FLIGHT_WAIT_S = 30.0
+"""How long a cut-off turn waits for a tool call still in its thread: a run's timeout is already cut
+to the turn's remaining time, so what is left is its kill, the after-run sync and its record."""
+
 MAX_MESSAGE_BYTES = 16 * 2**20
 """The SDK's buffer for one message from the CLI (default 1 MiB, which a long model reply exceeds)."""
 """Set for every CLI this coder starts (on top of the provider's variables)."""
@@ -88,17 +92,19 @@ def build_options(
     private_dir: Path,
     transcript: Transcript | None = None,
     deadline: float | None = None,
+    calls: ToolCalls | None = None,
 ) -> ClaudeAgentOptions:
     """The Agent SDK options of one turn. ``private_dir`` (empty, removed by the caller after the
     turn) holds the CLI's ``CLAUDE_CONFIG_DIR`` (``config/``) and working directory (``cwd/``);
-    ``deadline`` (``time.monotonic()``) bounds the runs' timeouts by the turn's remaining time."""
+    ``deadline`` (``time.monotonic()``) bounds the runs' timeouts by the turn's remaining time;
+    ``calls`` counts the tool calls in flight."""
     config_dir, cwd = private_dir / "config", private_dir / "cwd"
     config_dir.mkdir(exist_ok=True)
     cwd.mkdir(exist_ok=True)
     return ClaudeAgentOptions(
         tools=[],
         allowed_tools=list(ALLOWED_TOOLS),
-        mcp_servers={SERVER_NAME: alphaagent_server(ctx, deadline)},
+        mcp_servers={SERVER_NAME: alphaagent_server(ctx, deadline, calls)},
         strict_mcp_config=True,
         permission_mode="dontAsk",
         setting_sources=[],
@@ -141,12 +147,13 @@ def run_coder(ctx: TurnContext, settings: CoderSettings) -> str:
     failed).
     """
     transcript = Transcript(ctx.turn_id, settings.model)
+    calls = ToolCalls()
     error: CoderError | None = None
     failure: BaseException | None = None
     summary = ""
     with tempfile.TemporaryDirectory(prefix="alphaagent-coder-", ignore_cleanup_errors=True) as private:
         try:
-            summary = anyio.run(_drive, ctx, settings, Path(private), transcript)
+            summary = anyio.run(_drive, ctx, settings, Path(private), transcript, calls)
         except CoderError as exc:
             error = failure = exc
         except Exception as exc:  # a defect here or in the SDK fails the turn; it must not strand it
@@ -157,6 +164,10 @@ def run_coder(ctx: TurnContext, settings: CoderSettings) -> str:
             failure = exc
             raise
         finally:
+            # A call cut off with the CLI may still be finishing in its thread (a run being killed,
+            # its record being written): the turn ends after it, never before its runs' records.
+            if not calls.wait_idle(IN_FLIGHT_WAIT_S):
+                logger.warning("turn %s ends with a tool call still running", ctx.turn_id)
             transcript.note(
                 "turn_end",
                 outcome="completed" if failure is None else "failed",
@@ -171,9 +182,13 @@ def run_coder(ctx: TurnContext, settings: CoderSettings) -> str:
     return f"{summary}\n\n{line}" if summary else line
 
 
-async def _drive(ctx: TurnContext, settings: CoderSettings, private: Path, transcript: Transcript) -> str:
+async def _drive(
+    ctx: TurnContext, settings: CoderSettings, private: Path, transcript: Transcript, calls: ToolCalls
+) -> str:
     limit = ctx.spec.constraints.turn_timeout_s
-    options = build_options(ctx, settings, private, transcript, deadline=time.monotonic() + limit)
+    options = build_options(
+        ctx, settings, private, transcript, deadline=time.monotonic() + limit, calls=calls
+    )
     prompt = render_prompt(ctx.spec, ctx.fetched)
     max_turns = options.max_turns or 0
     transcript.note(

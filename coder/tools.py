@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -276,12 +277,38 @@ def _environments(ctx: TurnContext) -> list[tuple[str, tuple[str, ...]]]:
     return [(e.environment_id, e.packages) for e in ctx.backend.environments.list()]
 
 
+class ToolCalls:
+    """The tool calls of one turn running in worker threads. A turn cut by its timeout stops the CLI
+    at once, but a call already in its thread (a run being killed, its record being written) cannot
+    be cancelled: the turn waits for it (``wait_idle``) so it never ends before its runs' records."""
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._running = 0
+
+    def __enter__(self) -> None:
+        with self._idle:
+            self._running += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._idle:
+            self._running -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` seconds for no call to be running; False if one still is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout=timeout_s)
+
+
 @dataclass(frozen=True)
 class _Turn:
-    """What a tool call works on: the turn's context and its deadline (``time.monotonic()``)."""
+    """What a tool call works on: the turn's context, its deadline (``time.monotonic()``) and the
+    calls in flight."""
 
     ctx: TurnContext
     deadline: float | None
+    calls: ToolCalls
 
 
 def _run_in_env(turn: _Turn, args: RunInEnvArgs) -> _Answer:
@@ -436,11 +463,18 @@ def _argument_error(exc: ValidationError) -> str:
     return f"InvalidArguments: {field}: {first['msg']}"
 
 
-def alphaagent_tools(ctx: TurnContext, deadline: float | None = None) -> list[SdkMcpTool[Any]]:
+def alphaagent_tools(
+    ctx: TurnContext, deadline: float | None = None, calls: ToolCalls | None = None
+) -> list[SdkMcpTool[Any]]:
     """The five tools, bound to one turn's context; with a ``deadline`` (``time.monotonic()``), a
-    run's timeout is cut to the turn's remaining time. Every call is reported through
-    ``ctx.progress`` (``coder: <tool> -> <outcome>``)."""
-    turn = _Turn(ctx, deadline)
+    run's timeout is cut to the turn's remaining time; ``calls`` counts the calls in flight. Every
+    call is reported through ``ctx.progress`` (``coder: <tool> -> <outcome>``)."""
+    turn = _Turn(ctx, deadline, calls if calls is not None else ToolCalls())
+
+    def call_in_thread(spec: _Spec, parsed: BaseModel) -> _Answer:
+        with turn.calls:
+            return spec.call(turn, parsed)
+
     descriptions = _descriptions(ctx)
     serial = anyio.Lock()
     annotations = ToolAnnotations(maxResultSizeChars=_INLINE_RESULT_CHARS)
@@ -453,7 +487,7 @@ def alphaagent_tools(ctx: TurnContext, deadline: float | None = None) -> list[Sd
                 return _error(_argument_error(exc))
             async with serial:
                 try:
-                    answer = await anyio.to_thread.run_sync(spec.call, turn, parsed)
+                    answer = await anyio.to_thread.run_sync(call_in_thread, spec, parsed)
                 except AlphaAgentError as exc:
                     ctx.progress(f"coder: {spec.name} -> {type(exc).__name__}")
                     return _error(tool_error_text(exc))
@@ -469,6 +503,8 @@ def alphaagent_tools(ctx: TurnContext, deadline: float | None = None) -> list[Sd
     return [bind(spec) for spec in _SPECS]
 
 
-def alphaagent_server(ctx: TurnContext, deadline: float | None = None) -> McpSdkServerConfig:
+def alphaagent_server(
+    ctx: TurnContext, deadline: float | None = None, calls: ToolCalls | None = None
+) -> McpSdkServerConfig:
     """The in-process MCP server ``alphaagent`` with exactly the five tools of one turn."""
-    return create_sdk_mcp_server(SERVER_NAME, tools=alphaagent_tools(ctx, deadline))
+    return create_sdk_mcp_server(SERVER_NAME, tools=alphaagent_tools(ctx, deadline, calls))

@@ -53,6 +53,8 @@ from coder.tools import (
     MODEL_TEXT_CHARS,
     RESULT_HEADING,
     RunInEnvArgs,
+    ToolCalls,
+    alphaagent_tools,
     input_schema,
     render_run,
 )
@@ -759,3 +761,31 @@ def test_alphaagent_run_uses_the_coder_when_a_model_is_configured(
         timeout=120,
     )
     assert refused.returncode == 2 and "set ANTHROPIC_API_KEY" in refused.stderr
+
+
+def test_a_tool_call_in_its_thread_is_waited_for_until_its_run_is_recorded(agent: AlphaAgent) -> None:
+    # Given the tools of one turn and a run of five seconds started through them in a worker thread
+    # (as the SDK does; a turn cut by its timeout stops the CLI, not the thread)
+    calls = ToolCalls()
+    ctx = _context(agent, "inflight")
+    agent.backend.workspace.ensure_scope(ctx.spec.scope)
+    (run_tool,) = [t for t in alphaagent_tools(ctx, calls=calls) if t.name == "run_in_env"]
+    answers: list[Any] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(anyio.run(run_tool.handler, {"code": "import time; time.sleep(5)"})),
+        daemon=True,
+    )
+    caller.start()
+    deadline = time.monotonic() + 60
+    while calls.wait_idle(0) and not answers and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    # When the turn's end looks for calls in flight
+    busy_at_first = not calls.wait_idle(0.1)
+    idle_later = calls.wait_idle(60)
+
+    # Then the call counted as running until it returned, and by then its run was recorded
+    assert busy_at_first and idle_later, answers
+    (only,) = agent.backend.store.list_runs(USER, ctx.spec.scope.key)
+    assert_status(only, "ok")
+    caller.join(10)
