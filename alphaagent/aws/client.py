@@ -230,9 +230,12 @@ def open_turn_waiter(
     except sdk.sdk_errors() as error:
         code = sdk.error_code(error) or type(error).__name__
         if say is not None:
-            say(
-                f"turn notices unavailable ({code}: needs sqs:CreateQueue and sqs:TagQueue on"
-                f" alphaagent-turns-*); reading the turn record every {poll_s:g} s"
-            )
+            why = {
+                "AccessDenied": "needs sqs:CreateQueue and sqs:TagQueue on alphaagent-turns-*",
+                "AccessDeniedException": "needs sqs:CreateQueue and sqs:TagQueue on alphaagent-turns-*",
+                "AWS.SimpleQueueService.QueueDeletedRecently": "a wait on this turn ended under a minute ago",
+                "QueueDeletedRecently": "a wait on this turn ended under a minute ago",
+            }.get(code, "SQS refused the wait's queue")
+            say(f"turn notices unavailable ({code}: {why}); reading the turn record every {poll_s:g} s")
         return None
     return waiter

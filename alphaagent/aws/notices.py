@@ -46,7 +46,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from alphaagent.aws import sdk
-from alphaagent.aws.queue_sweeper import expiry_tags, queue_gone
+from alphaagent.aws.queue_sweeper import expiry_tags, queue_gone, queue_gone_for_good
 
 QUEUE_NAME_PREFIX: Final = "alphaagent-runs-"
 """Names of the per-process notice queues; template.yaml grants the SQS actions on exactly these."""
@@ -116,6 +116,7 @@ class RunNotices:
         self._pause = pause
         self._wall = wall
         self._renewed = 0.0
+        self._created_at = 0.0
         self._lock = threading.Lock()
         self._queue_url: str | None = None
         self._waiting: dict[str, threading.Event] = {}
@@ -152,6 +153,7 @@ class RunNotices:
                     tags=expiry_tags(QUEUE_LEASE_S, now),
                 )
                 self._queue_url, self._renewed = str(answer["QueueUrl"]), now
+                self._created_at = time.monotonic()
             return self._queue_url
 
     def _renew(self, url: str) -> None:
@@ -217,6 +219,9 @@ class RunNotices:
             except sdk.sdk_errors() as error:
                 if self._closed:
                     return
+                if queue_gone(error) and not queue_gone_for_good(error, self._created_at):
+                    self._pause(LISTEN_ERROR_PAUSE_S)  # just made: not usable for a moment yet
+                    continue
                 if queue_gone(error):  # swept: the next expect() makes a new queue and listener
                     with self._lock:
                         if self._queue_url == url:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any, Final
 
 from pydantic import BaseModel
@@ -55,6 +56,18 @@ logger = logging.getLogger(__name__)
 def expiry_tags(lifetime_s: float, now: float) -> dict[str, str]:
     """The tags of a notice queue that may be swept ``lifetime_s`` seconds after ``now`` (UNIX s)."""
     return {EXPIRES_TAG: str(math.ceil(now + lifetime_s))}
+
+
+NEW_QUEUE_SETTLE_S: Final = 5.0
+"""Seconds after CreateQueue during which "does not exist" means the queue is not usable yet, not
+that it is gone: the CreateQueue API reference says to wait at least one second after creating a
+queue before using it; five leave room for a slow propagation."""
+
+
+def queue_gone_for_good(error: BaseException, created_at: float) -> bool:
+    """Whether ``error`` says the queue does not exist, past ``NEW_QUEUE_SETTLE_S`` after it was
+    created (``created_at``: ``time.monotonic()`` of the CreateQueue that made it)."""
+    return queue_gone(error) and time.monotonic() - created_at >= NEW_QUEUE_SETTLE_S
 
 
 def queue_gone(error: BaseException) -> bool:

@@ -60,7 +60,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from alphaagent.aws import sdk
-from alphaagent.aws.queue_sweeper import expiry_tags, queue_gone
+from alphaagent.aws.queue_sweeper import expiry_tags, queue_gone, queue_gone_for_good
 from alphaagent.clock import SYSTEM_CLOCK, Clock
 
 QUEUE_NAME_PREFIX: Final = "alphaagent-turns-"
@@ -164,7 +164,7 @@ class TurnWaiter:
         )
         self.queue_url = str(answer["QueueUrl"])
         self._listener = threading.Thread(
-            target=self._listen, args=(self.queue_url,), name="turn-notices", daemon=True
+            target=self._listen, args=(self.queue_url, time.monotonic()), name="turn-notices", daemon=True
         )
         self._listener.start()
         return self.queue_url
@@ -185,15 +185,16 @@ class TurnWaiter:
             with contextlib.suppress(*sdk.sdk_errors()):
                 self.sqs.delete_queue(QueueUrl=url)
 
-    def _listen(self, url: str) -> None:
+    def _listen(self, url: str, created_at: float) -> None:
         while not self._closed.is_set():
             try:
                 answer = self.sqs.receive_message(
                     QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=self._long_poll_s
                 )
             except sdk.sdk_errors() as error:
-                if self._closed.is_set() or queue_gone(error):
+                if self._closed.is_set() or queue_gone_for_good(error, created_at):
                     return  # deleted by close() or by the sweeper: the waiter reads on its timer
+                # (a queue just made answers "does not exist" for a moment: tried again below)
                 logger.warning("receiving turn notices failed; trying again: %s", error)
                 self._closed.wait(LISTEN_ERROR_PAUSE_S)
                 continue

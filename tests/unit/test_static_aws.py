@@ -379,6 +379,24 @@ def test_samconfig_has_a_default_and_a_prod_environment() -> None:
         assert config[env]["deploy"]["parameters"]["capabilities"]
 
 
+def test_sam_builds_the_zip_functions_in_the_checkout_not_in_a_copy_of_it() -> None:
+    # Given zip functions whose CodeUri is the checkout and whose build is the makefile's build-% rule
+    template = _template()
+    zips = [
+        r
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::Serverless::Function" and r["Properties"].get("PackageType") != "Image"
+    ]
+    assert zips and all(
+        r["Properties"].get("CodeUri", template["Globals"]["Function"].get("CodeUri")) == "." for r in zips
+    )
+    # Then every saved build configuration builds in source: SAM's makefile builder would otherwise
+    # copy the whole checkout (virtualenvs included, symlinks followed) once per function first
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())
+    for env in ("default", "prod"):
+        assert config[env]["build"]["parameters"].get("build_in_source") is True, env
+
+
 # ------------------------------------------------------------------ the environment images
 
 
