@@ -115,13 +115,17 @@ def contradiction(status_line: dict[str, Any], wait_code: int | None) -> str | N
 
     The genuine report is written just before the child exits with the very code it names, so a
     ``done`` report whose ``exit_code`` differs from what ``waitpid`` says was written by the code
-    (and the genuine one suppressed); a run whose exit status is unknown (the zygote died) cannot
-    be confirmed at all. A run killed by a signal is decided by the signal, whatever was reported.
+    (and the genuine one suppressed); a run whose exit status is unknown (none was reported, even
+    after the sandbox killed it) cannot be confirmed at all. A run killed by a signal is decided by
+    the signal, whatever was reported.
     """
     if status_line.get("phase") != "done":
         return None
     if wait_code is None:
-        return "the run's exit status could not be read (the zygote died): its own report was ignored"
+        return (
+            "the run's exit status could not be read (no exit was reported for it, even after it was"
+            " killed): its own report was ignored"
+        )
     reported = status_line.get("exit_code")
     if wait_code >= 0 and reported != wait_code:
         return (
