@@ -772,11 +772,13 @@ class Sandbox:
         outcome.stdout_spilled, outcome.stderr_spilled = spills[out_fd].opened, spills[err_fd].opened
         outcome.status_line = parse_status(bytes(status_buf))
         outcome.code_started = code_started(bytes(status_buf))
-        if outcome.exit_event is None:
-            # A pipe still held open past the drain after a kill, or an exit that never came: nothing
-            # of the run may go on once its result is built (it would write into the scope unseen).
+        if outcome.exit_event is None or outcome.exit_event["event"] == "zygote_died":
+            # A pipe still held open past the drain after a kill, an exit that never came, or no
+            # zygote left to wait for it: nothing of the run may go on once its result is built (it
+            # would write into the scope unseen).
             self._kill_run(pid, outcome)
-            outcome.exit_event = self._await_exit(channel)
+            if outcome.exit_event is None:
+                outcome.exit_event = self._await_exit(channel)
         return outcome
 
     def _kill_run(self, pid: int, outcome: Outcome) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from alphaagent.models.run import RunLimits, RunResult
+from alphaagent.sandbox.classify import contradiction
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
@@ -240,3 +241,15 @@ def test_sysv_shared_memory_does_not_outlive_the_run_or_reach_another(
         scope,
     )
     assert later.stdout.split() == ["-1", "2"], later.stdout  # ENOENT
+
+
+def test_an_unconfirmed_report_names_why_its_exit_is_unknown() -> None:
+    # Given a "done" report and no wait status: the zygote alive (it reported no exit even after the
+    # kill), or the zygote dead
+    report = {"phase": "done", "exit_code": 0, "error": None}
+
+    # Then the reason says which, and never blames a live zygote
+    alive = contradiction(report, None)
+    dead = contradiction(report, None, zygote_died=True)
+    assert alive is not None and "zygote" not in alive and "even after it was killed" in alive
+    assert dead is not None and "the zygote died" in dead
