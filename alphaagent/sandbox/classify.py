@@ -110,18 +110,22 @@ def unexplained_sigkill(limits: RunLimits, *, memory_bound: bool) -> str:
     )
 
 
-def contradiction(status_line: dict[str, Any], wait_code: int | None) -> str | None:
+def contradiction(
+    status_line: dict[str, Any], wait_code: int | None, *, zygote_died: bool = False
+) -> str | None:
     """Why the child's report cannot be believed, or None when it agrees with the wait status.
 
     The genuine report is written just before the child exits with the very code it names, so a
     ``done`` report whose ``exit_code`` differs from what ``waitpid`` says was written by the code
-    (and the genuine one suppressed); a run whose exit status is unknown (the zygote died) cannot
-    be confirmed at all. A run killed by a signal is decided by the signal, whatever was reported.
+    (and the genuine one suppressed); a run whose exit status is unknown (``zygote_died``, or none was
+    reported even after the sandbox killed the run) cannot be confirmed at all. A run killed by a
+    signal is decided by the signal, whatever was reported.
     """
     if status_line.get("phase") != "done":
         return None
     if wait_code is None:
-        return "the run's exit status could not be read (the zygote died): its own report was ignored"
+        why = "the zygote died" if zygote_died else "no exit was reported for it, even after it was killed"
+        return f"the run's exit status could not be read ({why}): its own report was ignored"
     reported = status_line.get("exit_code")
     if wait_code >= 0 and reported != wait_code:
         return (
@@ -199,7 +203,7 @@ def build_result(
     exit_event = outcome.exit_event or {}
     wait_code = exit_event.get("exit_code")  # negative: killed by that signal
     signum = -wait_code if wait_code is not None and wait_code < 0 else None
-    tampered = contradiction(status_line, wait_code)
+    tampered = contradiction(status_line, wait_code, zygote_died=exit_event.get("event") == "zygote_died")
     if tampered is not None:
         status_line = {}  # the report is ignored: the wait status alone decides below
     error_data = status_line.get("error")

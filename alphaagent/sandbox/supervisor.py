@@ -492,11 +492,9 @@ class Sandbox:
                 outcome.oom_kills = oom_kills(memory_cgroup)
             duration_ms = int((time.monotonic() - started) * 1000)
             if self.config.exclusive:
-                if outcome.exit_event is None:
-                    outcome.exit_event = self._await_exit(channel)
                 self._exclusive_cleanup(run_id, channel)
-            # The child reported, so it has ended its descendants: the tree is final, and the snapshot
-            # runs while the child's exit (an address space to tear down) is on its way.
+            # The run's exit was observed (or it was killed): nothing of it runs any more (its namespace's
+            # init killed the rest, or the zygote swept its orphans before reporting), so the tree is final.
             changes = self._tree_changes(tree, before, workdir, namespaced=namespaced)
             if outcome.kill_reason is None:
                 # A burst shorter than one poll (page cache takes GB/s) is caught here, after the run.
@@ -509,10 +507,9 @@ class Sandbox:
                         f" {mib(disk.budget_bytes)} (disk_mb; found when the run ended)"
                     )
             remove_path(scratch)
-            if outcome.exit_event is None:
-                # The wait status, always, even after a report: the status pipe is the code's to write
-                # (or to close and reopen); the zygote's waitpid is not (DESIGN §4.4).
-                outcome.exit_event = self._await_exit(channel)
+            # The wait status decides, always, even after a report (``_supervise`` waited for it): the
+            # status pipe is the code's to write (or to close and reopen); the zygote's waitpid is
+            # not (DESIGN §4.4).
             outcome.oom_kills = max(outcome.oom_kills, int((outcome.exit_event or {}).get("oom_kills", 0)))
         finally:
             for r, _ in pipes:
@@ -668,8 +665,16 @@ class Sandbox:
         disk: ScopeDiskBudget,
         on_output: OutputSink | None = None,
     ) -> Outcome:
-        """Read stdout, stderr and status concurrently until EOF; enforce the wall clock, the output
-        cap and the scope's write budget (polled every ``disk_poll_s``)."""
+        """Read stdout, stderr and status concurrently until EOF and the run's exit is observed; enforce
+        the wall clock, the output cap and the scope's write budget (polled every ``disk_poll_s``).
+
+        The run is over only when the zygote reports its exit (its wait status): the pipes are the
+        code's to close, and a ``done`` line on the status pipe is the code's to forge, so neither ends
+        the supervision. The deadline holds until the exit; a run whose exit does not come (after the
+        pipes closed, or past the drain after a kill) is killed here, before anyone reads the scope:
+        at the ``namespaces`` level through the pid namespace's init (every process in it dies), at
+        the process level its process group and every descendant (the zygote sweeps orphans when it
+        reaps the run, before it reports the exit)."""
         out_fd, err_fd, status_fd = fds
         spills = {
             fd: ThresholdSpill(
@@ -699,7 +704,7 @@ class Sandbox:
             sel.register(fd, selectors.EVENT_READ)
         open_fds = set(fds)
         try:
-            while open_fds:
+            while open_fds or outcome.exit_event is None:
                 now = time.monotonic()
                 if drain_until is not None and now >= drain_until:
                     break  # something outside the run's tree holds a pipe open; stop waiting for it
@@ -726,7 +731,13 @@ class Sandbox:
                     drain_until = now + _DRAIN_AFTER_KILL_S
                 polls = (next_disk_poll,) if outcome.kill_reason is None else ()
                 wake = [t for t in (deadline, kill_at, drain_until, *polls) if t is not None and t > now]
-                for key, _ in sel.select(timeout=min(wake) - now if wake else 0.05):
+                timeout = min(wake) - now if wake else 0.05
+                if not open_fds:
+                    # Every pipe closed: the exit is what ends the run, not the closing (the code can
+                    # close its descriptors and go on running).
+                    outcome.exit_event = self._next_exit(channel, timeout)
+                    continue
+                for key, _ in sel.select(timeout=timeout):
                     fd = int(key.fd)
                     try:
                         chunk = os.read(fd, _READ_CHUNK)
@@ -761,12 +772,14 @@ class Sandbox:
         outcome.stdout_spilled, outcome.stderr_spilled = spills[out_fd].opened, spills[err_fd].opened
         outcome.status_line = parse_status(bytes(status_buf))
         outcome.code_started = code_started(bytes(status_buf))
-        if outcome.status_line is None or outcome.kill_reason is not None:
-            # No report from the child (it was killed, or is still exiting): the wait status decides.
-            if outcome.kill_reason is not None:
-                self._kill_run(pid, outcome)
-            outcome.exit_event = self._await_exit(channel)
-        return outcome  # after a report, ``_run`` still awaits the exit: the report alone proves nothing
+        if outcome.exit_event is None or outcome.exit_event["event"] == "zygote_died":
+            # A pipe still held open past the drain after a kill, an exit that never came, or no
+            # zygote left to wait for it: nothing of the run may go on once its result is built (it
+            # would write into the scope unseen).
+            self._kill_run(pid, outcome)
+            if outcome.exit_event is None:
+                outcome.exit_event = self._await_exit(channel)
+        return outcome
 
     def _kill_run(self, pid: int, outcome: Outcome) -> None:
         """SIGKILL the run's tree: its process group, every descendant found, then the run itself
@@ -781,6 +794,15 @@ class Sandbox:
             send_signal(member, signal.SIGKILL)
         send_signal(pid, signal.SIGKILL)
         wait_until_gone(pid, tree, DEATH_WAIT_S)
+
+    @staticmethod
+    def _next_exit(channel: _RunChannel, timeout: float) -> dict[str, Any] | None:
+        """The run's exit event if one arrives within ``timeout`` seconds, else None."""
+        try:
+            message = channel.events.get(timeout=max(timeout, 0.001))
+        except queue.Empty:
+            return None
+        return message if message["event"] in ("exited", "zygote_died") else None
 
     def _await_exit(self, channel: _RunChannel) -> dict[str, Any] | None:
         deadline = time.monotonic() + 5

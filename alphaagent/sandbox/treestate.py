@@ -21,7 +21,10 @@ after-state of one run is the before-state of the next, and the after-walk is in
   - a write through a shared mapping (``numpy.memmap``) queues nothing while it writes, and
     ``IN_CLOSE_WRITE`` only when the last reference goes (which may be after the update, while the
     run's process exits): the ``IN_OPEN`` of the open that made the mapping names the file, and the
-    write fault has moved its mtime by the time the run reports;
+    write fault has moved its mtime by the time the run has exited. No process of the run is left
+    to write through a mapping once the update runs: the supervisor awaits the run's exit (its pid
+    namespace's init kills every other process first) and kills the namespace through its init when
+    no exit comes, whatever the code did to its pipes or its report (``Sandbox._supervise``);
   - a file with several names gets an event for the name written through only, so every regular
     file with ``st_nlink > 1`` is lstat'ed by every update (and by ``prepare``); a new name (the
     count rises, or a new entry has several) may lie where no watch sees writes through it, so that
@@ -37,7 +40,7 @@ after-state of one run is the before-state of the next, and the after-walk is in
   (``max_user_watches``), an overflowed queue (16,384 events by default), the root replaced, a
   directory too deep to watch, a new hard link as above; and always at the process level (the run
   could link a scope file from anywhere it can write on that filesystem) and without inotify.
-  What the run's processes write after it reported is not its change (as with the walk).
+  The update runs once every process of the run is gone (above), so nothing of it writes later.
 - **The walk: directories are listed only when they changed.** A directory whose (dev, ino,
   mtime_ns, ctime_ns) are those of its last listing has the same entries (adding, removing or
   renaming an entry updates its mtime and ctime; ``utime`` can set the mtime back, never the ctime),

@@ -36,8 +36,8 @@ was restored and saved of the session's live state, see ``_SessionState``) or
 ``{"phase": "setup_error", "message"}`` when it could not even start the code.
 
 Spares: the zygote keeps ``pool_size`` children forked ahead of time (and, with namespaces, already
-inside their new user, mount, pid and network namespaces), so a run pays neither the fork of a large
-interpreter nor namespace creation. A spare has seen nothing of any run: it is forked from the
+inside their new user, mount, pid, IPC and network namespaces), so a run pays neither the fork of a
+large interpreter nor namespace creation. A spare has seen nothing of any run: it is forked from the
 zygote, which never runs user code. A namespaced spare is cloned straight into fresh namespaces
 (``_clone_into_namespaces``: the clone is the namespace's init, which forks the spare), or, where
 that cannot be used, forked through a helper that unshares them.
@@ -81,6 +81,7 @@ CODE_FILENAME = "<code>"
 
 # Linux constants (include/uapi/linux/sched.h, prctl.h, mount.h, capability.h).
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -174,12 +175,17 @@ def _write(path: str, text: str) -> None:
 
 
 def _namespace_flags(network: bool) -> int:
-    """The namespaces every spare gets afresh: user, mount, pid, and network unless ``network``."""
-    return CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | (0 if network else CLONE_NEWNET)
+    """The namespaces every spare gets afresh: user, mount, pid, IPC, and network unless ``network``.
+
+    IPC: SysV shared memory, semaphores and message queues (and POSIX message queues) live in the
+    IPC namespace, not in any file system or cgroup the run's limits see: in the host's, a segment a
+    run made would outlive it, reach other conversations' runs by its key, and hold memory outside
+    ``memory_mb``. A fresh one dies with the run's last process."""
+    return CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | (0 if network else CLONE_NEWNET)
 
 
 def _enter_namespaces(network: bool) -> None:
-    """unshare user, mount, pid (and network unless ``network``) namespaces; map our own ids."""
+    """unshare user, mount, pid, IPC (and network unless ``network``) namespaces; map our own ids."""
     uid, gid = os.geteuid(), os.getegid()
     _check(_libc.unshare(_namespace_flags(network)), "unshare")
     _map_own_ids(uid, gid)
@@ -203,8 +209,8 @@ SIGCHLD_NUMBER = int(signal.SIGCHLD)
 
 
 def _clone_into_namespaces(network: bool) -> int:
-    """Fork a child that is born pid 1 of fresh user, mount, pid (and network) namespaces; 0 in the
-    child, its pid in the parent. Raises ``OSError`` (the parent only) when the kernel refuses.
+    """Fork a child that is born pid 1 of fresh user, mount, pid, IPC (and network) namespaces; 0 in
+    the child, its pid in the parent. Raises ``OSError`` (the parent only) when the kernel refuses.
 
     Why not ``os.fork`` then ``unshare``: a new pid namespace holds only the children of whoever
     unshared it, so that path needs a helper fork between the zygote and the namespace's init; each
@@ -1327,7 +1333,9 @@ class Zygote:
         if mode in ("auto", "namespaces"):
             reason = _probe_namespaces(self.private_dev)
             self.namespaced = reason is None
-            self.isolation_detail = "user, mount, pid and network namespaces" if reason is None else reason
+            self.isolation_detail = (
+                "user, mount, pid, IPC and network namespaces" if reason is None else reason
+            )
             if mode == "namespaces" and reason is not None:
                 raise SystemExit(f"namespaces unavailable: {reason}")
         else:
@@ -1785,6 +1793,10 @@ class Zygote:
                 if pid in self.init_socks:
                     self._on_init_report(pid)  # not read yet: it is read now, or it never came
                 if pid not in self.reported:
+                    # The run's orphans die before its exit is told: the supervisor reads the scope's
+                    # tree as final once it knows the run ended (a pid namespace's init does this
+                    # itself before its report).
+                    self._kill_strays()
                     self._send(
                         {
                             "event": "exited",
