@@ -43,6 +43,7 @@ __all__ = [
     "EnvVar",
     "FetchLimits",
     "Fetched",
+    "check",
     "check_request",
     "connector",
     "describe_all",
@@ -139,6 +140,17 @@ def fetch(settings: ConnectorSettings, name: str, request: Mapping[str, Any]) ->
     parsed = check_request(name, request)
     data, copy_name, source = module.fetch(parsed, settings.of(name), settings.limits)
     return f"docs/{safe_name(str(copy_name))}", data, source
+
+
+def check(settings: ConnectorSettings, name: str, request: Mapping[str, Any]) -> None:
+    """Refuse ``request`` now for what connector ``name`` can tell without fetching or writing (its
+    module's optional ``check()``: a missing file, a host or prefix not allowed). Raises ``ToolError``
+    naming the request field; a request that passes may still fail when fetched."""
+    module = connector(name)
+    parsed = check_request(name, request)
+    checker = getattr(module, "check", None)
+    if callable(checker):
+        checker(parsed, settings.of(name), settings.limits)
 
 
 def describe_all(settings: ConnectorSettings) -> str:

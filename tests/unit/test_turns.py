@@ -36,7 +36,7 @@ from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext, register_artifact, run_in_env
 from alphaagent.errors import ArtifactError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ConversationScope
+from alphaagent.models.common import ConversationScope, utcnow
 from alphaagent.models.records import TurnResult
 from alphaagent.models.spec import parse_spec
 
@@ -863,6 +863,55 @@ def test_a_bad_input_is_an_invalid_spec_and_leaves_nothing(
     assert message.startswith(field) and "\n" not in message, message
     # And no record and no file was left: no owner, session, turn, run, artifact, event or folder
     assert _left_behind(agent, records, files) == {}
+
+
+CHECKABLE_CONNECTOR_INPUTS = [
+    "file-missing",
+    "file-outside-roots",
+    "file-symlink-out-of-root",
+    "file-over-cap",
+    "http-host-not-allowed",
+]
+
+
+@pytest.mark.parametrize("case", CHECKABLE_CONNECTOR_INPUTS)
+def test_a_bad_connector_input_to_a_busy_conversation_is_refused_without_waiting_for_its_lease(
+    agent: AlphaAgent, roots: dict[str, Path], http_base: str, case: str
+) -> None:
+    # Given a conversation that exists and whose lease another turn holds (the agent waits 30 s)
+    conversation = _conversation()
+    assert_status(agent.run_analysis(_spec(conversation, "print('first')")), "completed")
+    scope = _scope(_spec(conversation))
+    assert agent.store.acquire_lock(scope.key, "other-turn", utcnow(), 600)
+    cases = {
+        **_bad_inputs(roots, http_base),
+        "file-missing": (
+            {
+                "kind": "connector",
+                "connector": "file",
+                "request": {"path": str(roots["allowed"] / "absent.csv")},
+            },
+            "inputs[0].request.path",
+        ),
+    }
+    item, field = cases[case]
+    records, files = _store_dump(agent), _tree(agent.home)
+    try:
+        # When a spec whose connector input cannot be brought in is sent there
+        try:
+            outcome: TurnResult | Exception = agent.run_analysis(
+                _spec(conversation, "print('never')", inputs=[item])
+            )
+        except (InvalidSpecError, ScopeBusyError) as exc:
+            outcome = exc
+        left = _left_behind(agent, records, files)
+    finally:
+        agent.store.release_lock(scope.key, "other-turn")
+    # Then it is refused as an invalid spec naming the input, not left to wait out the lease
+    assert isinstance(outcome, InvalidSpecError), f"not refused before the lease: {outcome!r}"
+    assert str(outcome).startswith(field), outcome
+    # And nothing was written
+    assert left == {}
 
 
 # ----------------------------------------------------------------------------- bad spec input
