@@ -995,6 +995,51 @@ def test_a_bad_spec_is_refused_with_one_line_naming_the_field(agent: AlphaAgent,
     assert _left_behind(agent, records, files) == {}
 
 
+NESTED_TYPOS = {
+    "output": ({"outputs": [{"kind": "dataset", "name": "d", "pth": "a.csv"}]}, "outputs[0].pth", "path"),
+    "dataset-input": (
+        {"inputs": [{"kind": "dataset", "name": "d", "versoin": 2}]},
+        "inputs[0].versoin",
+        "version",
+    ),
+    "connector-input": (
+        {"inputs": [{"kind": "connector", "connector": "file", "request": {}, "requets": {}}]},
+        "inputs[0].requets",
+        "request",
+    ),
+    "node-artifact-input": (
+        {"inputs": [{"kind": "node_artifact", "node_id": "n", "artifact": "a", "verison": 1}]},
+        "inputs[0].verison",
+        "version",
+    ),
+    "step": ({"steps": [{"title": "t", "code": "print(1)", "cod": "x"}]}, "steps[0].cod", "code"),
+    "constraints": ({"constraints": {"run_timeout": 5}}, "constraints.run_timeout", "run_timeout_s"),
+    "scope": (
+        {"scope": {"conversation_id": "c", "conversation": "c"}},
+        "scope.conversation",
+        "conversation_id",
+    ),
+}
+"""A misspelled optional field in each nested model of the spec: (changes, field, its likely intent)."""
+
+
+@pytest.mark.parametrize("case", sorted(NESTED_TYPOS))
+def test_a_misspelled_nested_field_gets_the_same_suggestion_as_a_top_level_one(case: str) -> None:
+    # Given a spec with a misspelled field inside one of its objects
+    changes, field, intended = NESTED_TYPOS[case]
+    raw = json.dumps({**_spec("c-bad", "print(1)"), **changes})
+    # When it is parsed
+    with pytest.raises(InvalidSpecError) as parsed:
+        parse_spec(raw)
+    # Then the one line names the field and suggests the field of that object it resembles
+    stray = field.rsplit(".", 1)[-1]
+    _check_one_line(
+        str(parsed.value),
+        f"{field}: unknown field",
+        f"is the unknown field {stray!r} a misspelling of {intended!r}?",
+    )
+
+
 NO_MODEL = "no-steps-no-model"
 
 
