@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path, PurePath, PurePosixPath
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
@@ -492,8 +492,6 @@ def cmd_files(args: argparse.Namespace) -> int:
 def cmd_cat(args: argparse.Namespace) -> int:
     """Write a file's (or an artifact version's) bytes to standard output or ``-o FILE``; refuse
     binary bytes for a terminal, where they would be garbage or escape sequences."""
-    if args.json:
-        raise InvalidRequestError("cat: --json is not supported; cat prints the bytes (see artifacts --json)")
     scope = _required_scope(args)
     if not args.artifact and not args.path:
         raise InvalidRequestError("give a PATH, or --artifact NAME [--version N]")
@@ -948,6 +946,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", action="store_true", help="print JSON (before or after the command name, the same)"
     )
+    parser.add_argument(
+        "--user",
+        default=argparse.SUPPRESS,
+        help="who is asking, for a command that takes --user (before or after the command name, the same)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def scoped(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -1143,19 +1146,41 @@ def build_parser() -> argparse.ArgumentParser:
         _add_home(command, argparse.SUPPRESS)
     _describe_commands(sub)
     for name, command in [*sub.choices.items(), *(("env " + n, c) for n, c in env_sub.choices.items())]:
-        _json_anywhere(name, command)
+        _json_anywhere(name, command, prints_json=name not in _NO_JSON)
+    for name, command in sub.choices.items():
+        _user_anywhere(name, command)
     return parser
 
 
-def _json_anywhere(name: str, command: argparse.ArgumentParser) -> None:
+_NO_JSON: Final = ("cat", "serve", "mcp")
+"""The commands that print no JSON (``cat`` prints a file's bytes; ``serve`` and ``mcp`` serve):
+``--json`` with them, before or after the command name, is refused with one wording."""
+
+
+def _json_anywhere(name: str, command: argparse.ArgumentParser, *, prints_json: bool) -> None:
     """``--json`` means the same before the command name (``alphaagent --json run ...``) as after
     it: a command's own flag only ever sets it (argparse would otherwise copy the sub-command's
-    default False over the True given before); a command without JSON output is named."""
+    default False over the True given before); a command without JSON output accepts the flag
+    (hidden) in either place so that ``main`` refuses it with the same one line."""
     flags = [action for action in command._actions if action.dest == "json"]
+    if not flags:
+        flags = [command.add_argument("--json", action="store_true", help=argparse.SUPPRESS)]
     for action in flags:
         action.default = argparse.SUPPRESS
-    if not flags:
+        if not prints_json:
+            action.help = argparse.SUPPRESS
+    if not prints_json:
         command.set_defaults(json_unsupported=name)
+
+
+def _user_anywhere(name: str, command: argparse.ArgumentParser) -> None:
+    """``--user`` means the same before the command name (``alphaagent --user bob turns ...``) as
+    after it, as ``--json`` does: the command's own flag only ever sets it; ``main`` gives a command
+    that takes ``--user`` its default (None) and refuses it for one that does not."""
+    flags = [action for action in command._actions if action.dest == "user"]
+    for action in flags:
+        action.default = argparse.SUPPRESS
+    command.set_defaults(takes_user=bool(flags), command_name=name)
 
 
 def _resolve_user(args: argparse.Namespace) -> str | None:
@@ -1195,6 +1220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json and getattr(args, "json_unsupported", None):
         name = args.json_unsupported
         return fail(f"--json: {name} prints no JSON (see alphaagent {name} --help)")
+    if getattr(args, "takes_user", False):
+        args.user = getattr(args, "user", None)
+    elif hasattr(args, "user"):
+        name = args.command_name
+        return fail(f"--user: {name} takes no --user (see alphaagent {name} --help)")
 
     if hasattr(args, "user"):
         problem = _resolve_user(args)

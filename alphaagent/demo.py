@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import replace
@@ -106,9 +107,22 @@ def run_demo(*, json_output: bool = False, home: Path | None = None, user_id: st
             print(f"  {info.size_bytes:>9} B  {info.path}")
         print(f"artifacts: {', '.join(f'{a.name} v{a.version}' for a in artifacts)}")
         print(f"sessions:  {len(sessions)}: the first expired before turn 2; its files carried over")
-        # As it was started (`make demo` runs .venv/bin/alphaagent), else the name on PATH.
-        program = sys.argv[0] if Path(sys.argv[0]).name == "alphaagent" else "alphaagent"
+        # As it was started (`make demo` runs .venv/bin/alphaagent), so that it works pasted anywhere.
+        program = shlex.quote(program_name(sys.argv[0]))
         command = f"{program} history --user {shlex.quote(user_id)} --conversation {conversation_id}"
         print(f"runs:      {len(history)} ({command})")
         print(f"data:      {home} (every alphaagent command reads it; --home or $ALPHAAGENT_HOME moves it)")
     return 0 if first.status == second.status == "completed" else 1
+
+
+def program_name(argv0: str) -> str:
+    """How to start this program from any directory: the bare ``alphaagent`` when that is the one on
+    PATH (or it was not started as ``alphaagent``, e.g. ``python -m``), else its absolute path
+    (``make demo`` runs ``.venv/bin/alphaagent``, relative to the checkout)."""
+    if Path(argv0).name != "alphaagent":
+        return "alphaagent"
+    started = Path(argv0).absolute()
+    on_path = shutil.which("alphaagent")
+    if on_path is not None and Path(on_path).resolve() == started.resolve():
+        return "alphaagent"
+    return str(started)

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
@@ -43,6 +44,7 @@ __all__ = [
     "EnvVar",
     "FetchLimits",
     "Fetched",
+    "check",
     "check_request",
     "connector",
     "describe_all",
@@ -115,7 +117,8 @@ def connector(name: str, field: str = "connector") -> Connector:
 
 def check_request(name: str, request: Mapping[str, Any], field: str = "request") -> ConnectorRequest:
     """``request`` parsed into connector ``name``'s request model. Raises ``ToolError`` naming the
-    first bad field (``request.url: Field required``, ``request.pth: Extra inputs are not permitted``)."""
+    first bad field (``request.url: Field required``; ``request.pth: unknown field (is the unknown
+    field 'pth' a misspelling of 'path'?)``, the suggestion only for a close field name)."""
     model = connector(name).Request
     try:
         return model.model_validate(dict(request))
@@ -123,7 +126,15 @@ def check_request(name: str, request: Mapping[str, Any], field: str = "request")
         # An unknown field is named first: it is most likely the misspelling of the missing one.
         first = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")[0]
         where = ".".join([field, *(str(part) for part in first["loc"])])
-        raise ToolError(f"{where}: {str(first['msg']).removeprefix('Value error, ')}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            # The same help as a spec's own misspelled field gets (models/spec.py).
+            stray = str(first["loc"][-1])
+            guess = difflib.get_close_matches(stray, list(model.model_fields), n=1, cutoff=0.5)
+            message = "unknown field" + (
+                f" (is the unknown field {stray!r} a misspelling of {guess[0]!r}?)" if guess else ""
+            )
+        raise ToolError(f"{where}: {message}") from None
 
 
 def safe_name(name: str) -> str:
@@ -139,6 +150,17 @@ def fetch(settings: ConnectorSettings, name: str, request: Mapping[str, Any]) ->
     parsed = check_request(name, request)
     data, copy_name, source = module.fetch(parsed, settings.of(name), settings.limits)
     return f"docs/{safe_name(str(copy_name))}", data, source
+
+
+def check(settings: ConnectorSettings, name: str, request: Mapping[str, Any]) -> None:
+    """Refuse ``request`` now for what connector ``name`` can tell without fetching or writing (its
+    module's optional ``check()``: a missing file, a host or prefix not allowed). Raises ``ToolError``
+    naming the request field; a request that passes may still fail when fetched."""
+    module = connector(name)
+    parsed = check_request(name, request)
+    checker = getattr(module, "check", None)
+    if callable(checker):
+        checker(parsed, settings.of(name), settings.limits)
 
 
 def describe_all(settings: ConnectorSettings) -> str:

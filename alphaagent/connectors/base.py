@@ -70,6 +70,9 @@ class Connector(Protocol):
     - ``describe(settings)``: one sentence for the coder's tool text (what it reads, what is allowed).
     - ``fetch(request, settings, limits)``: the ``Fetched`` copy; raises ``ToolError`` naming the
       request field (``request.url: ...``) for anything not allowed. Nothing is written.
+    - ``check(request, settings, limits)`` (optional): refuse, as ``fetch`` would, what can be told
+      without fetching (a missing file, a host not allowed); a turn checks its inputs this way before
+      it waits for a busy scope.
     """
 
     NAME: str

@@ -48,8 +48,9 @@ def describe(settings: Settings) -> str:
     return f"'file' reads an absolute path under: {roots}."
 
 
-def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
-    """Read ``request.path`` if it resolves inside a root and outside every forbidden root."""
+def check(request: Request, settings: Settings, limits: FetchLimits) -> Path:
+    """The resolved path ``fetch`` would read, checked without reading it: inside a root, outside
+    every forbidden root, a regular file, within ``limits.max_bytes``. Raises ``ToolError``."""
     raw = request.path
     if not raw:
         raise ToolError("request.path: the file connector needs an absolute 'path'")
@@ -73,6 +74,12 @@ def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
     size = real.stat().st_size
     if size > limits.max_bytes:
         raise ToolError(f"request.path: {raw} is {size} bytes, over the connector cap of {limits.max_bytes}")
+    return real
+
+
+def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
+    """Read ``request.path`` if it resolves inside a root and outside every forbidden root."""
+    real = check(request, settings, limits)
     fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(limits.max_bytes + 1)

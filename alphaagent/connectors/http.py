@@ -66,6 +66,15 @@ def _allowed_url(settings: Settings, url: str, field: str) -> urllib.parse.Split
     return parsed
 
 
+def check(request: Request, settings: Settings, limits: FetchLimits) -> None:
+    """Refuse, without any network call, a URL ``fetch`` would refuse before fetching: not http(s),
+    or a host outside ``http_hosts``. Raises ``ToolError``."""
+    try:
+        _allowed_url(settings, request.url, "request.url")
+    except ValueError:
+        raise ToolError("request.url: not a valid URL") from None
+
+
 def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
     """GET ``request.url``, refusing a host (or a redirect's host) not in ``http_hosts``, a body over
     ``limits.max_bytes`` and a transfer longer than ``limits.timeout_s``."""

@@ -76,9 +76,9 @@ def s3_allowed(settings: Settings, bucket: str, key: str) -> bool:
     return False
 
 
-def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
-    """HEAD then GET the object, refusing one outside ``s3_prefixes`` (before any call) or over
-    ``limits.max_bytes`` (before any byte is downloaded, and again while reading)."""
+def check(request: Request, settings: Settings, limits: FetchLimits) -> None:
+    """Refuse, without any call, a request ``fetch`` would refuse before calling S3: no bucket, not
+    one object's key, or outside ``s3_prefixes``. Raises ``ToolError``."""
     bucket, key = request.bucket, request.key
     if not bucket:
         raise ToolError("request.bucket: the s3 connector needs a 'bucket'")
@@ -89,6 +89,13 @@ def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
         raise ToolError(
             f"request.key: s3://{bucket}/{key} is outside the s3 connector's allowed prefixes ({allowed})"
         )
+
+
+def fetch(request: Request, settings: Settings, limits: FetchLimits) -> Fetched:
+    """HEAD then GET the object, refusing one outside ``s3_prefixes`` (before any call) or over
+    ``limits.max_bytes`` (before any byte is downloaded, and again while reading)."""
+    check(request, settings, limits)
+    bucket, key = request.bucket, request.key
     try:
         import boto3
         from botocore.config import Config

@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
-from alphaagent.connectors import fetch
+from alphaagent.connectors import check, fetch
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.tools import (
     TurnContext,
@@ -77,6 +77,19 @@ def copy_path(folder: str, found: ArtifactVersion, taken: set[str]) -> str:
         taken.add(stable)
         return stable
     return f"{folder}/{found.name}.v{found.version}{suffix}"
+
+
+def check_connector_inputs(backend: Backend, spec: Spec) -> None:
+    """Refuse the spec's connector inputs for what can be told without fetching or writing (a file
+    outside the roots or missing, a host not allowed): they do not depend on the scope, so a turn
+    for a busy scope is refused at once instead of after waiting for its lease. Raises
+    ``InvalidSpecError`` naming ``inputs[i]``."""
+    for i, item in enumerate(spec.inputs):
+        if isinstance(item, ConnectorInput):
+            try:
+                check(backend.connectors, item.connector, item.request)
+            except ToolError as exc:
+                raise InvalidSpecError(f"inputs[{i}].{exc}") from None
 
 
 def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:

@@ -22,6 +22,7 @@ from alphaagent.domain.backend import Backend
 from alphaagent.domain.inputs import (
     ResolvedInput,
     bring_inputs,
+    check_connector_inputs,
     resolve_inputs,
 )
 from alphaagent.domain.pinned import StepFailed, run_steps
@@ -217,6 +218,10 @@ def run_turn(
         raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")
     # A scope nobody owns yet has no documents or datasets, and connectors do not depend on the
     # scope: its inputs are checked and fetched before the lease, so a refused input writes nothing.
+    # An owned scope's inputs are fetched under the lease (its documents may change until then), but
+    # its connector inputs are checked first: a bad one is refused without waiting for a busy scope.
+    if owner is not None:
+        check_connector_inputs(backend, spec)
     inputs = resolve_inputs(backend, spec) if owner is None else None
     # Each attempt holds the lease under its own name, so a duplicate of a running turn waits for
     # it instead of sharing (and then releasing) its lease.

@@ -6,7 +6,7 @@ import difflib
 import hashlib
 import json
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -154,6 +154,36 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return text or "spec"
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation may hold (through ``list``, ``X | Y``, ``Annotated`` and ``None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models_in(arg)]
+
+
+def _kind_of(model: type[BaseModel]) -> str | None:
+    """The ``kind`` a tagged union member is chosen by (``"connector"``), or None."""
+    kind = model.model_fields.get("kind")
+    values = get_args(kind.annotation) if kind is not None else ()
+    return str(values[0]) if len(values) == 1 else None
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The field names of the spec's model at ``loc`` (an error's location without its last part),
+    for a suggestion; a union's branch name in ``loc`` (``connector``, ``NodeScope``) picks it."""
+    models: list[type[BaseModel]] = [Spec]
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of the list the previous part named
+        branch = [m for m in models if m.__name__ == part or _kind_of(m) == part]
+        if branch and len(models) > 1:
+            models = branch  # pydantic names the union member it tried: that one's fields
+            continue
+        owning = [m for m in models if part in m.model_fields]
+        models = [x for m in owning for x in _models_in(m.model_fields[str(part)].annotation)]
+    return sorted({name for model in models for name in model.model_fields})
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """One line naming the first offending field and its rule, e.g. ``inputs[2].path: ...``."""
     first = exc.errors()[0]
@@ -163,6 +193,12 @@ def describe_validation_error(exc: ValidationError) -> str:
         message = "unknown field"
         if len(first["loc"]) == 1:
             message += f" (expected one of: {', '.join(Spec.model_fields)})"
+        else:
+            # The same help as for a top-level typo, from the field names of the model it is in.
+            stray = str(first["loc"][-1])
+            guess = difflib.get_close_matches(stray, _fields_at(tuple(first["loc"][:-1])), n=1, cutoff=0.5)
+            if guess:
+                message += f" (is the unknown field {stray!r} a misspelling of {guess[0]!r}?)"
     elif location == "turn_id" and first["type"] == "string_pattern_mismatch":
         message = "a 26-character ULID; leave it out to get a fresh one"
     elif first["type"] == "missing":

@@ -168,7 +168,6 @@ _JSON_ARGV = {
     "submit": ["spec.json"],
     "demo": [],
     "files": [],
-    "cat": [],
     "history": [],
     "artifacts": [],
     "sessions": [],
@@ -196,7 +195,8 @@ def _commands_with_json() -> set[str]:
             if isinstance(action, argparse._SubParsersAction):
                 for name, command in action.choices.items():
                     full = f"{prefix} {name}".strip()
-                    if any(a.dest == "json" for a in command._actions):
+                    # A command that prints no JSON takes the flag hidden, only to refuse it.
+                    if any(a.dest == "json" and a.help != argparse.SUPPRESS for a in command._actions):
                         found.add(full)
                     walk(command, full)
 
@@ -237,14 +237,75 @@ def test_a_refused_spec_under_a_leading_json_is_a_json_cli_error(
     assert not home.exists()
 
 
-@pytest.mark.parametrize("command", ["serve", "mcp"])
+NO_JSON_ARGV = {"cat": ["--conversation", "c", "a.txt"], "serve": [], "mcp": []}
+"""Every command that prints no JSON, with the arguments it needs to parse."""
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("command", sorted(NO_JSON_ARGV))
 def test_json_for_a_command_without_json_output_is_named(
-    command: str, capsys: pytest.CaptureFixture[str]
+    command: str, where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _run(capsys, "--json", command)
+    # Given a command that prints no JSON
+    words = [command, *NO_JSON_ARGV[command], "--home", str(tmp_path / "home")]
+    # When --json is given before or after its name
+    argv = ["--json", *words] if where == "before" else [*words, "--json"]
+    code, out, err = _run(capsys, *argv)
+    # Then it is refused with the one wording every such command uses, and nothing is made
     assert code == 2
     assert err == f"alphaagent: error: --json: {command} prints no JSON (see alphaagent {command} --help)\n"
     assert json.loads(out)["cli_error"]["exit_code"] == 2
+    assert not (tmp_path / "home").exists()
+
+
+def test_the_readme_lists_every_command_that_prints_no_json() -> None:
+    from alphaagent.cli import build_parser
+
+    # Given the README's sentence on the leading flags
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    sentence = readme[readme.index("print no JSON") - 80 : readme.index("print no JSON")]
+    # Then it names every command without JSON output, which are those this test knows
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    refused = {name for name, c in sub.choices.items() if c.get_default("json_unsupported")}
+    assert refused == set(NO_JSON_ARGV)
+    assert all(f"`{name}`" in sentence for name in refused), sentence
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_user_means_the_same_before_or_after_the_command_name(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a conversation that only bob has
+    home = tmp_path / "home"
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "spec_version": 1,
+                "scope": {"conversation_id": "sales"},
+                "goal": "one step",
+                "steps": [{"title": "hi", "code": "print('hi')"}],
+            }
+        )
+    )
+    code, _, err = _run(capsys, "run", str(spec), "--user", "bob", "--home", str(home))
+    assert code == 0, err
+    # When bob's turns are listed with --user before or after the command name
+    words = ["turns", "--conversation", "sales", "--home", str(home), "--json"]
+    argv = ["--user", "bob", *words] if where == "before" else [*words, "--user", "bob"]
+    code, out, err = _run(capsys, *argv)
+    # Then both list bob's turn (another user would be told it is not found)
+    assert code == 0, err
+    assert len(json.loads(out)) == 1
+
+
+def test_user_before_a_command_that_takes_none_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    # When --user is given before a command that acts for nobody
+    code, _, err = _run(capsys, "--user", "bob", "env", "list")
+    # Then it is refused in one line naming the command
+    assert code == 2
+    assert err == "alphaagent: error: --user: env takes no --user (see alphaagent env --help)\n"
 
 
 def test_the_command_error_and_the_code_error_have_different_keys(

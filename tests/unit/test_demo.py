@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from assertions import assert_status
 
 
@@ -88,3 +89,25 @@ def test_the_demo_uses_the_per_user_data_directory_and_the_identity_rule(tmp_pat
     )
     assert read.returncode == 0, read.stderr
     assert len(json.loads(read.stdout)) == 4
+
+
+def test_the_demo_prints_a_command_that_works_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alphaagent.demo import program_name
+
+    # Given an alphaagent program in a checkout's venv, started by a relative path, and PATH without it
+    venv_bin = tmp_path / "checkout" / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    program = venv_bin / "alphaagent"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.chdir(tmp_path / "checkout")
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    # When the demo names the program to paste, Then it is the absolute path
+    assert program_name(".venv/bin/alphaagent") == str(program)
+    # And when that program is the one on PATH, it is the bare name
+    monkeypatch.setenv("PATH", str(venv_bin))
+    assert program_name(".venv/bin/alphaagent") == "alphaagent"
+    # And when it was not started as alphaagent (python -m), it is the bare name
+    assert program_name("/usr/lib/python3/runpy.py") == "alphaagent"

@@ -36,7 +36,7 @@ from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext, register_artifact, run_in_env
 from alphaagent.errors import ArtifactError, InvalidSpecError, NotFoundError, ScopeBusyError
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ConversationScope
+from alphaagent.models.common import ConversationScope, utcnow
 from alphaagent.models.records import TurnResult
 from alphaagent.models.spec import parse_spec
 
@@ -865,6 +865,55 @@ def test_a_bad_input_is_an_invalid_spec_and_leaves_nothing(
     assert _left_behind(agent, records, files) == {}
 
 
+CHECKABLE_CONNECTOR_INPUTS = [
+    "file-missing",
+    "file-outside-roots",
+    "file-symlink-out-of-root",
+    "file-over-cap",
+    "http-host-not-allowed",
+]
+
+
+@pytest.mark.parametrize("case", CHECKABLE_CONNECTOR_INPUTS)
+def test_a_bad_connector_input_to_a_busy_conversation_is_refused_without_waiting_for_its_lease(
+    agent: AlphaAgent, roots: dict[str, Path], http_base: str, case: str
+) -> None:
+    # Given a conversation that exists and whose lease another turn holds (the agent waits 30 s)
+    conversation = _conversation()
+    assert_status(agent.run_analysis(_spec(conversation, "print('first')")), "completed")
+    scope = _scope(_spec(conversation))
+    assert agent.store.acquire_lock(scope.key, "other-turn", utcnow(), 600)
+    cases = {
+        **_bad_inputs(roots, http_base),
+        "file-missing": (
+            {
+                "kind": "connector",
+                "connector": "file",
+                "request": {"path": str(roots["allowed"] / "absent.csv")},
+            },
+            "inputs[0].request.path",
+        ),
+    }
+    item, field = cases[case]
+    records, files = _store_dump(agent), _tree(agent.home)
+    try:
+        # When a spec whose connector input cannot be brought in is sent there
+        try:
+            outcome: TurnResult | Exception = agent.run_analysis(
+                _spec(conversation, "print('never')", inputs=[item])
+            )
+        except (InvalidSpecError, ScopeBusyError) as exc:
+            outcome = exc
+        left = _left_behind(agent, records, files)
+    finally:
+        agent.store.release_lock(scope.key, "other-turn")
+    # Then it is refused as an invalid spec naming the input, not left to wait out the lease
+    assert isinstance(outcome, InvalidSpecError), f"not refused before the lease: {outcome!r}"
+    assert str(outcome).startswith(field), outcome
+    # And nothing was written
+    assert left == {}
+
+
 # ----------------------------------------------------------------------------- bad spec input
 
 
@@ -944,6 +993,51 @@ def test_a_bad_spec_is_refused_with_one_line_naming_the_field(agent: AlphaAgent,
     _check_one_line(str(ran.value), start, contains)
     # And nothing was written
     assert _left_behind(agent, records, files) == {}
+
+
+NESTED_TYPOS = {
+    "output": ({"outputs": [{"kind": "dataset", "name": "d", "pth": "a.csv"}]}, "outputs[0].pth", "path"),
+    "dataset-input": (
+        {"inputs": [{"kind": "dataset", "name": "d", "versoin": 2}]},
+        "inputs[0].versoin",
+        "version",
+    ),
+    "connector-input": (
+        {"inputs": [{"kind": "connector", "connector": "file", "request": {}, "requets": {}}]},
+        "inputs[0].requets",
+        "request",
+    ),
+    "node-artifact-input": (
+        {"inputs": [{"kind": "node_artifact", "node_id": "n", "artifact": "a", "verison": 1}]},
+        "inputs[0].verison",
+        "version",
+    ),
+    "step": ({"steps": [{"title": "t", "code": "print(1)", "cod": "x"}]}, "steps[0].cod", "code"),
+    "constraints": ({"constraints": {"run_timeout": 5}}, "constraints.run_timeout", "run_timeout_s"),
+    "scope": (
+        {"scope": {"conversation_id": "c", "conversation": "c"}},
+        "scope.conversation",
+        "conversation_id",
+    ),
+}
+"""A misspelled optional field in each nested model of the spec: (changes, field, its likely intent)."""
+
+
+@pytest.mark.parametrize("case", sorted(NESTED_TYPOS))
+def test_a_misspelled_nested_field_gets_the_same_suggestion_as_a_top_level_one(case: str) -> None:
+    # Given a spec with a misspelled field inside one of its objects
+    changes, field, intended = NESTED_TYPOS[case]
+    raw = json.dumps({**_spec("c-bad", "print(1)"), **changes})
+    # When it is parsed
+    with pytest.raises(InvalidSpecError) as parsed:
+        parse_spec(raw)
+    # Then the one line names the field and suggests the field of that object it resembles
+    stray = field.rsplit(".", 1)[-1]
+    _check_one_line(
+        str(parsed.value),
+        f"{field}: unknown field",
+        f"is the unknown field {stray!r} a misspelling of {intended!r}?",
+    )
 
 
 NO_MODEL = "no-steps-no-model"
