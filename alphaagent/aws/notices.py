@@ -46,7 +46,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from alphaagent.aws import sdk
-from alphaagent.aws.queue_sweeper import expiry_tags, queue_gone, queue_gone_for_good
+from alphaagent.aws.queue_sweeper import delete_received, expiry_tags, queue_gone, queue_gone_for_good
 
 QUEUE_NAME_PREFIX: Final = "alphaagent-runs-"
 """Names of the per-process notice queues; template.yaml grants the SQS actions on exactly these."""
@@ -241,12 +241,4 @@ class RunNotices:
                     if event is not None:
                         self._heard[notice.run_id] = notice.status
                         event.set()
-            if messages:
-                with contextlib.suppress(*sdk.sdk_errors()):
-                    self.sqs.delete_message_batch(
-                        QueueUrl=url,
-                        Entries=[
-                            {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
-                            for number, message in enumerate(messages)
-                        ],
-                    )
+            delete_received(self.sqs, url, messages)

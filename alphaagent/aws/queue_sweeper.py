@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -56,6 +57,21 @@ logger = logging.getLogger(__name__)
 def expiry_tags(lifetime_s: float, now: float) -> dict[str, str]:
     """The tags of a notice queue that may be swept ``lifetime_s`` seconds after ``now`` (UNIX s)."""
     return {EXPIRES_TAG: str(math.ceil(now + lifetime_s))}
+
+
+def delete_received(sqs: Any, url: str, messages: list[dict[str, Any]]) -> None:
+    """Delete what one ReceiveMessage returned (one DeleteMessageBatch: at most 10, as received);
+    best effort, since a notice left behind is only read again, and expires with the queue."""
+    if not messages:
+        return
+    with contextlib.suppress(*sdk.sdk_errors()):
+        sqs.delete_message_batch(
+            QueueUrl=url,
+            Entries=[
+                {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
+                for number, message in enumerate(messages)
+            ],
+        )
 
 
 NEW_QUEUE_SETTLE_S: Final = 5.0

@@ -60,7 +60,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from alphaagent.aws import sdk
-from alphaagent.aws.queue_sweeper import expiry_tags, queue_gone, queue_gone_for_good
+from alphaagent.aws.queue_sweeper import delete_received, expiry_tags, queue_gone, queue_gone_for_good
 from alphaagent.clock import SYSTEM_CLOCK, Clock
 
 QUEUE_NAME_PREFIX: Final = "alphaagent-turns-"
@@ -204,12 +204,4 @@ class TurnWaiter:
                     if TurnNotice.model_validate_json(message["Body"]).turn_id == self.turn_id:
                         self.notices += 1
                         self._heard.set()
-            if messages:
-                with contextlib.suppress(*sdk.sdk_errors()):
-                    self.sqs.delete_message_batch(
-                        QueueUrl=url,
-                        Entries=[
-                            {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
-                            for number, message in enumerate(messages)
-                        ],
-                    )
+            delete_received(self.sqs, url, messages)

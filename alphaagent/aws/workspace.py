@@ -340,15 +340,7 @@ class S3Workspace:
             FileNotFoundError: no blob under that digest; also for anything that is not 64 lowercase
                 hex digits (so no digest names a key outside the blob store).
         """
-        if not _SHA256_HEX.fullmatch(sha256):
-            raise FileNotFoundError(f"no blob stored under {sha256!r}")
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=_blob_key(sha256))
-        except sdk.client_error() as error:
-            if sdk.error_code(error) in _MISSING_CODES:
-                raise FileNotFoundError(f"no blob stored under {sha256!r}") from None
-            raise
-        with contextlib.closing(response["Body"]) as body:
+        with contextlib.closing(self.open_blob(sha256)) as body:
             data: bytes = body.read()
         return data
 
