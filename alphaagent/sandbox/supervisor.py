@@ -542,6 +542,7 @@ class Sandbox:
                 host_unix_sockets="blocked"
                 if namespaced and not network
                 else ("files_only" if scoped_abstract else "reachable"),
+                kernel_files="read_only" if self._ready.get("kernel_files") == "read_only" else "writable",
             ),
             network="off" if namespaced and not network else "on",
             spill_rel=spill_rel,
