@@ -1200,8 +1200,10 @@ class _SessionState:
 
     def __init__(self, request: dict[str, Any] | None, cwd: str) -> None:
         self.request = request
-        # Absolute now: the code may change its working directory.
-        self.dir = os.path.join(cwd, request["dir"]) if request else ""
+        # The scope root, absolute: the code may change its working directory. The state folder is
+        # reached from it one component at a time, never through a link (``state.open_state_dir``).
+        self.root = cwd
+        self.dir = request["dir"] if request else ""
         self.restored: Any = None
         self.started = time.monotonic()
         self.report: dict[str, Any] | None = None
@@ -1224,7 +1226,13 @@ class _SessionState:
         window = bool(self.request.get("pagemap_window"))
         _STATE.open_pagemap((lambda on: _prctl(PR_SET_DUMPABLE, 1 if on else 0)) if window else None)
         try:
-            self.restored = _STATE.restore(namespace, self.dir)
+            folder = _STATE.open_state_dir(self.root, self.dir, create=False)
+            if folder is None:
+                return  # no state yet
+            try:
+                self.restored = _STATE.restore(namespace, folder)
+            finally:
+                os.close(folder)
         except Exception as exc:  # the run goes on with empty globals; the reason is reported
             self.report["skipped"]["*"] = (
                 f"the saved state could not be restored: {type(exc).__name__}: {exc}"
@@ -1249,13 +1257,19 @@ class _SessionState:
             )
             return
         try:
-            saved = _STATE.save(
-                namespace,
-                self.dir,
-                self.restored,
-                max_bytes=int(self.request["max_bytes"]),
-                max_save_s=budget,
-            )
+            # Walked again: the code ran since the restore, and may have replaced a folder by a link.
+            folder = _STATE.open_state_dir(self.root, self.dir, create=True)
+            assert folder is not None
+            try:
+                saved = _STATE.save(
+                    namespace,
+                    folder,
+                    self.restored,
+                    max_bytes=int(self.request["max_bytes"]),
+                    max_save_s=budget,
+                )
+            finally:
+                os.close(folder)
         except BaseException as exc:  # KeyboardInterrupt too: the timeout came during the save
             self.report["save_error"] = f"{type(exc).__name__}: {exc}"[:500]
             return
