@@ -694,7 +694,12 @@ def _write_buffers(
     # Smallest owners first, so a save cut by its time cap drops the largest objects.
     pending.sort(key=lambda item: owner_size[item[0]])
     written, offset = 0, 0
-    fd = os.open(data_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory)
+    fd = os.open(
+        data_file,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=directory,
+    )
     try:
         for _, key, raw in pending:
             if key in known:

@@ -76,7 +76,9 @@ print("hoarded 768 MiB")
 
 @pytest.fixture(scope="module", params=["namespaces", "process"])
 def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    with Sandbox(SandboxConfig(preload=(), isolation="auto" if request.param == "namespaces" else "process")) as sandbox:
+    with Sandbox(
+        SandboxConfig(preload=(), isolation="auto" if request.param == "namespaces" else "process")
+    ) as sandbox:
         if sandbox.isolation != request.param:
             pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
         yield sandbox
@@ -171,7 +173,9 @@ with open("/dev/stdout", "w") as fh:
 """
 
 
-def test_writes_beneath_proc_and_sys_are_denied_and_ordinary_ones_are_not(box: Sandbox, tmp_path: Path) -> None:
+def test_writes_beneath_proc_and_sys_are_denied_and_ordinary_ones_are_not(
+    box: Sandbox, tmp_path: Path
+) -> None:
     # Given a sandbox that says the kernel's files are read-only to its runs
     if box.info.get("kernel_files") != "read_only":
         pytest.skip(f"this kernel cannot deny the writes: {box.info.get('kernel_files')}")

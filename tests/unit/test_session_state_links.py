@@ -22,7 +22,6 @@ from alphaagent.aws.sync import CarriedFolder, DownReport
 from alphaagent.models.run import RunLimits
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.session import MANIFEST, StateRequest, read_state_file, state_files, state_path
-
 from alphaagent.sandbox.supervisor import Sandbox
 
 SESSION = "s-links"
@@ -85,7 +84,10 @@ def test_a_planted_link_is_neither_restored_from_nor_saved_through(
 
     # When a run of the session reads its globals, then defines one
     result = box.run(
-        "print(globals().get('planted'))\nmine = 1", cwd=scope, limits=RunLimits(), state=StateRequest(SESSION)
+        "print(globals().get('planted'))\nmine = 1",
+        cwd=scope,
+        limits=RunLimits(),
+        state=StateRequest(SESSION),
     )
 
     # Then nothing was restored from the link, and nothing was written through it
