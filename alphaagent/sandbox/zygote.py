@@ -331,6 +331,8 @@ def _minimal_dev() -> None:
 
 def _mount_point(field: str) -> str:
     """A mountinfo mount point with its octal escapes (``\\040`` for a space) decoded."""
+    if "\\" not in field:
+        return field  # the usual case: no pattern compiled in a run's child (about 10 ms there)
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
@@ -690,12 +692,24 @@ def _writable_beneath(denied: set[str]) -> list[str]:
     return granted
 
 
+_writable_paths: list[str] | None = None
+"""``_writable_beneath`` of the kernel's mounts, listed by a process-level spare while it waits for
+its run (``_prepare_write_rules``), so the run's setup only opens and adds them."""
+
+
+def _prepare_write_rules() -> None:
+    """List, ahead of the run, the paths ``_add_write_rules`` grants writes beneath (about 2 ms)."""
+    global _writable_paths
+    _writable_paths = _writable_beneath(_kernel_mount_points())
+
+
 def _add_write_rules(ruleset: int, rights: int) -> None:
     """Grant ``rights`` (writing and truncating files) beneath everything but the kernel's
     filesystems. Each entry is opened ``O_PATH | O_NOFOLLOW`` and a symlink is skipped: following one
     (``/x -> /sys/fs/cgroup``, planted by a root run) would grant writes beneath its target; the
     real directory it names, where it is writable, has a rule of its own."""
-    for path in _writable_beneath(_kernel_mount_points()):
+    paths = _writable_paths if _writable_paths is not None else _writable_beneath(_kernel_mount_points())
+    for path in paths:
         try:
             fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -1589,6 +1603,8 @@ class Zygote:
             else:
                 # A spare must not outlive the zygote (pid namespaces give this for free).
                 _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if self.landlock_abi:
+                    _prepare_write_rules()
             warm = _prewarm()
             sock.send(b'{"ready": true}')
             message, fds = _recv(sock)
