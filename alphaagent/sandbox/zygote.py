@@ -692,15 +692,16 @@ def _writable_beneath(denied: set[str]) -> list[str]:
     return granted
 
 
-_writable_paths: list[str] | None = None
-"""``_writable_beneath`` of the kernel's mounts, listed by a process-level spare while it waits for
-its run (``_prepare_write_rules``), so the run's setup only opens and adds them."""
+_writable_paths: tuple[set[str], list[str]] | None = None
+"""The kernel's mount points and ``_writable_beneath`` of them, listed by a process-level spare while
+it waits for its run (``_prepare_write_rules``), so the run's setup only opens and adds them."""
 
 
 def _prepare_write_rules() -> None:
     """List, ahead of the run, the paths ``_add_write_rules`` grants writes beneath (about 2 ms)."""
     global _writable_paths
-    _writable_paths = _writable_beneath(_kernel_mount_points())
+    mounts = _kernel_mount_points()
+    _writable_paths = (mounts, _writable_beneath(mounts))
 
 
 def _add_write_rules(ruleset: int, rights: int) -> None:
@@ -708,7 +709,9 @@ def _add_write_rules(ruleset: int, rights: int) -> None:
     filesystems. Each entry is opened ``O_PATH | O_NOFOLLOW`` and a symlink is skipped: following one
     (``/x -> /sys/fs/cgroup``, planted by a root run) would grant writes beneath its target; the
     real directory it names, where it is writable, has a rule of its own."""
-    paths = _writable_paths if _writable_paths is not None else _writable_beneath(_kernel_mount_points())
+    mounts = _kernel_mount_points()  # read again (0.1 ms): a kernel mount made since is denied too
+    ready = _writable_paths
+    paths = ready[1] if ready is not None and ready[0] == mounts else _writable_beneath(mounts)
     for path in paths:
         try:
             fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
