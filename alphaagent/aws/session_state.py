@@ -31,7 +31,7 @@ from pathlib import Path
 from alphaagent.aws.sync import DownReport, WorkingCopies
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.models.common import Scope
-from alphaagent.sandbox.session import MANIFEST, state_files, state_path
+from alphaagent.sandbox.session import MANIFEST, read_state_file, state_file_size, state_files, state_path
 
 STATE_TAGGING = "alphaagent-kind=session-state"
 """The tag set of every state object (a URL query, as S3's ``Tagging`` takes it): template.yaml's
@@ -71,11 +71,9 @@ def state_before(down: DownReport, root: Path, session_id: str) -> StateBefore:
         return StateBefore()
     before = StateBefore(paths=set(carried.sizes), bytes=sum(carried.sizes.values()))
     if carried.brought_down and f"{state_path(session_id)}/{MANIFEST}" in carried.sizes:
-        try:
-            manifest = root / state_path(session_id) / MANIFEST
-            before.manifest_sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
-        except OSError:
-            before.manifest_sha256 = None
+        # Never through a link (``read_state_file``): the working copy is the runs' to write.
+        manifest = read_state_file(root, session_id, MANIFEST)
+        before.manifest_sha256 = None if manifest is None else hashlib.sha256(manifest).hexdigest()
     return before
 
 
@@ -107,16 +105,17 @@ def state_up(
     if not current:
         return 0, None
     manifest_path = current[-1]
-    try:
-        digest = hashlib.sha256((root / manifest_path).read_bytes()).hexdigest()
-    except OSError:
+    manifest = read_state_file(root, session_id, MANIFEST)  # never through a link
+    if manifest is None:
         return 0, None
+    digest = hashlib.sha256(manifest).hexdigest()
     if digest == before.manifest_sha256:
         return 0, None
     if max_bytes is not None:
         # The child keeps to its cap, but the folder is the run's to write: a state larger than the
         # next run would bring down (``state_carry``) is not kept, nor paid for in S3.
-        total = sum((root / path).lstat().st_size for path in current if (root / path).exists())
+        sizes = (state_file_size(root, session_id, path.rsplit("/", 1)[-1]) for path in current)
+        total = sum(size for size in sizes if size is not None)
         if total > max_bytes + STATE_SLACK_BYTES:
             return 0, f"not kept: {total:,} bytes is over the {max_bytes // 2**20} MiB state cap"
     uploads = [path for path in current[:-1] if path not in before.paths]

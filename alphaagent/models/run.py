@@ -187,6 +187,10 @@ class IsolationReport(BaseModel):
     - ``host_unix_sockets``: ``blocked`` when the run can create no socket that reaches a host unix
       socket (network off at the ``namespaces`` level); ``files_only`` when host abstract sockets are
       out of reach (Landlock 6+) but socket files are not; ``reachable`` otherwise.
+    - ``kernel_files``: ``read_only`` when the run could write nothing beneath ``/proc``, ``/sys`` or
+      a cgroup filesystem (read-only mounts at the ``namespaces`` level; at the ``process`` level the
+      run's Landlock domain, Linux 5.19+), so a root run cannot move itself out of its pids and memory
+      cgroups; ``writable`` otherwise (then only the uid's file permissions stand in the way).
     """
 
     level: IsolationLevel
@@ -195,6 +199,7 @@ class IsolationReport(BaseModel):
     tmp_mb: int | None = None
     shm_mb: int | None = None
     host_unix_sockets: Literal["blocked", "files_only", "reachable"] = "reachable"
+    kernel_files: Literal["read_only", "writable"] = "writable"
 
     @model_validator(mode="before")
     @classmethod

@@ -110,6 +110,13 @@ def unexplained_sigkill(limits: RunLimits, *, memory_bound: bool) -> str:
     )
 
 
+ZYGOTE_DIED_REASON = (
+    "the environment's process (its zygote, which starts every run) ended during the run, so the"
+    " run's exit status is unknown and it was stopped; its own report was ignored. A run that kills"
+    " the zygote, or the host's OOM killer, does this; the next run starts a new one"
+)
+
+
 def contradiction(
     status_line: dict[str, Any], wait_code: int | None, *, zygote_died: bool = False
 ) -> str | None:
@@ -203,8 +210,9 @@ def build_result(
     exit_event = outcome.exit_event or {}
     wait_code = exit_event.get("exit_code")  # negative: killed by that signal
     signum = -wait_code if wait_code is not None and wait_code < 0 else None
-    tampered = contradiction(status_line, wait_code, zygote_died=exit_event.get("event") == "zygote_died")
-    if tampered is not None:
+    zygote_died = exit_event.get("event") == "zygote_died" and outcome.code_started
+    tampered = None if zygote_died else contradiction(status_line, wait_code)
+    if tampered is not None or zygote_died:
         status_line = {}  # the report is ignored: the wait status alone decides below
     error_data = status_line.get("error")
     error = RunError(**{k: redact(str(v), secrets) for k, v in error_data.items()}) if error_data else None
@@ -224,6 +232,14 @@ def build_result(
         reason = f"output limit: {outcome.hint}"
         error = RunError(name="OutputLimitExceeded", value=reason, traceback="")
         exit_code = -signal.SIGKILL
+    elif zygote_died:
+        # The code can do this (at the process level a run of the zygote's uid may signal it where
+        # Landlock does not scope signals), and so can the host (its OOM killer): either way the
+        # run's own report cannot be confirmed, and the run was killed with it.
+        status = "error"
+        exit_code = None
+        reason = ZYGOTE_DIED_REASON
+        error = RunError(name="EnvironmentProcessEnded", value=reason, traceback="")
     elif tampered is not None:
         status = "error"
         exit_code = wait_code

@@ -101,19 +101,70 @@ def state_files(root: Path, session_id: str) -> list[str]:
     this order never makes a manifest visible before the files it names): what the manifest in
     ``root``'s state folder names, if it is a regular file with a sane layout; [] when there is no
     state. Files the manifest does not name (a run's own writes there, leftovers) are not listed."""
-    folder = root / state_path(session_id)
+    data = read_state_file(root, session_id, MANIFEST, max_bytes=1 << 22)
+    if data is None:
+        return []
     try:
-        info = os.lstat(folder / MANIFEST)
-        if not stat.S_ISREG(info.st_mode) or stat.S_ISLNK(os.lstat(folder).st_mode):
-            return []
-        manifest = json.loads((folder / MANIFEST).read_bytes()[: 1 << 22])
+        manifest = json.loads(data)
         names = {str(manifest["pickle"]), *(str(ref["file"]) for ref in manifest.get("buffers", []))}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return []
     if not all(_STATE_FILE.fullmatch(name) for name in names):
         return []
     base = state_path(session_id)
     return [f"{base}/{name}" for name in sorted(names)] + [f"{base}/{MANIFEST}"]
+
+
+def _open_state_file(root: Path, session_id: str, name: str) -> int | None:
+    """A read descriptor of the regular file ``name`` of the session's state folder, reached from
+    the scope root without following a link (``open_state_dir``: the run may have made ``work``,
+    ``work/sessions``, the folder or the file a symlink); None when it is missing, or is not a
+    regular file reached so."""
+    # The child's own walk (state.py is stdlib-only); imported here, not at the module's import:
+    # it brings ctypes and pickle, which the CLI's commands do not need.
+    from alphaagent.sandbox.state import open_state_dir
+
+    if "/" in name or name in ("", ".", ".."):
+        return None
+    try:
+        folder = open_state_dir(str(root), state_path(session_id), create=False)
+    except (OSError, ValueError):
+        return None
+    if folder is None:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return None
+    finally:
+        os.close(folder)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device the run put there
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_state_file(root: Path, session_id: str, name: str, *, max_bytes: int | None = None) -> bytes | None:
+    """The bytes (at most ``max_bytes``) of the file ``name`` of the session's state folder under
+    the scope root ``root``, or None when it cannot be reached without following a link, or is
+    not a regular file (see ``_open_state_file``)."""
+    fd = _open_state_file(root, session_id, name)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read() if max_bytes is None else fh.read(max_bytes)
+
+
+def state_file_size(root: Path, session_id: str, name: str) -> int | None:
+    """The size in bytes of the file ``name`` of the session's state folder, reached as
+    ``read_state_file`` reaches it; None when it cannot be."""
+    fd = _open_state_file(root, session_id, name)
+    if fd is None:
+        return None
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def drop_state(root: Path, session_id: str) -> bool:

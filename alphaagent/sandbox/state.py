@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import io
 import json
 import marshal
@@ -278,10 +279,61 @@ def _safe_name(name: str) -> bool:
     return bool(name) and "/" not in name and not name.startswith(".") and len(name) <= 100
 
 
-def read_manifest(directory: str) -> dict[str, Any] | None:
-    """The current manifest of ``directory``, or None when there is none (or it is unreadable)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_state_dir(root: str, relative: str, *, create: bool) -> int | None:
+    """Open the state folder ``relative`` (``work/sessions/{id}``) below the scope root ``root`` and
+    return its descriptor; None when it does not exist (and ``create`` is false).
+
+    Each component is opened relative to its parent with ``O_NOFOLLOW``: the run writes its scope,
+    so it may have made ``work``, ``work/sessions`` or the session's folder a symlink (to another
+    scope, to a home folder) before the platform made them. A link anywhere on the way raises
+    ``OSError`` (``ELOOP``/``ENOTDIR``) instead of reading or writing state elsewhere; with
+    ``create`` missing folders are made (mode 0700).
+    """
+    parts = [part for part in relative.split("/") if part]
+    if not parts or any(part in (".", "..") for part in parts):
+        raise ValueError(f"state folder {relative!r}: must be a relative path without . or ..")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with open(os.path.join(directory, MANIFEST), "rb") as fh:
+        for depth, part in enumerate(parts, 1):
+            try:
+                try:
+                    below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        os.close(fd)
+                        return None
+                    with contextlib.suppress(FileExistsError):  # made meanwhile: opened or refused below
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                    below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise OSError(
+                    error.errno,
+                    f"{'/'.join(parts[:depth])} is a symlink or not a folder: a session's state is"
+                    " never read or written through one",
+                ) from None
+            os.close(fd)
+            fd = below
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_in(directory: int, name: str) -> int:
+    """Open the file ``name`` of the state folder ``directory`` for reading, never through a link."""
+    return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+
+
+def read_manifest(directory: int) -> dict[str, Any] | None:
+    """The current manifest of the state folder ``directory`` (a descriptor, ``open_state_dir``),
+    or None when there is none (or it is unreadable, or a link)."""
+    try:
+        with os.fdopen(_open_in(directory, MANIFEST), "rb") as fh:
             manifest = json.loads(fh.read(1 << 22))
     except (OSError, ValueError, RecursionError):
         return None
@@ -290,8 +342,9 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
     return manifest
 
 
-def restore(namespace: dict[str, Any], directory: str) -> Restored:
-    """Load the state saved in ``directory`` into ``namespace`` (the run's ``__main__`` globals).
+def restore(namespace: dict[str, Any], directory: int) -> Restored:
+    """Load the state saved in the state folder ``directory`` (a descriptor, ``open_state_dir``)
+    into ``namespace`` (the run's ``__main__`` globals).
 
     A name that cannot be loaded (a module the environment lacks, a class that changed) is left out
     and reported in ``skipped``; a missing or unreadable state restores nothing. Never raises for
@@ -313,7 +366,7 @@ def restore(namespace: dict[str, Any], directory: str) -> Restored:
             restored.skipped["*"] = "the state's manifest names its pickle outside the session's folder"
             return restored
         buffers = _map_buffers(directory, manifest, restored)
-        with open(os.path.join(directory, str(manifest["pickle"])), "rb") as fh:
+        with os.fdopen(_open_in(directory, str(manifest["pickle"])), "rb") as fh:
             restored.pickle = fh.read()
         stream = io.BytesIO(restored.pickle)
         restored.bytes = int(manifest.get("bytes", 0))
@@ -344,7 +397,7 @@ def restore(namespace: dict[str, Any], directory: str) -> Restored:
     return restored
 
 
-def _map_buffers(directory: str, manifest: dict[str, Any], restored: Restored) -> list[Any]:
+def _map_buffers(directory: int, manifest: dict[str, Any], restored: Restored) -> list[Any]:
     buffers: list[Any] = []
     fds: dict[str, int] = {}
     try:
@@ -354,7 +407,7 @@ def _map_buffers(directory: str, manifest: dict[str, Any], restored: Restored) -
             if not _safe_name(file) or offset < 0 or length < 0:
                 raise ValueError(f"bad buffer reference {ref!r}")
             if file not in fds:
-                fds[file] = os.open(os.path.join(directory, file), os.O_RDONLY | os.O_CLOEXEC)
+                fds[file] = _open_in(directory, file)
             fd = fds[file]
             if length < MAP_MIN_BYTES:
                 data = bytearray(length)
@@ -467,13 +520,15 @@ def _kind_of(value: object) -> str:
 
 def save(
     namespace: dict[str, Any],
-    directory: str,
+    directory: int,
     restored: Restored | None,
     *,
     max_bytes: int,
     max_save_s: float,
 ) -> dict[str, Any]:
-    """Save ``namespace`` as the session's new state in ``directory``; return the report fields
+    """Save ``namespace`` as the session's new state in the state folder ``directory`` (a
+    descriptor, ``open_state_dir``: every file is created, replaced and removed relative to it,
+    none through a link); return the report fields
     ``saved``, ``skipped`` (name -> reason), ``bytes`` (the whole state's size) and ``save_ms``.
 
     Objects that cannot be serialised are skipped by name with the reason. Past ``max_bytes`` (the
@@ -520,7 +575,6 @@ def save(
     deadline = started + max_save_s
     generation = (restored.generation if restored else 0) + 1
     token = secrets.token_hex(4)
-    os.makedirs(directory, exist_ok=True)
     if restored is not None and _unchanged(work, restored):
         return _report(work, skipped, restored.bytes, started, written=0)
     if not work.entries and (restored is None or read_manifest(directory) is None):
@@ -544,7 +598,7 @@ def save(
         work = _pickle_pass(namespace, names)
         refs, missing = _refs(work, known)
     pickle_file = f"g{generation}-{token}.pkl"
-    _write_file(os.path.join(directory, pickle_file), work.stream.getbuffer())
+    _write_file(directory, pickle_file, work.stream.getbuffer())
     manifest = {
         "format": FORMAT,
         "generation": generation,
@@ -555,9 +609,9 @@ def save(
         "buffers": refs,
         "bytes": sum(e["bytes"] for e in work.entries),
     }
-    tmp = os.path.join(directory, f".{MANIFEST}.{token}")
-    _write_file(tmp, json.dumps(manifest).encode())
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    tmp = f".{MANIFEST}.{token}"
+    _write_file(directory, tmp, json.dumps(manifest).encode())
+    os.replace(tmp, MANIFEST, src_dir_fd=directory, dst_dir_fd=directory)  # a link named so is replaced
     keep = {MANIFEST, pickle_file, *(r["file"] for r in refs)}
     _remove_others(directory, keep)
     return _report(work, skipped, int(manifest["bytes"]), started, written=written)
@@ -608,7 +662,7 @@ def _refs(work: _Pass, known: dict[tuple[int, int], dict[str, Any]]) -> tuple[li
 
 
 def _write_buffers(
-    directory: str,
+    directory: int,
     generation: int,
     token: str,
     work: _Pass,
@@ -640,8 +694,12 @@ def _write_buffers(
     # Smallest owners first, so a save cut by its time cap drops the largest objects.
     pending.sort(key=lambda item: owner_size[item[0]])
     written, offset = 0, 0
-    path = os.path.join(directory, data_file)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(
+        data_file,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=directory,
+    )
     try:
         for _, key, raw in pending:
             if key in known:
@@ -660,8 +718,11 @@ def _write_buffers(
     return written, known
 
 
-def _write_file(path: str, data: Any) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+def _write_file(directory: int, name: str, data: Any) -> None:
+    # O_EXCL: every name written is new (a random token), so a file or link already there is the
+    # run's, and is refused rather than written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o600, dir_fd=directory)
     try:
         view = memoryview(data).cast("B")
         done = 0
@@ -671,7 +732,7 @@ def _write_file(path: str, data: Any) -> None:
         os.close(fd)
 
 
-def _remove_others(directory: str, keep: set[str]) -> None:
+def _remove_others(directory: int, keep: set[str]) -> None:
     """Remove what the new manifest does not name: earlier generations, and leftovers of a killed
     save. A file another process still maps stays readable to it until it unmaps it."""
     try:
@@ -681,7 +742,7 @@ def _remove_others(directory: str, keep: set[str]) -> None:
     for name in names:
         if name not in keep:
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
+                os.unlink(name, dir_fd=directory)  # a link is removed, never followed
 
 
 def _mib(n: int) -> str:

@@ -542,6 +542,7 @@ class Sandbox:
                 host_unix_sockets="blocked"
                 if namespaced and not network
                 else ("files_only" if scoped_abstract else "reachable"),
+                kernel_files="read_only" if self._ready.get("kernel_files") == "read_only" else "writable",
             ),
             network="off" if namespaced and not network else "on",
             spill_rel=spill_rel,
@@ -624,6 +625,13 @@ class Sandbox:
                 message.get("cgroup"),
                 message.get("memory_cgroup"),
                 float(took_at) if isinstance(took_at, int | float) else time.monotonic(),
+            )
+        if message["event"] == "zygote_died":
+            # Before it relayed that a spare took the run: the spare, and the code if it had started,
+            # died with it (PR_SET_PDEATHSIG; with namespaces, the namespace's init).
+            raise SandboxError(
+                f"run {run_id}: the environment's process (its zygote) ended before it reported the"
+                " run's start; the run was stopped with it, and the next run starts a new one"
             )
         raise SandboxError(f"run {run_id}: {message.get('message', 'the zygote died')}")
 

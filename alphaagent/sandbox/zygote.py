@@ -20,8 +20,8 @@ supervisor -> zygote
     its ancestors (the supervisor and whatever started it) or one of its spares (exclusive mode).
 
 zygote -> supervisor
-    ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "landlock_abi", "preloaded",
-    "preload_errors"}``
+    ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "landlock_abi", "kernel_files",
+    "preloaded", "preload_errors"}``
     ``{"event": "queued", "id"}`` at once for every spawn request, then, once a ready spare has taken
     it, ``{"event": "spawned", "id", "pid", "cgroup", "memory_cgroup", "started_at"}`` (the run's pids
     and memory cgroup directories, or null; the ``time.monotonic()`` at which the spare took it) /
@@ -66,6 +66,7 @@ import re
 import selectors
 import signal
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -123,9 +124,11 @@ SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_ACCESS_FS_WRITE_FILE = 1 << 1
 LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
 LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
 LANDLOCK_ACCESS_FS_REFER = 1 << 13
+LANDLOCK_ACCESS_FS_TRUNCATE = 1 << 14  # ABI 3
 LANDLOCK_SCOPE_SIGNAL = 1 << 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -326,13 +329,20 @@ def _minimal_dev() -> None:
     _mount("none", "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
+def _mount_point(field: str) -> str:
+    """A mountinfo mount point with its octal escapes (``\\040`` for a space) decoded."""
+    if "\\" not in field:
+        return field  # the usual case: no pattern compiled in a run's child (about 10 ms there)
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def _mount_table() -> list[tuple[str, int]]:
     """(mount point, its per-mount flags) for every mount this process sees, parents first."""
     table = []
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
             fields = line.split()
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            point = _mount_point(fields[4])
             flags = sum(_MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
             table.append((point, flags))
     return sorted(set(table), key=lambda entry: entry[0].count("/") if entry[0] != "/" else 0)
@@ -618,11 +628,115 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _enter_landlock_domain(abi: int, abstract_unix: bool = False) -> None:
+KERNEL_FS_TYPES = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "securityfs",
+        "debugfs",
+        "tracefs",
+        "bpf",
+        "configfs",
+        "efivarfs",
+        "pstore",
+        "binfmt_misc",
+        "fusectl",
+        "selinuxfs",
+    }
+)
+"""Filesystems through which a write changes the kernel, not a file: cgroupfs above all (a root run
+writing its pid into the root ``cgroup.procs`` leaves its pids and memory cgroups), sysctls under
+``/proc/sys``, ``/sys`` knobs. A run at the ``process`` level may write nothing beneath them, as at
+the ``namespaces`` level (where they are mounted read-only)."""
+
+
+def _kernel_mount_points() -> set[str]:
+    """``/proc``, ``/sys`` and every mount point of a ``KERNEL_FS_TYPES`` filesystem in this mount
+    namespace (``/proc/self/mountinfo``: field 5, octal escapes decoded, and the type after ``-``)."""
+    points = {"/proc", "/sys"}
+    with open("/proc/self/mountinfo", "rb") as fh:
+        for line in fh.read().decode("utf-8", "surrogateescape").splitlines():
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(fields) >= 5 and rfields and rfields[0] in KERNEL_FS_TYPES:
+                points.add(_mount_point(fields[4]))
+    return points
+
+
+def _writable_beneath(denied: set[str]) -> list[str]:
+    """The fewest paths beneath which everything but ``denied`` (absolute, canonical) lies: every
+    entry of ``/`` that holds no denied path, and, inside one that does, the same again.
+
+    Landlock rules only grant (a handled right is denied wherever no rule grants it), so "everything
+    but the kernel's filesystems" is spelt as rules on their siblings. An entry created later in a
+    directory that was split this way is not writable (stricter, never looser); a directory that
+    cannot be listed grants nothing beneath it."""
+    granted: list[str] = []
+    pending = ["/"]
+    while pending:
+        directory = pending.pop()
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            if path in denied:
+                continue
+            if any(d.startswith(path + "/") for d in denied):
+                pending.append(path)
+            else:
+                granted.append(path)
+    return granted
+
+
+_writable_paths: tuple[set[str], list[str]] | None = None
+"""The kernel's mount points and ``_writable_beneath`` of them, listed by a process-level spare while
+it waits for its run (``_prepare_write_rules``), so the run's setup only opens and adds them."""
+
+
+def _prepare_write_rules() -> None:
+    """List, ahead of the run, the paths ``_add_write_rules`` grants writes beneath (about 2 ms)."""
+    global _writable_paths
+    mounts = _kernel_mount_points()
+    _writable_paths = (mounts, _writable_beneath(mounts))
+
+
+def _add_write_rules(ruleset: int, rights: int) -> None:
+    """Grant ``rights`` (writing and truncating files) beneath everything but the kernel's
+    filesystems. Each entry is opened ``O_PATH | O_NOFOLLOW`` and a symlink is skipped: following one
+    (``/x -> /sys/fs/cgroup``, planted by a root run) would grant writes beneath its target; the
+    real directory it names, where it is writable, has a rule of its own."""
+    mounts = _kernel_mount_points()  # read again (0.1 ms): a kernel mount made since is denied too
+    ready = _writable_paths
+    paths = ready[1] if ready is not None and ready[0] == mounts else _writable_beneath(mounts)
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone since the listing
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                continue
+            # On a file Landlock accepts only file rights: writing and truncating are (REFER is not).
+            rule = _PathBeneath(rights, fd)
+            _check(
+                _libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+                ),
+                f"landlock_add_rule ({path})",
+            )
+        finally:
+            os.close(fd)
+
+
+def _enter_landlock_domain(abi: int, abstract_unix: bool = False, deny_kernel_writes: bool = False) -> None:
     """Put this process (and all it will fork) in a Landlock domain of its own.
 
-    Not for its file rules (it handles only the creation of device nodes, which no run needs): a
-    process in a domain cannot ptrace -- nor read ``/proc/<pid>/environ``, ``mem`` or ``fd`` of -- any
+    A process in a domain cannot ptrace -- nor read ``/proc/<pid>/environ``, ``mem`` or ``fd`` of -- any
     process outside it (Documentation/userspace-api/landlock.rst, "Ptrace restrictions"). At the
     process level the run shares its uid with the supervisor's ancestors (the shell that started
     the CLI, which may hold credentials); this is what keeps their environment out of reach. From
@@ -632,8 +746,17 @@ def _enter_landlock_domain(abi: int, abstract_unix: bool = False) -> None:
     run may connect only to abstract unix sockets its own processes bound, never to the host's (in
     the host's network namespace, which a run with network shares: X11, D-Bus, container shims
     listen there); socket files are not covered (Landlock cannot yet). Needs ``no_new_privs``.
+
+    File rules: it denies making device nodes (no run needs one), and with ``deny_kernel_writes``
+    (the process level) opening for writing, or truncating, anything beneath ``/proc``, ``/sys`` and
+    the other ``KERNEL_FS_TYPES`` mounts: dropped capabilities do not stop uid 0 there (its
+    ``cgroup.procs`` and sysctl writes need none). Reopening a descriptor through ``/proc/self/fd``
+    is checked against the file it names, not ``/proc``, and pipes, sockets and ``memfd`` files are
+    not in any directory Landlock checks, so they stay writable.
     """
-    fields = [LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER]
+    write_rights = LANDLOCK_ACCESS_FS_WRITE_FILE | (LANDLOCK_ACCESS_FS_TRUNCATE if abi >= 3 else 0)
+    handled = LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER
+    fields = [handled | (write_rights if deny_kernel_writes else 0)]
     if abi >= 6:
         scoped = LANDLOCK_SCOPE_SIGNAL | (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET if abstract_unix else 0)
         fields += [0, scoped]  # handled_access_net (none), scoped
@@ -655,6 +778,8 @@ def _enter_landlock_domain(abi: int, abstract_unix: bool = False) -> None:
             )
         finally:
             os.close(root)
+        if deny_kernel_writes:
+            _add_write_rules(ruleset, write_rights)
         _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)
@@ -940,7 +1065,9 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     # the kernel's ABI, 6+).
     landlock, abstract = int(req.get("landlock_abi") or 0), int(req.get("scope_abstract_sockets") or 0)
     if landlock or abstract:
-        _enter_landlock_domain(max(landlock, abstract), abstract_unix=abstract >= 6)
+        _enter_landlock_domain(
+            max(landlock, abstract), abstract_unix=abstract >= 6, deny_kernel_writes=bool(landlock)
+        )
     if namespaced and not req.get("network", False):
         _deny_unix_sockets()
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
@@ -1090,8 +1217,10 @@ class _SessionState:
 
     def __init__(self, request: dict[str, Any] | None, cwd: str) -> None:
         self.request = request
-        # Absolute now: the code may change its working directory.
-        self.dir = os.path.join(cwd, request["dir"]) if request else ""
+        # The scope root, absolute: the code may change its working directory. The state folder is
+        # reached from it one component at a time, never through a link (``state.open_state_dir``).
+        self.root = cwd
+        self.dir = request["dir"] if request else ""
         self.restored: Any = None
         self.started = time.monotonic()
         self.report: dict[str, Any] | None = None
@@ -1114,7 +1243,13 @@ class _SessionState:
         window = bool(self.request.get("pagemap_window"))
         _STATE.open_pagemap((lambda on: _prctl(PR_SET_DUMPABLE, 1 if on else 0)) if window else None)
         try:
-            self.restored = _STATE.restore(namespace, self.dir)
+            folder = _STATE.open_state_dir(self.root, self.dir, create=False)
+            if folder is None:
+                return  # no state yet
+            try:
+                self.restored = _STATE.restore(namespace, folder)
+            finally:
+                os.close(folder)
         except Exception as exc:  # the run goes on with empty globals; the reason is reported
             self.report["skipped"]["*"] = (
                 f"the saved state could not be restored: {type(exc).__name__}: {exc}"
@@ -1139,13 +1274,19 @@ class _SessionState:
             )
             return
         try:
-            saved = _STATE.save(
-                namespace,
-                self.dir,
-                self.restored,
-                max_bytes=int(self.request["max_bytes"]),
-                max_save_s=budget,
-            )
+            # Walked again: the code ran since the restore, and may have replaced a folder by a link.
+            folder = _STATE.open_state_dir(self.root, self.dir, create=True)
+            assert folder is not None
+            try:
+                saved = _STATE.save(
+                    namespace,
+                    folder,
+                    self.restored,
+                    max_bytes=int(self.request["max_bytes"]),
+                    max_save_s=budget,
+                )
+            finally:
+                os.close(folder)
         except BaseException as exc:  # KeyboardInterrupt too: the timeout came during the save
             self.report["save_error"] = f"{type(exc).__name__}: {exc}"[:500]
             return
@@ -1465,6 +1606,8 @@ class Zygote:
             else:
                 # A spare must not outlive the zygote (pid namespaces give this for free).
                 _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if self.landlock_abi:
+                    _prepare_write_rules()
             warm = _prewarm()
             sock.send(b'{"ready": true}')
             message, fds = _recv(sock)
@@ -2117,6 +2260,9 @@ def main() -> None:
         "clone_refused": zygote.clone_refused
         or (None if _clone_usable() else f"{_thread_count()} threads in the zygote after the preload"),
         "landlock_abi": zygote.landlock_abi,
+        # Whether a run can write beneath /proc, /sys and cgroupfs (and so, as root, leave its pids
+        # and memory cgroups): read-only mounts with namespaces, the run's Landlock domain without.
+        "kernel_files": "read_only" if zygote.namespaced or zygote.landlock_abi else "writable",
         "readable_credentials": zygote.readable_credentials,
         "kernel_landlock_abi": landlock_abi(),
         "preloaded": loaded,

@@ -1,0 +1,192 @@
+"""A run cannot write beneath ``/proc``, ``/sys`` or a cgroup filesystem, at either level, so a root
+run cannot leave the pids and memory cgroups that bound it.
+
+Found by a red-team review: at the ``process`` level a run as root wrote its pid into the root
+``cgroup.procs`` (cgroupfs files are root's, and moving a process needs no capability) and forked
+40 processes past ``processes=20``. The ``namespaces`` level mounts those filesystems read-only;
+the ``process`` level now denies the writes in the run's Landlock domain (``_enter_landlock_domain``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from assertions import assert_status
+
+from alphaagent.models.run import RunLimits, RunResult
+from alphaagent.sandbox.cgroup import RunCgroups
+from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
+
+LEAVE_CGROUPS = """
+import glob, json, os
+before = open("/proc/self/cgroup").read()
+targets = set()
+for line in open("/proc/self/mountinfo"):
+    left, _, right = line.partition(" - ")
+    if right.split()[0] not in ("cgroup", "cgroup2"):
+        continue
+    mount = left.split()[4]
+    targets.add(mount + "/cgroup.procs")  # the root cgroup of every hierarchy
+    # Every cgroup of this sandbox it can see: its parent and the other spares' (never another's).
+    for own in before.splitlines():
+        parts = own.split(":", 2)[2].strip("/").split("/")
+        for i, part in enumerate(parts):
+            if part.startswith("alphaagent-"):
+                top = os.path.join(mount, *parts[: i + 1])
+                targets.update(glob.glob(top + "/**/cgroup.procs", recursive=True))
+moved = []
+for target in sorted(t for t in targets if os.path.exists(t)):
+    try:
+        with open(target, "w") as fh:
+            fh.write(str(os.getpid()))
+        moved.append(target)
+    except OSError:
+        pass
+print(json.dumps({"tried": len(targets), "moved": moved, "same": open("/proc/self/cgroup").read() == before}))
+"""
+
+FORK_BOMB = """
+import os, time
+forked = 0
+for _ in range(60):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    forked += 1
+print(json.dumps({"forked": forked}))
+"""
+
+MEMORY_HOG = """
+fd = os.memfd_create("hoard")  # page cache, not address space: only the memory cgroup bounds it
+for _ in range(768):
+    os.write(fd, b"x" * (1 << 20))
+print("hoarded 768 MiB")
+"""
+
+
+@pytest.fixture(scope="module", params=["namespaces", "process"])
+def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    with Sandbox(
+        SandboxConfig(preload=(), isolation="auto" if request.param == "namespaces" else "process")
+    ) as sandbox:
+        if sandbox.isolation != request.param:
+            pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
+        yield sandbox
+
+
+@pytest.fixture
+def root_with_cgroups() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("run cgroups need root here")
+    cgroups = RunCgroups.detect()
+    if cgroups is None or cgroups.pids is None or cgroups.memory is None:
+        pytest.skip("no writable pids and memory controllers on this machine")
+    cgroups.close()
+
+
+def run(box: Sandbox, code: str, scope: Path, **limits: int) -> RunResult:
+    return box.run(textwrap.dedent(code), cwd=scope, limits=RunLimits(timeout_s=30, **limits))
+
+
+def report(result: RunResult) -> dict:
+    return json.loads(result.stdout.splitlines()[0])
+
+
+def test_a_root_run_cannot_move_itself_out_of_its_pids_cgroup(
+    root_with_cgroups: None, box: Sandbox, tmp_path: Path
+) -> None:
+    # Given a root supervisor whose runs each get a pids cgroup
+    if box.info.get("kernel_files") != "read_only":
+        pytest.skip(f"this kernel cannot deny the writes: {box.info.get('kernel_files')}")
+    # When a run writes its pid into every cgroup.procs it can see, then forks 60 times with processes=20
+    result = run(box, LEAVE_CGROUPS + FORK_BOMB, tmp_path, processes=20)
+
+    # Then no write moved it, and the fork bomb is still capped by its own cgroup
+    assert_status(result, "ok")
+    escape = report(result)
+    assert escape["tried"] > 1 and escape["moved"] == [] and escape["same"], escape
+    forked = json.loads(result.stdout.splitlines()[1])["forked"]
+    assert forked < 20, result.stdout
+    assert result.isolation.kernel_files == "read_only"
+
+
+def test_a_root_run_cannot_move_itself_out_of_its_memory_cgroup(
+    root_with_cgroups: None, box: Sandbox, tmp_path: Path
+) -> None:
+    # Given a root supervisor whose runs each get a memory cgroup
+    if box.info.get("kernel_files") != "read_only":
+        pytest.skip(f"this kernel cannot deny the writes: {box.info.get('kernel_files')}")
+    # When a run tries to leave it, then holds 768 MiB of memfd pages with memory_mb=256
+    result = run(box, LEAVE_CGROUPS + MEMORY_HOG, tmp_path, memory_mb=256)
+
+    # Then it is still killed at its own cgroup's limit
+    assert (result.status, result.error and result.error.name) == ("killed", "MemoryLimitExceeded"), result
+    assert report(result)["moved"] == []
+    assert "hoarded" not in result.stdout
+    assert result.isolation.memory_bound == "cgroup"
+
+
+KERNEL_WRITES = """
+import json, os
+denied = {}
+for path in ("/proc/sys/kernel/hostname", "/proc/self/oom_score_adj", "/sys/kernel/mm/transparent_hugepage/enabled"):
+    try:
+        open(path, "r+").close()
+        denied[path] = False
+    except FileNotFoundError:
+        pass
+    except OSError:
+        denied[path] = True
+print(json.dumps(denied))
+"""
+
+ORDINARY_WRITES = """
+import os, tempfile
+with open("in-scope.txt", "w") as fh:
+    fh.write("scope")
+with open("in-scope.txt", "a") as fh:
+    os.truncate("in-scope.txt", 2)
+    with open(f"/proc/self/fd/{fh.fileno()}", "w") as again:  # a re-open through /proc names the file
+        again.write("re-opened")
+with tempfile.NamedTemporaryFile(dir=os.environ.get("TMPDIR")) as fh:
+    fh.write(b"tmp")
+with open("/dev/shm/alphaagent-kernel-files-" + str(os.getpid()), "w") as fh:
+    fh.write("shm")
+os.unlink(fh.name)
+with open("/dev/null", "w") as fh:
+    fh.write("null")
+fd = os.memfd_create("m")
+with open(f"/proc/self/fd/{fd}", "w") as fh:
+    fh.write("memfd")
+with open("/dev/stdout", "w") as fh:
+    fh.write("all written\\n")
+"""
+
+
+def test_writes_beneath_proc_and_sys_are_denied_and_ordinary_ones_are_not(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    # Given a sandbox that says the kernel's files are read-only to its runs
+    if box.info.get("kernel_files") != "read_only":
+        pytest.skip(f"this kernel cannot deny the writes: {box.info.get('kernel_files')}")
+    # When a run opens sysctls, its own /proc files and /sys knobs for writing
+    denied = report(run(box, KERNEL_WRITES, tmp_path))
+    # Then every open that the uid's permissions alone would allow is refused
+    assert denied and all(denied.values()), denied
+
+    # And what runs write every day still works: the scope, /tmp, /dev/shm, /dev/null, a re-open
+    # through /proc/self/fd, memfd, /dev/stdout
+    result = run(box, ORDINARY_WRITES, tmp_path)
+    assert_status(result, "ok")
+    assert result.stdout == "all written\n"
+    assert (tmp_path / "in-scope.txt").read_text() == "re-opened"
