@@ -101,7 +101,7 @@ def test_every_command_has_a_description_and_examples_that_parse() -> None:
     import argparse
     import shlex
 
-    from alphaagent.cli import _EXAMPLES, build_parser
+    from alphaagent.cli import _EXAMPLES, _refused_option, build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -115,6 +115,7 @@ def test_every_command_has_a_description_and_examples_that_parse() -> None:
             assert argv[0] == "alphaagent"
             args = parser.parse_args(argv[1:])  # a wrong flag exits 2 here
             assert args.command == name
+            assert _refused_option(args, "alphaagent") is None, example
 
 
 def test_a_usage_error_under_json_is_json_too(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from alphaagent.cli import _GLOBAL_OPTIONS, _refused_option, build_parser, main
+from alphaagent.cli import build_parser, main
 
 LEAF_ARGV: dict[str, list[str]] = {
     "exec": ["-"],
@@ -59,6 +59,9 @@ def _leaves() -> set[str]:
     return found
 
 
+_OPTIONS = ("json", "home", "user")
+
+
 def _placements(command: str, option: str) -> list[list[str]]:
     """``--option`` before the command name, after all its words, and between ``env`` and its
     sub-command."""
@@ -79,6 +82,8 @@ def _listed_in_help(command: str, option: str) -> bool:
 
 
 def test_every_global_option_parses_in_every_place_and_is_taken_or_refused_in_one_line() -> None:
+    from alphaagent.cli import _GLOBAL_OPTIONS, _refused_option
+
     # Given every command (a new one must be added to the table)
     assert _leaves() == set(LEAF_ARGV)
     parser = build_parser()
