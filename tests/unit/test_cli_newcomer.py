@@ -59,9 +59,6 @@ def _leaves() -> set[str]:
     return found
 
 
-_OPTIONS = ("json", "home", "user")
-
-
 def _placements(command: str, option: str) -> list[list[str]]:
     """``--option`` before the command name, after all its words, and between ``env`` and its
     sub-command."""
