@@ -5,6 +5,8 @@ order with a selection, and printed commands that paste as they are."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shlex
@@ -70,8 +72,7 @@ def _placements(command: str, option: str) -> list[list[str]]:
     return placed
 
 
-def _listed_in_help(command: str, option: str) -> bool:
-    parser: argparse.ArgumentParser = build_parser()
+def _listed_in_help(parser: argparse.ArgumentParser, command: str, option: str) -> bool:
     for word in command.split():
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[word]
@@ -91,7 +92,7 @@ def test_every_global_option_parses_in_every_place_and_is_taken_or_refused_in_on
                 args = parser.parse_args(argv)
                 refused = _refused_option(args, "alphaagent")
                 # And the command either takes it, as its help says, or names it in one line
-                if _listed_in_help(command, option):
+                if _listed_in_help(parser, command, option):
                     assert refused is None, (argv, refused)
                     expected = True if option == "json" else _VALUES[option][0]
                     assert getattr(args, option) == expected, argv
@@ -201,7 +202,7 @@ def test_version_prints_what_dash_dash_version_prints(capsys: pytest.CaptureFixt
 # ----------------------------------------------------------------------------- order and selection
 
 
-def _run_turn(home: Path, spec_file: Path, capsys: pytest.CaptureFixture[str], step: str) -> str:
+def _run_turn(home: Path, spec_file: Path, step: str) -> str:
     spec_file.write_text(
         json.dumps(
             {
@@ -213,11 +214,21 @@ def _run_turn(home: Path, spec_file: Path, capsys: pytest.CaptureFixture[str], s
             }
         )
     )
-    code = main(["run", str(spec_file), "--home", str(home), "--json"])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    turn_id: str = json.loads(out)["turn_id"]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["run", str(spec_file), "--home", str(home), "--json"])
+    assert code == 0, err.getvalue()
+    turn_id: str = json.loads(out.getvalue())["turn_id"]
     return turn_id
+
+
+@pytest.fixture(scope="module")
+def log_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Three turns in conversation ``log`` (the second with two runs), in a data directory whose
+    path has a space; the tests only read it. Returns the directory and the turn ids, oldest first."""
+    home = tmp_path_factory.mktemp("log") / "my data"
+    spec_file = home.parent / "spec.json"
+    return home, [_run_turn(home, spec_file, step) for step in ("first", "second", "third")]
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
@@ -228,11 +239,10 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def test_turns_and_history_list_newest_first_and_select_with_limit_and_turn(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    log_home: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Given three turns in one conversation, the second with two runs
-    home = tmp_path / "home"
-    ids = [_run_turn(home, tmp_path / "spec.json", capsys, step) for step in ("first", "second", "third")]
+    home, ids = log_home
     scope = ["--home", str(home), "--conversation", "log", "--json"]
     # When turns and history are listed, Then the newest comes first, as conversations do
     turns = _json(capsys, "turns", *scope)
@@ -263,10 +273,13 @@ def test_turns_and_history_list_newest_first_and_select_with_limit_and_turn(
     ],
 )
 def test_a_bad_selection_is_one_line(
-    extra: list[str], code: int, line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    extra: list[str],
+    code: int,
+    line: str,
+    log_home: tuple[Path, list[str]],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    home = tmp_path / "home"
-    _run_turn(home, tmp_path / "spec.json", capsys, "first")
+    home, _ = log_home
     assert main(["history", "--home", str(home), "--conversation", "log", *extra]) == code
     assert capsys.readouterr().err == f"alphaagent: error: {line}\n"
 
@@ -275,13 +288,15 @@ def test_a_bad_selection_is_one_line(
 
 
 def test_the_demos_follow_up_names_a_data_directory_that_is_not_the_default(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    log_home: tuple[Path, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from alphaagent.demo import follow_up_command
 
     # Given a conversation in a data directory that is not the per-user default
-    home = tmp_path / "my data"
-    _run_turn(home, tmp_path / "spec.json", capsys, "first")
+    home, _ = log_home
     # When the demo's follow-up names it, and is pasted in another directory, in a new shell
     command = follow_up_command("alphaagent", "local", "log", home)
     other = tmp_path / "elsewhere"
@@ -290,9 +305,9 @@ def test_the_demos_follow_up_names_a_data_directory_that_is_not_the_default(
     monkeypatch.delenv("ALPHAAGENT_HOME", raising=False)
     monkeypatch.setenv("HOME", str(other))
     words = shlex.split(command)
-    # Then it lists that conversation's run
+    # Then it lists that conversation's runs
     assert words[0] == "alphaagent" and main([*words[1:], "--json"]) == 0
-    assert [r["stdout"] for r in json.loads(capsys.readouterr().out)] == ["first-a\n"]
+    assert len(json.loads(capsys.readouterr().out)) == 4
     # And without --home the default is what a new shell finds by itself
     assert "--home" not in follow_up_command("alphaagent", "local", "log", None)
 
