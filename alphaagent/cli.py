@@ -44,6 +44,7 @@ from alphaagent.models.common import (
     printable_text,
 )
 from alphaagent.models.run import RunLimits
+from alphaagent.program import DEFAULT_PROGRAM
 from alphaagent.terminal import LiveOutput, looks_binary
 
 if TYPE_CHECKING:
@@ -442,8 +443,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo analysis on the embedded default, in the data directory, as the command's user."""
     from alphaagent.api import alphaagent_home
     from alphaagent.demo import run_demo
+    from alphaagent.local.settings import local_settings
 
-    return run_demo(json_output=args.json, home=alphaagent_home(args.home), user_id=args.user)
+    # The follow-up it prints names the data directory unless it is the per-user default, which
+    # the pasted command finds by itself wherever and whenever it runs.
+    moved = args.home is not None or local_settings().home() is not None
+    return run_demo(
+        json_output=args.json,
+        home=alphaagent_home(args.home),
+        user_id=args.user,
+        program=args.prog,
+        name_home=moved,
+    )
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -538,13 +549,31 @@ def _write_new_file(out: Path, data: bytes) -> None:
         raise
 
 
+def _newest_first(items: Sequence[Any], args: argparse.Namespace, what: str) -> tuple[list[Any], list[str]]:
+    """``items`` (as stored: oldest first) in the order every listing of past work uses, the newest
+    first (``conversations``, ``turns``, ``history`` and the viewer), cut to ``--limit``; and the
+    line that says, for people, how many older ones the limit left out."""
+    if args.limit is not None and args.limit < 1:
+        raise InvalidRequestError("--limit: a positive number of items")
+    newest = list(reversed(items))
+    shown = newest if args.limit is None else newest[: args.limit]
+    left = len(newest) - len(shown)
+    return shown, [f"({left} older {what} not shown: --limit {args.limit})"] if left else []
+
+
 def cmd_history(args: argparse.Namespace) -> int:
+    """A scope's runs (or one turn's, ``--turn``), newest first, with their stored outputs."""
     from alphaagent.sandbox.render import state_line
 
     scope = _required_scope(args)
     with _agent(args) as agent:
         runs = agent.history(args.user, scope)
         environments = {turn.turn_id: turn.environment_id for turn in agent.turns(args.user, scope)}
+    if args.turn is not None:
+        if args.turn not in environments:
+            raise NotFoundError(f"--turn: no turn {printable_path(args.turn)!r} in this scope (see turns)")
+        runs = [run for run in runs if run.turn_id == args.turn]
+    runs, older = _newest_first(runs, args, "runs")
     lines: list[str] = []
     for run in runs:
         when = f"{run.created_at:%Y-%m-%d %H:%M:%S}"
@@ -574,7 +603,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         if run.state is not None and (state := state_line(run.state)):
             lines.append(f"  # {state}")
     data = [run.model_dump(mode="json") | {"environment_id": environments.get(run.turn_id)} for run in runs]
-    _emit(args, data, lines or ["no runs"])
+    _emit(args, data, [*lines, *older] or ["no runs"])
     return EXIT_OK
 
 
@@ -589,10 +618,11 @@ def _turn_row(turn: Turn) -> dict[str, Any]:
 
 
 def cmd_turns(args: argparse.Namespace) -> int:
-    """A scope's turns, oldest first: id, status, start, duration, environment, goal and error."""
+    """A scope's turns, newest first: id, status, start, duration, environment, goal and error."""
     scope = _required_scope(args)
     with _agent(args) as agent:
         turns = agent.turns(args.user, scope)
+    turns, older = _newest_first(turns, args, "turns")
     lines: list[str] = []
     for turn in turns:
         row = _turn_row(turn)
@@ -606,7 +636,7 @@ def cmd_turns(args: argparse.Namespace) -> int:
             where = f"{turn.result.failed_step}: " if turn.result.failed_step else ""
             error = turn.result.error
             lines.append(f"  ! {printable_path(where + error.name + ': ' + error.value)}")
-    _emit(args, [_turn_row(turn) for turn in turns], lines or ["no turns"])
+    _emit(args, [_turn_row(turn) for turn in turns], [*lines, *older] or ["no turns"])
     return EXIT_OK
 
 
@@ -820,6 +850,35 @@ def cmd_env_remove(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ----------------------------------------------------------------------------- help, version
+
+
+def cmd_help(args: argparse.Namespace) -> int:
+    """Print the program's help (no COMMAND), or a command's (``help env add`` for a sub-command),
+    on standard output: what ``--help`` prints, without the usage error of a missing command."""
+    command: argparse.ArgumentParser = args.parser
+    for depth, word in enumerate(args.topic):
+        choices = next((a.choices for a in command._actions if isinstance(a, argparse._SubParsersAction)), {})
+        if word not in choices:
+            above = " ".join(args.topic[:depth])
+            where = f"{above} has no command" if above else "no command"
+            known = ", ".join(choices) or "none"
+            raise InvalidRequestError(f"help: {where} {word!r} (commands: {known})")
+        command = choices[word]
+    command.print_help()
+    return EXIT_OK
+
+
+def _version_line() -> str:
+    return f"alphaagent {_version()}"
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """Print what ``--version`` prints; with ``--json``, ``{"name": "alphaagent", "version": ...}``."""
+    _emit(args, {"name": "alphaagent", "version": _version()}, [_version_line()])
+    return EXIT_OK
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -876,10 +935,18 @@ _EXAMPLES = {
         "alphaagent cat reports/summary.md --conversation penguins",
         "alphaagent cat --artifact body_mass --conversation penguins -o chart.png",
     ],
-    "history": ["alphaagent history --conversation penguins"],
+    "history": [
+        "alphaagent history --conversation penguins",
+        "alphaagent history --conversation penguins --turn TURN_ID --limit 1",
+    ],
     "artifacts": ["alphaagent artifacts --conversation penguins --json"],
     "sessions": ["alphaagent sessions --conversation penguins"],
-    "turns": ["alphaagent turns --workflow wf-1 --node summarise"],
+    "turns": [
+        "alphaagent turns --workflow wf-1 --node summarise",
+        "alphaagent turns --conversation penguins --limit 5",
+    ],
+    "help": ["alphaagent help", "alphaagent help env add"],
+    "version": ["alphaagent version --json"],
     "conversations": ["alphaagent conversations --json"],
     "serve": ["alphaagent serve --open", "alphaagent serve --backend aws --table $TABLE --bucket $BUCKET"],
     "mcp": ["alphaagent mcp", "alphaagent mcp --http 8766"],
@@ -912,39 +979,50 @@ with --json (before or after the command name), a failure of the command itself 
   code's error in a result ({"name", "value", "traceback"})"""
 
 
+def _as_started(example: str, prog: str) -> str:
+    """An example command with the program named as it was started (``alphaagent.program``)."""
+    import re
+
+    return re.sub(r"(?<![\w/.$-])alphaagent(?= )", lambda _: prog, example)
+
+
 def _describe_commands(
-    sub: argparse._SubParsersAction[_Parser], examples: dict[str, list[str]] = _EXAMPLES
+    sub: argparse._SubParsersAction[_Parser], prog: str, examples: dict[str, list[str]] = _EXAMPLES
 ) -> None:
     """Give every command a description (its one-line help), examples and the exit statuses."""
     helps = {action.dest: action.help for action in sub._choices_actions}
     for name, command in sub.choices.items():
         command.formatter_class = argparse.RawDescriptionHelpFormatter
         command.description = command.description or helps.get(name)
-        lines = [f"  {example}" for example in examples.get(name, [])]
+        lines = [f"  {_as_started(example, prog)}" for example in examples.get(name, [])]
         if any("--conversation penguins" in line for line in lines):
             lines.append(
-                "  (conversation penguins is what `alphaagent run examples/penguins/turn1.json` makes,"
+                f"  (conversation penguins is what `{prog} run examples/penguins/turn1.json` makes,"
                 " run from the checkout)"
             )
         command.epilog = ("examples:\n" + "\n".join(lines) + "\n\n" if lines else "") + _EXIT_STATUS
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
+    """The whole command line; ``prog`` is how the program was started (``alphaagent.program``),
+    which its usage lines and examples show so that they paste as is."""
     parser = _Parser(
-        prog="alphaagent",
+        prog=prog,
         description=(
             "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack.\n\n"
             f"data directory: {_where_home()}\n"
             f"identity:       --user, else ${USER_ENV}, else '{DEFAULT_USER}'"
         ),
-        epilog="See alphaagent COMMAND --help.",
+        epilog=f"See {prog} COMMAND --help.",
         # As written: a wrapped path could not be copied from the terminal.
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"alphaagent {_version()}")
+    parser.add_argument("--version", action="version", version=_version_line())
     _add_home(parser, None)
     parser.add_argument(
-        "--json", action="store_true", help="print JSON (before or after the command name, the same)"
+        "--json",
+        action="store_true",
+        help="print JSON, for a command that prints JSON (before or after the command name, the same)",
     )
     parser.add_argument(
         "--user",
@@ -953,7 +1031,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def scoped(name: str, help_text: str) -> argparse.ArgumentParser:
+    def scoped(name: str, help_text: str, *, prints_json: bool = True) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument(
             "--user", default=None, help=f"who is asking (default: ${USER_ENV}, else '{DEFAULT_USER}')"
@@ -961,7 +1039,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--conversation", metavar="ID", help="a conversation scope")
         command.add_argument("--workflow", metavar="EXEC", help="a workflow execution (with --node)")
         command.add_argument("--node", metavar="ID", help="a node of the workflow execution")
-        command.add_argument("--json", action="store_true", help="print JSON")
+        if prints_json:
+            command.add_argument("--json", action="store_true", help="print JSON")
         return command
 
     run = sub.add_parser("exec", help="run Python in the sandbox, exactly as run_in_env would")
@@ -1026,7 +1105,8 @@ def build_parser() -> argparse.ArgumentParser:
     files.add_argument("--prefix", help="only under this folder (e.g. datasets)")
     files.set_defaults(handler=cmd_files)
 
-    cat = scoped("cat", "print a file of a scope, or an artifact version's bytes")
+    # cat prints a file's bytes, never JSON: --json is refused (_GLOBAL_OPTIONS).
+    cat = scoped("cat", "print a file of a scope, or an artifact version's bytes", prints_json=False)
     cat.add_argument("path", nargs="?", metavar="PATH", help="workspace-relative path")
     cat.add_argument("--artifact", metavar="NAME", help="an artifact instead of a path")
     cat.add_argument("--version", type=int, metavar="N", help="artifact version (default: latest)")
@@ -1035,12 +1115,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cat.set_defaults(handler=cmd_cat)
 
-    scoped("history", "list a scope's runs with their stored outputs").set_defaults(handler=cmd_history)
+    limit_help = "only the N newest (default: all)"
+    history = scoped("history", "list a scope's runs with their stored outputs, newest first")
+    history.add_argument("--turn", metavar="TURN_ID", help="only this turn's runs (see turns)")
+    history.add_argument("--limit", type=int, metavar="N", help=limit_help)
+    history.set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
     scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
-    scoped(
-        "turns", "list a scope's turns: id, status, start, duration, environment, goal, error"
-    ).set_defaults(handler=cmd_turns)
+    turns = scoped(
+        "turns", "list a scope's turns, newest first: id, status, start, duration, environment, goal, error"
+    )
+    turns.add_argument("--limit", type=int, metavar="N", help=limit_help)
+    turns.set_defaults(handler=cmd_turns)
 
     conversations = sub.add_parser("conversations", help="list your conversations and workflow nodes")
     conversations.add_argument(
@@ -1106,6 +1192,14 @@ def build_parser() -> argparse.ArgumentParser:
     export = scoped("export", "export a scope's files as a zip (per-file ceiling 25 MiB)")
     export.add_argument("-o", "--output", required=True, metavar="FILE.zip", help="where to write the zip")
     export.set_defaults(handler=cmd_export)
+    help_command = sub.add_parser("help", help="print the help of the program, or of a command")
+    help_command.add_argument(
+        "topic", nargs="*", metavar="COMMAND", help="a command (env add: a sub-command) to explain"
+    )
+    help_command.set_defaults(handler=cmd_help, parser=parser)
+    version = sub.add_parser("version", help="print the version (what --version prints)")
+    version.add_argument("--json", action="store_true", help='print {"name": ..., "version": ...}')
+    version.set_defaults(handler=cmd_version)
     env = sub.add_parser("env", help="the local execution environments: add, list, show, remove")
     env.add_argument("--json", action="store_true", help="print JSON")
     env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
@@ -1138,49 +1232,65 @@ def build_parser() -> argparse.ArgumentParser:
     env_remove.add_argument("environment_id", metavar="ID")
     env_remove.add_argument("--json", action="store_true", help="print JSON")
     env_remove.set_defaults(handler=cmd_env_remove)
-    for command in env_sub.choices.values():
-        _add_home(command, argparse.SUPPRESS)
-    _describe_commands(env_sub, _ENV_EXAMPLES)
-    # --home after the command name too (`alphaagent files --home DIR ...`), for every command.
-    for command in sub.choices.values():
-        _add_home(command, argparse.SUPPRESS)
-    _describe_commands(sub)
-    for name, command in [*sub.choices.items(), *(("env " + n, c) for n, c in env_sub.choices.items())]:
-        _json_anywhere(name, command, prints_json=name not in _NO_JSON)
-    for name, command in sub.choices.items():
-        _user_anywhere(name, command)
+    # The commands that read or write the data directory show --home in their help.
+    for command in [*env_sub.choices.values(), *sub.choices.values()]:
+        if command not in (submit, help_command, version):
+            _add_home(command, argparse.SUPPRESS)
+    _describe_commands(env_sub, prog, _ENV_EXAMPLES)
+    _describe_commands(sub, prog)
+    _globals_anywhere(sub, "")
     return parser
 
 
-_NO_JSON: Final = ("cat", "serve", "mcp")
-"""The commands that print no JSON (``cat`` prints a file's bytes; ``serve`` and ``mcp`` serve):
-``--json`` with them, before or after the command name, is refused with one wording."""
+_GLOBAL_OPTIONS: Final = ("json", "home", "user")
+"""The options every command accepts in every place: before the command name, after it, and
+between ``env`` and its sub-command (``alphaagent --user bob turns``, ``alphaagent turns --user bob``
+and ``alphaagent env --json list`` mean what they say). A command whose help lists the option
+takes it; any other command refuses it, wherever it was given, in one line naming the command
+(``main``). Nothing is ever silently ignored."""
 
 
-def _json_anywhere(name: str, command: argparse.ArgumentParser, *, prints_json: bool) -> None:
-    """``--json`` means the same before the command name (``alphaagent --json run ...``) as after
-    it: a command's own flag only ever sets it (argparse would otherwise copy the sub-command's
-    default False over the True given before); a command without JSON output accepts the flag
-    (hidden) in either place so that ``main`` refuses it with the same one line."""
-    flags = [action for action in command._actions if action.dest == "json"]
-    if not flags:
-        flags = [command.add_argument("--json", action="store_true", help=argparse.SUPPRESS)]
-    for action in flags:
-        action.default = argparse.SUPPRESS
-        if not prints_json:
-            action.help = argparse.SUPPRESS
-    if not prints_json:
-        command.set_defaults(json_unsupported=name)
+def _globals_anywhere(sub: argparse._SubParsersAction[_Parser], prefix: str) -> None:
+    """Apply the one rule of ``_GLOBAL_OPTIONS`` to every command under ``sub`` (``prefix`` is the
+    name of the command above, ``env``). Each command's own copy of an option only ever sets it
+    (argparse would otherwise copy the sub-command's default over a value given before its name);
+    a command without the option gets it hidden, so that ``main`` refuses it with the same line;
+    ``command_name`` and ``takes_options`` are the innermost command's (argparse copies a
+    sub-command's values over its parent's)."""
+    for name, command in sub.choices.items():
+        full = f"{prefix} {name}".strip()
+        takes = []
+        for option in _GLOBAL_OPTIONS:
+            own = [action for action in command._actions if action.dest == option]
+            if own:
+                takes.append(option)
+            elif option == "json":
+                own = [command.add_argument("--json", action="store_true", help=argparse.SUPPRESS)]
+            else:
+                own = [command.add_argument(f"--{option}", metavar=option.upper(), help=argparse.SUPPRESS)]
+            for action in own:
+                action.default = argparse.SUPPRESS
+        if "json" not in takes:
+            command.set_defaults(json_unsupported=full)
+        command.set_defaults(command_name=full, takes_options=frozenset(takes))
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _globals_anywhere(action, full)
 
 
-def _user_anywhere(name: str, command: argparse.ArgumentParser) -> None:
-    """``--user`` means the same before the command name (``alphaagent --user bob turns ...``) as
-    after it, as ``--json`` does: the command's own flag only ever sets it; ``main`` gives a command
-    that takes ``--user`` its default (None) and refuses it for one that does not."""
-    flags = [action for action in command._actions if action.dest == "user"]
-    for action in flags:
-        action.default = argparse.SUPPRESS
-    command.set_defaults(takes_user=bool(flags), command_name=name)
+def _refused_option(args: argparse.Namespace, prog: str) -> str | None:
+    """The one line refusing a global option given to a command that does not take it, or None.
+    Sets the defaults of those it takes (``--json`` off, ``--home`` and ``--user`` unset)."""
+    name, takes = args.command_name, args.takes_options
+    for option in _GLOBAL_OPTIONS:
+        value = getattr(args, option, None)
+        if option in takes:
+            setattr(args, option, value if value is not None else (False if option == "json" else None))
+        elif value not in (None, False):
+            if option == "json":
+                return f"--json: {name} prints no JSON (see {prog} {name} --help)"
+            return f"--{option}: {name} takes no --{option} (see {prog} {name} --help)"
+    return None
 
 
 def _resolve_user(args: argparse.Namespace) -> str | None:
@@ -1205,26 +1315,27 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``alphaagent`` console script; returns the exit code."""
+def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> int:
+    """Entry point of the ``alphaagent`` console script; returns the exit code. ``prog`` is how
+    the program was started (``alphaagent.program``), for the commands its help and demo print."""
     _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(_ARGV)  # the help text shows where the data directory is
+        parser = build_parser(prog)  # the help text shows where the data directory is
+        if not _ARGV:
+            # No command at all is a request for the overview (as gh does), not a mistake.
+            parser.print_help()
+            return EXIT_OK
+        args = parser.parse_args(_ARGV)
     except InvalidSettingError as exc:
-        words = sys.argv[1:] if argv is None else list(argv)
-        return _fail(str(exc), as_json="--json" in words)
+        return _fail(str(exc), as_json="--json" in _ARGV)
+    args.prog = prog
 
     def fail(message: str, code: int = EXIT_USAGE) -> int:
         return _fail(message, code, as_json=bool(getattr(args, "json", False)))
 
-    if args.json and getattr(args, "json_unsupported", None):
-        name = args.json_unsupported
-        return fail(f"--json: {name} prints no JSON (see alphaagent {name} --help)")
-    if getattr(args, "takes_user", False):
-        args.user = getattr(args, "user", None)
-    elif hasattr(args, "user"):
-        name = args.command_name
-        return fail(f"--user: {name} takes no --user (see alphaagent {name} --help)")
+    refused = _refused_option(args, prog)
+    if refused is not None:
+        return fail(refused)
 
     if hasattr(args, "user"):
         problem = _resolve_user(args)
@@ -1260,4 +1371,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from alphaagent.program import module_program
+
+    sys.exit(main(prog=module_program()))

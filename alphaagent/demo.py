@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -37,6 +36,7 @@ from alphaagent.api import (
 from alphaagent.connectors.file import EXAMPLES_DIR
 from alphaagent.errors import InvalidRequestError
 from alphaagent.models.common import ConversationScope
+from alphaagent.program import DEFAULT_PROGRAM
 
 DEMO_IDLE_TIMEOUT_S = 1
 
@@ -55,9 +55,18 @@ def _load(name: str, conversation_id: str, user_id: str) -> dict[str, Any]:
     return spec
 
 
-def run_demo(*, json_output: bool = False, home: Path | None = None, user_id: str = "local") -> int:
+def run_demo(
+    *,
+    json_output: bool = False,
+    home: Path | None = None,
+    user_id: str = "local",
+    program: str = DEFAULT_PROGRAM,
+    name_home: bool = True,
+) -> int:
     """Run the two demo turns in a new conversation of ``user_id`` in ``home`` (default: the data
-    directory, ``alphaagent_home()``); return the CLI exit code."""
+    directory, ``alphaagent_home()``); return the CLI exit code. ``program`` is how the CLI was
+    started (``alphaagent.program``) and ``name_home`` whether the data directory must be named
+    (it is not the per-user default), for the follow-up command it prints."""
     conversation_id = "penguins-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     scope = ConversationScope(conversation_id=conversation_id)
     home = home or alphaagent_home()
@@ -107,22 +116,17 @@ def run_demo(*, json_output: bool = False, home: Path | None = None, user_id: st
             print(f"  {info.size_bytes:>9} B  {info.path}")
         print(f"artifacts: {', '.join(f'{a.name} v{a.version}' for a in artifacts)}")
         print(f"sessions:  {len(sessions)}: the first expired before turn 2; its files carried over")
-        # As it was started (`make demo` runs .venv/bin/alphaagent), so that it works pasted anywhere.
-        program = shlex.quote(program_name(sys.argv[0]))
-        command = f"{program} history --user {shlex.quote(user_id)} --conversation {conversation_id}"
+        command = follow_up_command(program, user_id, conversation_id, home if name_home else None)
         print(f"runs:      {len(history)} ({command})")
         print(f"data:      {home} (every alphaagent command reads it; --home or $ALPHAAGENT_HOME moves it)")
     return 0 if first.status == second.status == "completed" else 1
 
 
-def program_name(argv0: str) -> str:
-    """How to start this program from any directory: the bare ``alphaagent`` when that is the one on
-    PATH (or it was not started as ``alphaagent``, e.g. ``python -m``), else its absolute path
-    (``make demo`` runs ``.venv/bin/alphaagent``, relative to the checkout)."""
-    if Path(argv0).name != "alphaagent":
-        return "alphaagent"
-    started = Path(argv0).absolute()
-    on_path = shutil.which("alphaagent")
-    if on_path is not None and Path(on_path).resolve() == started.resolve():
-        return "alphaagent"
-    return str(started)
+def follow_up_command(program: str, user_id: str, conversation_id: str, home: Path | None) -> str:
+    """The command that lists the demo's runs, pasteable as is in any directory and any shell:
+    ``program`` as the CLI was started (already shell-quoted, ``alphaagent.program``), the user,
+    and ``--home`` (absolute) when ``home`` is given, i.e. the data directory is not the default."""
+    words = [program, "history", "--user", shlex.quote(user_id), "--conversation", conversation_id]
+    if home is not None:
+        words += ["--home", shlex.quote(str(home.absolute()))]
+    return " ".join(words)

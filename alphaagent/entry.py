@@ -18,8 +18,10 @@ def main() -> int:
     """Run the CLI; exit status 130 and one line when interrupted, wherever that happens."""
     try:
         from alphaagent.cli import main as cli_main
+        from alphaagent.program import program_name
 
-        return cli_main()
+        # As it was started (a symlink, another name, a relative path): what it prints pastes as is.
+        return cli_main(prog=program_name(sys.argv[0]))
     except KeyboardInterrupt:
         print("alphaagent: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
@@ -36,6 +35,7 @@ from alphaagent.connectors.base import (
     FetchLimits,
 )
 from alphaagent.errors import ToolError
+from alphaagent.models.common import unknown_field
 
 __all__ = [
     "Connector",
@@ -117,8 +117,8 @@ def connector(name: str, field: str = "connector") -> Connector:
 
 def check_request(name: str, request: Mapping[str, Any], field: str = "request") -> ConnectorRequest:
     """``request`` parsed into connector ``name``'s request model. Raises ``ToolError`` naming the
-    first bad field (``request.url: Field required``; ``request.pth: unknown field (is the unknown
-    field 'pth' a misspelling of 'path'?)``, the suggestion only for a close field name)."""
+    first bad field (``request.url: Field required``; ``request.pth: unknown field (did you mean
+    'path'?)``, the suggestion only for a close field name)."""
     model = connector(name).Request
     try:
         return model.model_validate(dict(request))
@@ -129,11 +129,7 @@ def check_request(name: str, request: Mapping[str, Any], field: str = "request")
         message = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             # The same help as a spec's own misspelled field gets (models/spec.py).
-            stray = str(first["loc"][-1])
-            guess = difflib.get_close_matches(stray, list(model.model_fields), n=1, cutoff=0.5)
-            message = "unknown field" + (
-                f" (is the unknown field {stray!r} a misspelling of {guess[0]!r}?)" if guess else ""
-            )
+            message = unknown_field(str(first["loc"][-1]), list(model.model_fields))
         raise ToolError(f"{where}: {message}") from None
 
 

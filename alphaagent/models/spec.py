@@ -20,9 +20,11 @@ from alphaagent.models.common import (
     EnvironmentId,
     NodeId,
     NodeScope,
+    Scope,
     Ulid,
     UserId,
     WorkspacePath,
+    unknown_field,
 )
 
 TURN_ID_REUSED = "turn_id: already used for a different spec; leave it out to get a fresh one"
@@ -184,36 +186,62 @@ def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
     return sorted({name for model in models for name in model.model_fields})
 
 
+_UNION_BRANCHES: frozenset[str] = frozenset(model.__name__ for model in get_args(Scope))
+"""The names pydantic puts in an error's location for the branch of the (untagged) scope union it
+tried: ``scope.ConversationScope.conversation_id``."""
+
+
+def _errors_of_meant_branch(errors: list[Any]) -> list[Any]:
+    """``errors`` with those of the union branch the user meant first, and those of the other
+    branches of the same union left out. Pydantic tries every branch of ``conversation_id`` |
+    ``workflow_execution_id`` + ``node_id`` and lists the conversation's errors first, so a typo in
+    a workflow scope would be reported as a missing ``conversation_id``. The branch meant is the one
+    with the fewest errors: the one whose other keys match (``{"workflow_execution_id", "nod_id"}``
+    is one typo from a node scope, three from a conversation scope); a tie keeps pydantic's order."""
+    first = tuple(errors[0]["loc"])
+    at = next((i for i, part in enumerate(first) if part in _UNION_BRANCHES), None)
+    if at is None:
+        return errors
+    by_branch: dict[str, list[Any]] = {}
+    rest = []
+    for error in errors:
+        loc = tuple(error["loc"])
+        if len(loc) > at and loc[:at] == first[:at] and loc[at] in _UNION_BRANCHES:
+            by_branch.setdefault(str(loc[at]), []).append(error)
+        else:
+            rest.append(error)
+    return [*min(by_branch.values(), key=len), *rest]
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """One line naming the first offending field and its rule, e.g. ``inputs[2].path: ...``."""
-    first = exc.errors()[0]
+    errors = _errors_of_meant_branch(list(exc.errors()))
+    first = errors[0]
     message = str(first["msg"]).removeprefix("Value error, ")
     location = _location(tuple(first["loc"]))
     if first["type"] == "extra_forbidden":
-        message = "unknown field"
         if len(first["loc"]) == 1:
-            message += f" (expected one of: {', '.join(Spec.model_fields)})"
+            message = f"unknown field (expected one of: {', '.join(Spec.model_fields)})"
         else:
             # The same help as for a top-level typo, from the field names of the model it is in.
-            stray = str(first["loc"][-1])
-            guess = difflib.get_close_matches(stray, _fields_at(tuple(first["loc"][:-1])), n=1, cutoff=0.5)
-            if guess:
-                message += f" (is the unknown field {stray!r} a misspelling of {guess[0]!r}?)"
+            message = unknown_field(str(first["loc"][-1]), _fields_at(tuple(first["loc"][:-1])))
     elif location == "turn_id" and first["type"] == "string_pattern_mismatch":
         message = "a 26-character ULID; leave it out to get a fresh one"
     elif first["type"] == "missing":
         # A misspelled required field is reported by pydantic as missing plus an unknown sibling:
-        # name the sibling, so the reader sees the typo rather than only the absence.
+        # the typo is named where it is, with the suggestion every unknown field gets.
         parent = tuple(first["loc"][:-1])
         strays = [
             str(error["loc"][-1])
-            for error in exc.errors()
+            for error in errors
             if error["type"] == "extra_forbidden" and tuple(error["loc"][:-1]) == parent
         ]
+        wanted = str(first["loc"][-1])
+        guess = difflib.get_close_matches(wanted, strays, n=1, cutoff=0.5)
+        if guess:
+            return f"{_location((*parent, guess[0]))}: unknown field (did you mean {wanted!r}?)"
         if strays:
-            wanted = str(first["loc"][-1])
-            guess = difflib.get_close_matches(wanted, strays, n=1, cutoff=0.5)
-            message += f" (is the unknown field {(guess or strays)[0]!r} a misspelling of {wanted!r}?)"
+            message += f" (the object also has the unknown field {strays[0]!r})"
     return f"{location}: {message}"
 
 

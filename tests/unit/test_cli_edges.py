@@ -101,7 +101,7 @@ def test_every_command_has_a_description_and_examples_that_parse() -> None:
     import argparse
     import shlex
 
-    from alphaagent.cli import _EXAMPLES, build_parser
+    from alphaagent.cli import _EXAMPLES, _refused_option, build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -115,6 +115,7 @@ def test_every_command_has_a_description_and_examples_that_parse() -> None:
             assert argv[0] == "alphaagent"
             args = parser.parse_args(argv[1:])  # a wrong flag exits 2 here
             assert args.command == name
+            assert _refused_option(args, "alphaagent") is None, example
 
 
 def test_a_usage_error_under_json_is_json_too(capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,6 +180,7 @@ _JSON_ARGV = {
     "env list": [],
     "env show": ["x"],
     "env remove": ["x"],
+    "version": [],
 }
 """The arguments each command with ``--json`` needs to parse."""
 
@@ -237,7 +239,7 @@ def test_a_refused_spec_under_a_leading_json_is_a_json_cli_error(
     assert not home.exists()
 
 
-NO_JSON_ARGV = {"cat": ["--conversation", "c", "a.txt"], "serve": [], "mcp": []}
+NO_JSON_ARGV = {"cat": ["--conversation", "c", "a.txt"], "serve": [], "mcp": [], "help": []}
 """Every command that prints no JSON, with the arguments it needs to parse."""
 
 
@@ -305,7 +307,7 @@ def test_user_before_a_command_that_takes_none_is_named(capsys: pytest.CaptureFi
     code, _, err = _run(capsys, "--user", "bob", "env", "list")
     # Then it is refused in one line naming the command
     assert code == 2
-    assert err == "alphaagent: error: --user: env takes no --user (see alphaagent env --help)\n"
+    assert err == "alphaagent: error: --user: env list takes no --user (see alphaagent env list --help)\n"
 
 
 def test_the_command_error_and_the_code_error_have_different_keys(

@@ -47,7 +47,7 @@ def test_no_command_in_a_code_block_uses_usage_notation() -> None:
 
 
 def test_every_alphaagent_command_in_a_code_block_parses() -> None:
-    from alphaagent.cli import build_parser
+    from alphaagent.cli import _refused_option, build_parser
 
     parser = build_parser()
     checked = 0
@@ -57,8 +57,10 @@ def test_every_alphaagent_command_in_a_code_block_parses() -> None:
             continue
         words = shlex.split(command, comments=True)
         try:
-            parser.parse_args(words[1:])
+            args = parser.parse_args(words[1:])
         except SystemExit:
             pytest.fail(f"README line {number} does not parse: {line}")
+        # An option the command does not take parses (one rule for every command) but is refused.
+        assert _refused_option(args, "alphaagent") is None, f"README line {number}: {line}"
         checked += 1
     assert checked >= 20, "the README's commands were not found"
