@@ -630,7 +630,7 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
         assert _read_until(process.stderr, "  | started", seen), seen  # the run's line, not the session's
         # When Ctrl-C reaches the command
         process.send_signal(signal.SIGINT)
-        _out, err = _rest(process, timeout_s=45)  # an exit takes seconds; this fires inside the 120 s per test
+        _out, err = _rest(process, timeout_s=45)  # an exit takes seconds; fires inside 120 s
     finally:
         if process.poll() is None:
             process.kill()
@@ -678,7 +678,7 @@ def test_ctrl_c_during_exec_kills_the_run_and_exits_130(tmp_path: Path) -> None:
     try:
         assert _read_until(process.stdout, "started", seen), seen
         process.send_signal(signal.SIGINT)
-        _out, err = _rest(process, timeout_s=45)  # an exit takes seconds; this fires inside the 120 s per test
+        _out, err = _rest(process, timeout_s=45)  # an exit takes seconds; fires inside 120 s
     finally:
         if process.poll() is None:
             process.kill()
