@@ -191,6 +191,22 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def process_limit_reached(outcome: Outcome, limits: RunLimits) -> bool:
+    """Whether the run reached its process limit: a fork refused at its pids cgroup's ``pids.max``
+    (counted by the zygote when it reaped the run, before it removed the cgroup; or read by the
+    supervisor's kill while the cgroup was there), else, without a cgroup, as many processes as the
+    limit found at the kill.
+
+    The zygote's count is what holds under load: a run interrupted at its timeout may exit, and its
+    cgroup go, before the supervisor's kill reads anything."""
+    refused = (outcome.exit_event or {}).get("refused_forks", 0)
+    return (
+        outcome.process_limit_hit
+        or (isinstance(refused, int) and refused > 0)
+        or (outcome.processes_at_kill or 0) >= limits.processes
+    )
+
+
 def build_result(
     *,
     run_id: str,
@@ -220,7 +236,7 @@ def build_result(
     if outcome.timed_out:
         status = "timeout"
         reason = f"wall-clock limit of {limits.timeout_s:g} s exceeded"
-        if outcome.process_limit_hit or (outcome.processes_at_kill or 0) >= limits.processes:
+        if process_limit_reached(outcome, limits):
             reason += f"; the process limit ({limits.processes}) was reached"
         if outcome.hint:
             reason += f"; {outcome.hint}"

@@ -26,8 +26,9 @@ zygote -> supervisor
     it, ``{"event": "spawned", "id", "pid", "cgroup", "memory_cgroup", "started_at"}`` (the run's pids
     and memory cgroup directories, or null; the ``time.monotonic()`` at which the spare took it) /
     ``{"event": "spawn_failed", "id", "message"}``
-    ``{"event": "exited", "id", "pid", "exit_code", "maxrss_kb", "cpu_s", "oom_kills"}`` (negative:
-    killed by signal; ``oom_kills``: processes the kernel killed at the memory cgroup's limit)
+    ``{"event": "exited", "id", "pid", "exit_code", "maxrss_kb", "cpu_s", "oom_kills", "refused_forks"}``
+    (negative: killed by signal; ``oom_kills``: processes the kernel killed at the memory cgroup's
+    limit; ``refused_forks``: forks refused at the pids cgroup's ``pids.max``)
     ``{"event": "swept", "id", "killed"}``
 
 The child writes one JSON line to its status pipe (descriptor 3) before it exits:
@@ -1926,6 +1927,7 @@ class Zygote:
             run_cgroups = self.cgroups.pop(pid, {})
             # Read before the cgroup is removed: the kernel's count of processes it killed at the limit.
             oom_kills = _oom_kills(run_cgroups["memory"]) if "memory" in run_cgroups else 0
+            refused_forks = _refused_forks(run_cgroups["pids"]) if "pids" in run_cgroups else 0
             self.doomed_cgroups.update(run_cgroups.values())
             if "memory" in run_cgroups:
                 # The supervisor reads the cgroup's oom_kill count once the run's pipes close, which
@@ -1949,6 +1951,7 @@ class Zygote:
                             "maxrss_kb": usage.ru_maxrss,
                             "cpu_s": usage.ru_utime + usage.ru_stime,
                             "oom_kills": oom_kills,
+                            "refused_forks": refused_forks,
                         }
                     )
                 self.reported.discard(pid)
@@ -1976,9 +1979,12 @@ class Zygote:
         if report is None or run_id is None:
             return
         self.reported.add(pid)
-        memory = self.cgroups.get(pid, {}).get("memory")
-        oom = {"oom_kills": _oom_kills(memory)} if memory else {}
-        self._send({"event": "exited", "id": run_id, "pid": pid, **report, **oom})
+        cgroups = self.cgroups.get(pid, {})
+        counts = {
+            **({"oom_kills": _oom_kills(cgroups["memory"])} if "memory" in cgroups else {}),
+            **({"refused_forks": _refused_forks(cgroups["pids"])} if "pids" in cgroups else {}),
+        }
+        self._send({"event": "exited", "id": run_id, "pid": pid, **report, **counts})
 
     def _remove_doomed_cgroups(self, force: bool = False) -> None:
         """Kill what is left in finished runs' cgroups, and remove those that are empty (a run's
@@ -2162,6 +2168,23 @@ def _oom_kills(cgroup: str) -> int:
                         return int(value)
         except (OSError, ValueError):
             continue
+    return 0
+
+
+def _refused_forks(cgroup: str) -> int:
+    """Forks the kernel refused in ``cgroup`` because its ``pids.max`` was reached (``max`` of
+    pids.events, cgroup v1 and v2); 0 when it cannot be read.
+
+    Read when the run is reaped, before the cgroup is removed: as root, ``RLIMIT_NPROC`` binds
+    nothing (setrlimit(2)), so this count is the only record that the process limit was reached."""
+    try:
+        with open(os.path.join(cgroup, "pids.events")) as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
     return 0
 
 

@@ -221,10 +221,17 @@ def _read_until(stream: Any, wanted: str, seen: list[str], limit: int = 400) -> 
     return False
 
 
+_CLI_DUMPING = [sys.executable, "-X", "faulthandler", "-m", "alphaagent.cli"]
+"""The CLI with faulthandler on: SIGABRT prints every thread's Python stack (``_rest`` on a hang)."""
+
+
 def _rest(process: subprocess.Popen[str], timeout_s: float = 120) -> tuple[str, str]:
     """The rest of a process's stdout and stderr after ``_read_until``, read through the same
     buffered files (``communicate`` reads the descriptors and would skip what ``readline`` had
-    already buffered), each in its own thread so neither pipe can fill up and block the process."""
+    already buffered), each in its own thread so neither pipe can fill up and block the process.
+
+    A process still running after ``timeout_s`` fails the test with its threads' stacks when it
+    was started with ``-X faulthandler`` (see ``_CLI_DUMPING``)."""
     import threading
 
     assert process.stdout is not None and process.stderr is not None
@@ -235,7 +242,18 @@ def _rest(process: subprocess.Popen[str], timeout_s: float = 120) -> tuple[str, 
     ]
     for reader in readers:
         reader.start()
-    process.wait(timeout=timeout_s)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # Still running: SIGABRT makes a CLI started with -X faulthandler print every thread's
+        # stack on its stderr before it dies, so the failure says where it was stuck.
+        process.send_signal(signal.SIGABRT)
+        process.wait(timeout=30)
+        for reader in readers:
+            reader.join(timeout=30)
+        raise AssertionError(
+            f"no exit within {timeout_s:g} s; its threads when aborted:\n{found.get('err', '')[-12000:]}"
+        ) from None
     for reader in readers:
         reader.join(timeout=timeout_s)
     return found.get("out", ""), found.get("err", "")
@@ -601,7 +619,7 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
     )
     spec_file = _write(tmp_path / "spec.json", _spec("c-int", code, constraints={"run_timeout_s": 600}))
     process = subprocess.Popen(
-        [sys.executable, "-m", "alphaagent.cli", "run", str(spec_file)],
+        [*_CLI_DUMPING, "run", str(spec_file)],
         env=_env(ALPHAAGENT_HOME=str(home)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -612,7 +630,7 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
         assert _read_until(process.stderr, "  | started", seen), seen  # the run's line, not the session's
         # When Ctrl-C reaches the command
         process.send_signal(signal.SIGINT)
-        _out, err = _rest(process)
+        _out, err = _rest(process, timeout_s=45)  # an exit takes seconds; fires inside 120 s
     finally:
         if process.poll() is None:
             process.kill()
@@ -643,9 +661,7 @@ def test_ctrl_c_during_exec_kills_the_run_and_exits_130(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(code)
     process = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "alphaagent.cli",
+            *_CLI_DUMPING,
             "exec",
             "--timeout",
             "600",
@@ -662,7 +678,7 @@ def test_ctrl_c_during_exec_kills_the_run_and_exits_130(tmp_path: Path) -> None:
     try:
         assert _read_until(process.stdout, "started", seen), seen
         process.send_signal(signal.SIGINT)
-        _out, err = _rest(process)
+        _out, err = _rest(process, timeout_s=45)  # an exit takes seconds; fires inside 120 s
     finally:
         if process.poll() is None:
             process.kill()

@@ -702,6 +702,48 @@ def test_res_02_fork_bomb_is_bounded_killed_entirely_and_spares_a_concurrent_use
     assert_next_run_works(any_sandbox, bomber)
 
 
+FORKS_THEN_WAITS = """
+    import os, time
+    kids = 0
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:  # refused: the process limit
+            break
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        kids += 1
+    print('refused after', kids, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_res_02_the_process_limit_is_named_when_the_run_exits_before_the_supervisor_kills_it(
+    any_sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a root supervisor whose runs get a pids cgroup (as root, RLIMIT_NPROC binds nothing:
+    # the cgroup's pids.max is the process limit), and a grace after the timeout's interrupt so long
+    # that the run always exits by itself, and its cgroup is removed, before the supervisor would
+    # kill it: the order a loaded machine can produce (the case's fork bomb at the process level)
+    from alphaagent.sandbox import supervisor
+    from alphaagent.sandbox.cgroup import RunCgroups
+
+    cgroups = RunCgroups.detect(("pids",))
+    if cgroups is None:
+        pytest.skip("no writable pids controller here (not root): RLIMIT_NPROC is the limit then")
+    cgroups.close()
+    monkeypatch.setattr(supervisor, "_GRACE_AFTER_INTERRUPT_S", 60.0)
+    # When code forks until a fork is refused, then waits past its 2 s timeout
+    result = run(any_sandbox, FORKS_THEN_WAITS, fresh_scope(tmp_path, "s"), timeout_s=2, processes=8)
+
+    # Then it ends on its own at the interrupt (no kill), and the reason still names the process limit
+    assert_status(result, "timeout")
+    assert result.stdout.startswith("refused after ")
+    assert result.duration_ms < 30_000  # ended by the interrupt, not by the 60 s grace's kill
+    assert result.reason is not None and "the process limit (8) was reached" in result.reason
+
+
 # == RES-03: memory hog ============================================================================
 
 RES_03 = "hog = []\nwhile True:\n    hog.append(bytearray(64 * 1024 * 1024))"
