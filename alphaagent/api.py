@@ -113,9 +113,11 @@ class AlphaAgent(ScopeReads):
         self.workspace: LocalWorkspace = LocalWorkspace(self.home)
         self.bus = InProcessBus()
         self.bus.subscribe(Recorder(self.store).handle)
-        # Runs must not see the other scopes under home, nor the supervisor's home directory.
-        hidden = (str(Path.home()), str(self.home.resolve()))
-        self.sandbox_config = sandbox or SandboxConfig(hidden_paths=hidden)
+        # Runs must not see the other scopes under home, nor the supervisor's home directory: a
+        # caller's configuration (a lighter preload, say) hides them too.
+        base = sandbox or SandboxConfig()
+        hidden = (*base.hidden_paths, str(Path.home()), str(self.home.resolve()))
+        self.sandbox_config = base.model_copy(update={"hidden_paths": tuple(dict.fromkeys(hidden))})
         self.environments = LocalEnvironmentRegistry(self.store, builtin_local(self.sandbox_config.python))
         self.executor = SandboxExecutor(
             self.sandbox_config, environments=self.environments, idle_s=zygote_idle_s_from_env()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -48,6 +48,8 @@ class SandboxConfig(BaseModel):
 
     - ``python``: the environment's interpreter (the zygote runs under it).
     - ``preload``: modules imported once in the zygote; ``warmup``: code the zygote runs once after.
+      Left unset, ``warmup`` is ``BUILTIN_WARMUP`` only when ``preload`` holds every builtin module
+      (``_warmup_follows_preload``), else empty.
     - ``isolation``: ``auto`` uses namespaces where the kernel allows them, else processes.
     - ``exclusive``: one run at a time; after each, every other process of the uid is killed and
       ``wipe_paths`` are emptied (except ``wipe_keep`` and the sandbox's own scratch root, which is
@@ -137,6 +139,21 @@ class SandboxConfig(BaseModel):
     threads: int = Field(1, ge=1, le=64)
     hidden_paths: tuple[str, ...] = Field(default_factory=lambda: (str(Path.home()),))
     deny_tcp_connect_ports: tuple[int, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warmup_follows_preload(cls, data: Any) -> Any:
+        # BUILTIN_WARMUP imports numpy, pandas and matplotlib itself: under a preload without them it
+        # would import them anyway (a zygote start of ~2 CPU-s instead of ~0.2) or fail where they
+        # are missing. An explicit ``warmup`` is kept as given.
+        if (
+            isinstance(data, dict)
+            and "preload" in data
+            and "warmup" not in data
+            and not set(BUILTIN_PRELOAD) <= set(data["preload"] or ())
+        ):
+            return {**data, "warmup": ""}
+        return data
 
     @model_validator(mode="after")
     def _tmp_needs_host_dev(self) -> SandboxConfig:

@@ -45,6 +45,7 @@ from alphaagent.models.run import (
     RunResult,
     SkippedPath,
 )
+from alphaagent.sandbox import fontcache
 from alphaagent.sandbox.capture import OutputSink, StreamCapture
 from alphaagent.sandbox.cgroup import RunCgroups, oom_kills, pids_limit_reached
 from alphaagent.sandbox.classify import (
@@ -186,6 +187,7 @@ class Sandbox:
         self._cgroup = RunCgroups.detect(controllers)
         mpl_dir = self._scratch_root / "mplconfig"
         mpl_dir.mkdir()
+        fontcache.seed(mpl_dir, self.config.python)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._ctl = parent
         zygote_config = {
@@ -237,6 +239,7 @@ class Sandbox:
             self._kill_zygote()
             raise SandboxError(credentials_refusal(ready["readable_credentials"]))
         self._ready = ready
+        fontcache.remember(mpl_dir, self.config.python)  # no run was handed to this zygote yet
         if self.config.exclusive:
             self._scratch_baseline = ScratchBaseline.capture(self._scratch_root, log_path)
         self._reader = threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True)

@@ -602,9 +602,26 @@ def moto_config() -> dict[str, Any]:
     return {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 
 
+@pytest.fixture(scope="module")
+def env_sandbox() -> Iterator[Sandbox]:
+    """The env function's sandbox, one for the module: starting it (the builtin preload, which the
+    analysis steps' pandas uses) costs ~2 CPU-s, and a run sees nothing of the runs before it (the
+    sandbox's own tests say so); each test still gets its own account, stack and workspace. Not
+    exclusive: its uid sweep is refused as root."""
+    sandbox = Sandbox(SandboxConfig(isolation="process", pool_size=0))
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
 @pytest.fixture
 def stack(
-    moto: MotoAccount, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, iam_template: str
+    moto: MotoAccount,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    iam_template: str,
+    env_sandbox: Sandbox,
 ) -> Iterator[Stack]:
     for name, value in {
         "AWS_REGION": REGION,
@@ -633,9 +650,7 @@ def stack(
                 name, body, headers, response_headers
             ),
         )
-    # The env function's sandbox, not exclusive: its uid sweep is refused as root.
-    sandbox = Sandbox(SandboxConfig(isolation="process", pool_size=0))
-    monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
+    monkeypatch.setattr(env_function, "get_sandbox", lambda: env_sandbox)
     getters = (
         get_lambda_settings,
         get_backend,
@@ -657,7 +672,6 @@ def stack(
     finally:
         created.close()
         iam.uninstall()
-        sandbox.close()
         env_function.get_workspace.cache_clear()
         env_function.get_env_settings.cache_clear()
         env_function.get_store.cache_clear()

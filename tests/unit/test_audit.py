@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from assertions import assert_status
+from sandboxes import light_agent
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.audit import METRIC_NAME, ForeignRequest, emf_audit
@@ -20,7 +21,7 @@ ALICE, MALLORY = "alice", "mallory"
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlphaAgent]:
-    with AlphaAgent(tmp_path_factory.mktemp("home")) as shared:
+    with light_agent(tmp_path_factory.mktemp("home")) as shared:
         spec = {
             "spec_version": 1,
             "user_id": ALICE,

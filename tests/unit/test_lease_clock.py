@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from assertions import assert_status
 from clocks import FakeClock
+from sandboxes import light_agent
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import TurnSettings
@@ -21,7 +22,7 @@ SCOPE_KEY = "conversations/c-busy"
 @pytest.fixture
 def agent(tmp_path: Path, fake_clock: FakeClock) -> Iterator[AlphaAgent]:
     """A local backend made while the fake clock is the process's (a scope waits 600 s at most)."""
-    with AlphaAgent(tmp_path / "home", turns=TurnSettings(lock_wait_s=600, lock_lease_s=60)) as made:
+    with light_agent(tmp_path / "home", turns=TurnSettings(lock_wait_s=600, lock_lease_s=60)) as made:
         assert made.backend.clock is fake_clock
         yield made
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from assertions import assert_status
+from sandboxes import light_agent
 
-from alphaagent.api import AlphaAgent
 from alphaagent.cli import main
 from alphaagent.domain.recorder import history_view, run_record_from
 from alphaagent.ids import new_ulid
@@ -134,7 +134,7 @@ def test_alphaagent_history_shows_both_sizes(
         "goal": "print",
         "steps": [{"title": "print", "code": "print('z' * 2_999_999)"}],
     }
-    with AlphaAgent(home) as agent:
+    with light_agent(home) as agent:
         assert_status(agent.run_analysis(spec), "completed")
     # When the history is shown
     monkeypatch.setenv("ALPHAAGENT_HOME", str(home))

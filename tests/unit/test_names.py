@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from assertions import assert_status
+from sandboxes import light_agent
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.names import settle_names
@@ -28,7 +29,7 @@ NFC = unicodedata.normalize("NFC", NFD)
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlphaAgent]:
-    with AlphaAgent(tmp_path_factory.mktemp("home")) as shared:
+    with light_agent(tmp_path_factory.mktemp("home")) as shared:
         yield shared
 
 

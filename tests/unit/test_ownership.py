@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from sandboxes import light_agent
 
 from alphaagent.api import AUDIT_FILE, AlphaAgent
 from alphaagent.cli import main
@@ -84,7 +85,7 @@ def tiny_spec(
 
 def open_agent(home: Path, turns: TurnSettings | None = None) -> AlphaAgent:
     """An agent whose settings never come from the caller's environment."""
-    return AlphaAgent(home, connectors=ConnectorSettings(), turns=turns or TurnSettings())
+    return light_agent(home, connectors=ConnectorSettings(), turns=turns or TurnSettings())
 
 
 # ----------------------------------------------------------------------------- state of a home
@@ -486,7 +487,7 @@ def test_a_session_stays_alive_while_its_turn_runs_code_longer_than_the_idle_tim
 
     home, scope = tmp_path / "home", ConversationScope(**CONVERSATION_SCOPE)
     settings = TurnSettings(session_idle_timeout_s=2)
-    with AlphaAgent(home, connectors=ConnectorSettings(), turns=settings, coder=coder) as agent:
+    with light_agent(home, connectors=ConnectorSettings(), turns=settings, coder=coder) as agent:
         warm = agent.run_analysis(tiny_spec(ALICE, {"conversation_id": "c-warm"}, register=False))
         assert_status(warm, "completed", warm)
         spec = tiny_spec(ALICE, CONVERSATION_SCOPE, register=False)
@@ -658,3 +659,33 @@ def test_other_bad_users_are_refused_the_same_way(
         "alphaagent: error: --user: 1-128 characters of letters, digits and . _ @ : -\n",
     )
     assert not home.exists()
+
+
+def test_a_sandbox_the_caller_configures_still_hides_the_data_directory_from_runs(tmp_path: Path) -> None:
+    # Given an agent whose sandbox the caller configured (no preload), and Bob's data in its home;
+    # the home is outside /tmp, which a run at the namespaces level sees as a tmpfs of its own anyway
+    from alphaagent.sandbox.supervisor import Sandbox
+
+    home = Path(tempfile.mkdtemp(prefix="alphaagent-test-home-", dir="/var/tmp"))
+    try:
+        with light_agent(home, connectors=ConnectorSettings()) as agent:
+            assert_status(agent.run_analysis(tiny_spec(BOB, CONVERSATION_SCOPE)), "completed")
+            config = agent.sandbox_config
+        assert config.preload == ()
+        assert {str(home.resolve()), str(Path.home())} <= set(config.hidden_paths)
+        assert any(path.name == "tiny.csv" for path in home.rglob("*"))
+        # When a run of that configuration walks the home, Then it finds nothing there
+        scope = tmp_path / "scope"
+        scope.mkdir()
+        with Sandbox(config) as box:
+            if box.isolation != "namespaces":
+                pytest.skip(
+                    f"paths are hidden at the namespaces level only: {box.info.get('isolation_detail')}"
+                )
+            code = (
+                f"import os\nprint(os.path.isdir({str(home)!r}), [f for _, _, f in os.walk({str(home)!r})])"
+            )
+            result = box.run(code, cwd=scope)
+        assert (result.status, result.stdout) == ("ok", "True [[]]\n"), result.error
+    finally:
+        shutil.rmtree(home)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 from assertions import assert_status
+from sandboxes import light
 
 from alphaagent.errors import InvalidRequestError
 from alphaagent.models.run import RunLimits
-from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.config import BUILTIN_PRELOAD, BUILTIN_WARMUP, SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
 FAST = RunLimits(timeout_s=5)
@@ -53,6 +54,33 @@ def _vm_rss_kib() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+# ----------------------------------------------------------------------------- preload
+
+
+def test_the_builtin_warm_up_follows_the_builtin_preload() -> None:
+    # The warm-up exercises numpy, pandas and matplotlib: it is the default only with all of them
+    assert SandboxConfig().warmup == BUILTIN_WARMUP
+    assert SandboxConfig(preload=(*BUILTIN_PRELOAD, "scipy")).warmup == BUILTIN_WARMUP
+    assert SandboxConfig(preload=()).warmup == SandboxConfig(preload=("numpy",)).warmup == ""
+    assert SandboxConfig.model_validate({"preload": ["json"]}).warmup == ""
+    # And a warm-up given is kept, whatever the preload
+    assert SandboxConfig(preload=(), warmup="import json").warmup == "import json"
+
+
+def test_a_zygote_without_the_builtin_preload_imports_none_of_it(tmp_path: Path) -> None:
+    # Given a sandbox that preloads nothing (the builtin warm-up would import the stack itself)
+    with Sandbox(light(pool_size=0)) as box:
+        # When a run lists the scientific modules already imported
+        result = box.run(
+            "import sys\nprint(sorted(m for m in ('numpy', 'pandas', 'pyarrow', 'matplotlib') if m in sys.modules))",
+            cwd=tmp_path,
+        )
+        info = box.info
+    # Then there are none, and the zygote reports no preload and no warm-up error
+    assert (result.status, result.stdout) == ("ok", "[]\n"), result.error
+    assert info["preloaded"] == [] and info["preload_errors"] == {}
 
 
 # ----------------------------------------------------------------------------- results
@@ -232,7 +260,7 @@ def test_limits_out_of_range_are_rejected(field: str, value: int) -> None:
 def test_flood_ends_at_the_output_limit_with_flat_supervisor_memory(tmp_path: Path) -> None:
     # Given a sandbox with a 64 MiB output limit and a child that would write 20 GB to stdout
     code = "import os\nchunk = b'y' * (1 << 20)\nwhile True:\n    os.write(1, chunk)\n"
-    with Sandbox(SandboxConfig(pool_size=0)) as box:
+    with Sandbox(light(pool_size=0)) as box:
         box.run("print(1)", cwd=tmp_path)
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: measure this run's peak
         rss_before = _vm_rss_kib()
@@ -442,7 +470,7 @@ def test_exclusive_mode_sweeps_processes_of_the_uid(tmp_path: Path) -> None:
             import os, subprocess, sys, time
             from pathlib import Path
             sys.path.insert(0, {str(Path(__file__).parents[2])!r})
-            from alphaagent.sandbox.config import SandboxConfig
+            from alphaagent.sandbox.config import BUILTIN_PRELOAD, BUILTIN_WARMUP, SandboxConfig
             from alphaagent.sandbox.supervisor import Sandbox
             stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
             shared_tmp = Path({str(tmp_path)!r}) / "shared-tmp"
@@ -450,7 +478,9 @@ def test_exclusive_mode_sweeps_processes_of_the_uid(tmp_path: Path) -> None:
             (shared_tmp / "handoff.txt").write_text("acct=ACME-123")
             work = Path({str(tmp_path)!r}) / "work"
             work.mkdir()
-            config = SandboxConfig(isolation="process", exclusive=True, wipe_paths=(str(shared_tmp),), use_cgroup=False)
+            config = SandboxConfig(
+                preload=(), isolation="process", exclusive=True, wipe_paths=(str(shared_tmp),), use_cgroup=False
+            )
             with Sandbox(config) as box:
                 result = box.run("print('run')", cwd=work)
             time.sleep(0.2)

@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 import pytest
 from assertions import assert_status
+from sandboxes import light
 
 from alphaagent.models.run import RunLimits, RunResult
 from alphaagent.sandbox.capture import STORED_HISTORY_CAP_BYTES, truncate_text
@@ -64,6 +65,16 @@ def started(config: SandboxConfig) -> Iterator[Sandbox]:
 def sandbox() -> Iterator[Sandbox]:
     """The local default: builtin preloads, namespaces where the kernel allows them."""
     with started(SandboxConfig()) as box:
+        if box.isolation != "namespaces":
+            pytest.skip(f"namespaces unavailable here: {box.info.get('isolation_detail')}")
+        yield box
+
+
+@pytest.fixture(scope="module")
+def light_sandbox() -> Iterator[Sandbox]:
+    """Namespaces, nothing preloaded: for what the supervisor does with a run's output (capture,
+    caps, encodings, pipes), which the preload has no part in (tests/sandboxes.py)."""
+    with started(light()) as box:
         if box.isolation != "namespaces":
             pytest.skip(f"namespaces unavailable here: {box.info.get('isolation_detail')}")
         yield box
@@ -188,11 +199,11 @@ OUT_01_STDERR = (
     ("code", "stream"), [(OUT_01, "stdout"), (OUT_01_STDERR, "stderr")], ids=["stdout", "stderr"]
 )
 def test_out_01_endless_rows_end_at_the_limit_with_a_marked_head_and_tail(
-    sandbox: Sandbox, scope: Path, code: str, stream: str
+    light_sandbox: Sandbox, scope: Path, code: str, stream: str
 ) -> None:
     # Given the case's never-ending row printer (and its stderr twin) and a 2 s limit
     # When it runs
-    result = run(sandbox, code, scope, timeout_s=2)
+    result = run(light_sandbox, code, scope, timeout_s=2)
 
     # Then it ends at the wall clock, or earlier at the output cap if the flood is fast enough
     assert_status(result, ("timeout", "killed"))
@@ -215,7 +226,7 @@ def test_out_01_endless_rows_end_at_the_limit_with_a_marked_head_and_tail(
     assert spill.read_bytes()[:19] == b"row 0: still going\n"
     assert result.files_changed == []
     # And the next run in the same session works
-    assert_next_run_works(sandbox, scope)
+    assert_next_run_works(light_sandbox, scope)
 
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
@@ -267,13 +278,13 @@ OUT_04 = (
     ids=["stdout", "stderr"],
 )
 def test_out_04_nul_flood_is_cut_at_the_cap_with_flat_supervisor_memory(
-    sandbox: Sandbox, scope: Path, code: str, stream: str
+    light_sandbox: Sandbox, scope: Path, code: str, stream: str
 ) -> None:
     # Given the case's 20 GB flood of NUL bytes (the default 64 MiB spill cap stops it, so the full
     # input runs as written)
     # When it runs while the supervisor's RSS is sampled
     with PeakRss() as rss:
-        result = run(sandbox, code, scope, timeout_s=30)
+        result = run(light_sandbox, code, scope, timeout_s=30)
 
     # Then the run is killed for its output, not by the wall clock
     assert_status(result, "killed")
@@ -292,7 +303,7 @@ def test_out_04_nul_flood_is_cut_at_the_cap_with_flat_supervisor_memory(
     assert len(text.encode()) <= RETURNED_CAP
     assert_valid_json_payload(result)
     # And the supervisor survives: the next run works
-    assert_next_run_works(sandbox, scope)
+    assert_next_run_works(light_sandbox, scope)
 
 
 # == OUT-06: a large report printed instead of written =============================================
@@ -318,11 +329,11 @@ OUT_06_EXPECTED = "\n".join(f"id={i},value={i * i}" for i in range(120_000)) + "
     ids=["stdout", "stderr"],
 )
 def test_out_06_large_report_keeps_head_and_tail_flags_the_size_and_spills_it_whole(
-    sandbox: Sandbox, scope: Path, code: str, stream: str
+    light_sandbox: Sandbox, scope: Path, code: str, stream: str
 ) -> None:
     # Given the case's 120,000-row report (about 2.9 MB) printed in one go
     # When it runs
-    result = run(sandbox, code, scope)
+    result = run(light_sandbox, code, scope)
 
     # Then it succeeds, flagged truncated with the true size
     assert_status(result, "ok")
@@ -369,10 +380,12 @@ def test_out_06_output_at_the_cap_is_whole_and_one_byte_more_is_truncated(
         assert MARKER_RE.search(text) is None and len(text) == size
 
 
-def test_output_under_the_stored_history_cap_leaves_no_spill_file(sandbox: Sandbox, scope: Path) -> None:
+def test_output_under_the_stored_history_cap_leaves_no_spill_file(
+    light_sandbox: Sandbox, scope: Path
+) -> None:
     # Given a run printing a few lines (well under the 16 KiB stored-history cap)
     # When it runs
-    result = run(sandbox, "print('a few lines\\n' * 3)", scope)
+    result = run(light_sandbox, "print('a few lines\\n' * 3)", scope)
 
     # Then the result is whole, names no spill file, and leaves nothing under work/runs
     assert (result.status, result.stdout_truncated) == ("ok", False)
@@ -400,12 +413,12 @@ def _noise_01_raw() -> bytes:
 
 
 def test_noise_01_progress_redraws_collapse_to_the_final_line_and_keep_the_raw_count(
-    sandbox: Sandbox, scope: Path
+    light_sandbox: Sandbox, scope: Path
 ) -> None:
     # Given the case's 30,000 carriage-return redraws of a progress bar on stderr (~1.9 MB)
     raw = _noise_01_raw()
     # When it runs
-    result = run(sandbox, NOISE_01, scope)
+    result = run(light_sandbox, NOISE_01, scope)
 
     # Then the coder sees one line, the bar's final state, and 'finished'
     assert_status(result, "ok")
@@ -462,7 +475,7 @@ def test_noise_01_the_child_is_told_it_has_no_terminal(any_sandbox: Sandbox, sco
 )
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 def test_noise_01_redraws_and_escapes_are_cleaned_on_either_stream(
-    sandbox: Sandbox, scope: Path, writes: list[str], expected: str, stream: str
+    light_sandbox: Sandbox, scope: Path, writes: list[str], expected: str, stream: str
 ) -> None:
     # Given progress output written piece by piece, flushed after every piece
     code = f"""
@@ -472,7 +485,7 @@ def test_noise_01_redraws_and_escapes_are_cleaned_on_either_stream(
             sys.{stream}.flush()
     """
     # When it runs
-    result = run(sandbox, code, scope)
+    result = run(light_sandbox, code, scope)
 
     # Then the coder reads the final visible state, and the raw byte count is kept
     assert_status(result, "ok")
@@ -528,12 +541,12 @@ def test_enc_01_every_byte_value_comes_back_as_valid_text_and_the_run_succeeds(
 )
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 def test_enc_01_invalid_sequences_become_replacement_characters_on_either_stream(
-    sandbox: Sandbox, scope: Path, bad: bytes, stream: str
+    light_sandbox: Sandbox, scope: Path, bad: bytes, stream: str
 ) -> None:
     # Given bytes that are not valid text between two valid words
     code = f"import sys\nsys.{stream}.buffer.write(b'before ' + {bad!r} + b' after\\n')"
     # When it runs
-    result = run(sandbox, code, scope)
+    result = run(light_sandbox, code, scope)
 
     # Then the words survive around U+FFFD, the flag is set and the JSON is clean
     text = getattr(result, stream)
@@ -545,12 +558,12 @@ def test_enc_01_invalid_sequences_become_replacement_characters_on_either_stream
 
 
 def test_enc_01_the_last_bytes_of_a_stream_being_an_incomplete_character_do_not_crash(
-    sandbox: Sandbox, scope: Path
+    light_sandbox: Sandbox, scope: Path
 ) -> None:
     # Given a stream that ends in the middle of a 4-byte character
     code = "import sys\nsys.stdout.buffer.write('done 🙂'.encode()[:-2])"
     # When it runs
-    result = run(sandbox, code, scope)
+    result = run(light_sandbox, code, scope)
 
     # Then it succeeds with the complete part and one U+FFFD
     assert (result.status, result.stdout, result.non_utf8_output) == ("ok", "done \ufffd", True)
@@ -567,10 +580,12 @@ def test_enc_01_the_last_bytes_of_a_stream_being_an_incomplete_character_do_not_
         pytest.param("print('replacement char printed on purpose: \\ufffd')", id="literal-u-fffd"),
     ],
 )
-def test_enc_01_valid_text_is_never_flagged_nor_replaced(sandbox: Sandbox, scope: Path, code: str) -> None:
+def test_enc_01_valid_text_is_never_flagged_nor_replaced(
+    light_sandbox: Sandbox, scope: Path, code: str
+) -> None:
     # Given valid UTF-8 split across writes, or a U+FFFD the code prints itself
     # When it runs
-    result = run(sandbox, code, scope)
+    result = run(light_sandbox, code, scope)
 
     # Then nothing is replaced and the flag stays off
     assert_status(result, "ok")
@@ -942,11 +957,11 @@ PROC_02_B = 'import sys\nsys.stderr.write("e" * 300_000)\nprint("done")'
     ],
 )
 def test_proc_02_a_child_blocked_on_a_full_pipe_times_out_with_a_hint(
-    sandbox: Sandbox, scope: Path, code: str, partial: str
+    light_sandbox: Sandbox, scope: Path, code: str, partial: str
 ) -> None:
     # Given code that waits for a child which is blocked writing 500 kB into an unread pipe
     # When it runs under a 2 s limit
-    result = run(sandbox, code, scope, timeout_s=2)
+    result = run(light_sandbox, code, scope, timeout_s=2)
 
     # Then it times out within 1 s of the limit, keeping the output so far
     assert_status(result, "timeout")
@@ -955,15 +970,15 @@ def test_proc_02_a_child_blocked_on_a_full_pipe_times_out_with_a_hint(
     assert result.stdout == partial
     # And the reason tells the coder what went wrong and what to use instead
     assert result.reason is not None and "full pipe" in result.reason and "communicate()" in result.reason
-    assert_next_run_works(sandbox, scope)
+    assert_next_run_works(light_sandbox, scope)
 
 
 def test_proc_02_b_a_large_stderr_write_before_stdout_finishes_normally(
-    sandbox: Sandbox, scope: Path
+    light_sandbox: Sandbox, scope: Path
 ) -> None:
     # Given the case's probe: 300 kB to stderr, then a line to stdout
     # When it runs
-    result = run(sandbox, PROC_02_B, scope)
+    result = run(light_sandbox, PROC_02_B, scope)
 
     # Then it finishes normally with both streams whole
     assert (result.status, result.stdout) == ("ok", "done\n")
@@ -999,10 +1014,12 @@ def test_proc_02_b_a_large_stderr_write_before_stdout_finishes_normally(
         ),
     ],
 )
-def test_proc_02_b_both_streams_are_drained_concurrently(sandbox: Sandbox, scope: Path, code: str) -> None:
+def test_proc_02_b_both_streams_are_drained_concurrently(
+    light_sandbox: Sandbox, scope: Path, code: str
+) -> None:
     # Given 3 MB written to each stream, in an order that wedges a reader of one stream at a time
     # When it runs
-    result = run(sandbox, code, scope, timeout_s=10)
+    result = run(light_sandbox, code, scope, timeout_s=10)
 
     # Then it finishes normally with the exact byte counts and both ends intact
     assert_status(result, "ok", result.reason)

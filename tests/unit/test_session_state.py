@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sandboxes import light_agent
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import TurnSettings
@@ -353,7 +354,7 @@ def test_a_coder_run_and_the_next_share_the_state_within_a_turn(agent: AlphaAgen
 def test_after_the_session_expires_globals_are_empty_and_files_are_there(tmp_path: Path) -> None:
     # Given a backend whose sessions expire after 1 s idle, and a turn that leaves a variable and a file
     conversation = "c-" + new_ulid().lower()
-    with AlphaAgent(tmp_path / "home", turns=TurnSettings(session_idle_timeout_s=1)) as short:
+    with light_agent(tmp_path / "home", turns=TurnSettings(session_idle_timeout_s=1)) as short:
         first = short.run_analysis(_spec(conversation, "x = 1\nopen('work/kept.txt', 'w').write('kept')"))
         assert first.status == "completed", first.error
         root = short.workspace.local_root(ConversationScope(conversation_id=conversation))

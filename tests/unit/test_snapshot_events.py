@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandboxes import light
 
-from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.snapshot import FileChanges, HashCache
 from alphaagent.sandbox.supervisor import Sandbox
 from alphaagent.sandbox.treestate import RACY_NS, TreeState, TreeStates
@@ -42,7 +42,7 @@ def _tree(sandbox: Sandbox, root: Path) -> TreeState:
 
 @pytest.fixture(scope="module")
 def namespaced() -> Iterator[Sandbox]:
-    sandbox = Sandbox(SandboxConfig())
+    sandbox = Sandbox(light())
     sandbox.start()
     try:
         if sandbox.isolation != "namespaces":
@@ -173,7 +173,7 @@ def test_the_process_level_walks_every_run(tmp_path: Path) -> None:
     # Given a sandbox at the process level (a run could link the scope's files from anywhere else
     # it can write on that filesystem)
     _scope(tmp_path)
-    with Sandbox(SandboxConfig(isolation="process")) as sandbox:
+    with Sandbox(light(isolation="process")) as sandbox:
         sandbox.run("print(1)", cwd=tmp_path)
         _past_racy()
 

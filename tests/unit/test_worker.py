@@ -31,6 +31,7 @@ import pytest
 from assertions import assert_status
 from moto import mock_aws
 from moto_account import MotoAccount
+from sandboxes import light_agent
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.tools import TurnContext
@@ -187,7 +188,7 @@ def settings_for(aws: Aws, **fields: Any) -> WorkerSettings:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlphaAgent]:
-    with AlphaAgent(tmp_path_factory.mktemp("home")) as agent:
+    with light_agent(tmp_path_factory.mktemp("home")) as agent:
         yield agent
 
 
@@ -487,7 +488,7 @@ def _sigterm_scenario(home: Path, step_s: float, stop_timeout_s: float) -> dict[
     ``stop_timeout_s`` 0 means "long enough for the turn to finish": four times what the same turn
     took here once the sandbox was warm (at least 10 s), so a loaded machine cannot turn "the
     turn finishes" into "the stop timeout passed"."""
-    with mocked_aws(), AlphaAgent(home) as agent:
+    with mocked_aws(), light_agent(home) as agent:
         if not stop_timeout_s:
             started = time.monotonic()
             warm_up = agent.run_analysis(spec_of(f"import time; time.sleep({step_s})"))
@@ -628,11 +629,10 @@ if __name__ == "__main__":
 def test_a_claim_check_rewritten_by_run_code_is_refused(tmp_path: Path) -> None:
     # Given a spec stored under conversation A's spec/, then rewritten (as run code could) to name
     # conversation B and another turn
-    from alphaagent.api import AlphaAgent
     from alphaagent.errors import InvalidMessageError
     from coder.worker import CoderMessage
 
-    with AlphaAgent(tmp_path / "home") as agent:
+    with light_agent(tmp_path / "home") as agent:
         backend = agent.backend
         scope_a = ConversationScope(conversation_id="conv-a")
         backend.workspace.ensure_scope(scope_a)

@@ -1,0 +1,28 @@
+"""Sandbox configurations for the tests whose subject is not the builtin preload.
+
+A zygote with the builtin preload (numpy, pandas, pyarrow, matplotlib, then ``BUILTIN_WARMUP``)
+costs ~2 CPU-s to start and ~70 CPU-ms per run; with no preload ~0.2 CPU-s and ~40 CPU-ms per run
+(``bench/zygote_start.py``). A test about capture, limits, isolation or the file report asserts the
+same with either, so it uses ``light()``. The tests about the preload itself keep the builtin one:
+code that imports the scientific stack (charts, DataFrames, a numpy memory hog), the clone path with
+pyarrow's jemalloc thread, the warm-up, the demo, the coder's turns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alphaagent.api import AlphaAgent
+from alphaagent.sandbox.config import SandboxConfig
+
+
+def light(**fields: Any) -> SandboxConfig:
+    """A sandbox configuration with nothing preloaded (and so no warm-up), else ``fields``."""
+    return SandboxConfig(**{"preload": (), **fields})
+
+
+def light_agent(home: Path, **kwargs: Any) -> AlphaAgent:
+    """An ``AlphaAgent`` on ``home`` whose sandbox preloads nothing (its data directory stays hidden
+    from runs as with the default sandbox)."""
+    return AlphaAgent(home, sandbox=light(), **kwargs)
