@@ -110,58 +110,59 @@ def run_cli(
     if fresh_only():
         return _run_fresh(args, env=env, cwd=cwd, input=input, stdin=stdin, text=text, timeout=timeout)
     environment = dict(os.environ if env is None else env)
-    with contextlib.ExitStack() as stack:
-        if input is not None:
-            if stdin is not None:
-                raise ValueError("stdin and input arguments may not both be used")
-            read_end, write_end = os.pipe()
-            stack.callback(_close_quietly, read_end)
-            data = input.encode(locale.getpreferredencoding(False)) if isinstance(input, str) else input
-            feeder = threading.Thread(target=_feed, args=(write_end, data), daemon=True)
-            stdin_fd = read_end
-        elif stdin == subprocess.DEVNULL:
-            stdin_fd = os.open(os.devnull, os.O_RDONLY)
-            stack.callback(_close_quietly, stdin_fd)
-            feeder = None
-        elif stdin is None:
-            stdin_fd, feeder = 0, None
-        else:
-            stdin_fd, feeder = (stdin if isinstance(stdin, int) else stdin.fileno()), None
-        if any(os.isatty(fd) for fd in (stdin_fd,)) or _startup_variables(environment) != _helper_startup():
-            if feeder is not None:
-                os.close(write_end)
-            return _run_fresh(args, env=env, cwd=cwd, input=input, stdin=stdin, text=text, timeout=timeout)
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
-        readers = [_Reader(out_read), _Reader(err_read)]
-        try:
-            pid, status_socket = _helper().start(
-                args,
-                environment,
-                os.fspath(cwd) if cwd is not None else os.getcwd(),
-                (stdin_fd, out_write, err_write),
-            )
-        finally:
-            os.close(out_write)
-            os.close(err_write)
-        if feeder is not None:
-            feeder.start()
-        with status_socket:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            status = _wait_status(status_socket, deadline)
-            if status is None:  # timed out: kill it as subprocess.run does, then collect it
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 9)
-                _wait_status(status_socket, None)
-                stdout, stderr = (reader.join(1.0) for reader in readers)
-                raise subprocess.TimeoutExpired(command(args), timeout or 0.0, stdout, stderr)
-        for reader in readers:  # the end of the output, as subprocess.run waits for it too
-            reader.join(None if deadline is None else max(deadline - time.monotonic(), 0.001))
-        stdout, stderr = (reader.join(0) for reader in readers)
-        if any(reader.alive for reader in readers):  # a process it left holds the output open
+    ours: list[int] = []  # descriptors opened here for the child: closed once it has them
+    if input is not None:
+        if stdin is not None:
+            raise ValueError("stdin and input arguments may not both be used")
+        read_end, write_end = os.pipe()
+        ours.append(read_end)
+        data = input.encode(locale.getpreferredencoding(False)) if isinstance(input, str) else input
+        feeder = threading.Thread(target=_feed, args=(write_end, data), daemon=True)
+        stdin_fd = read_end
+    elif stdin == subprocess.DEVNULL:
+        stdin_fd = os.open(os.devnull, os.O_RDONLY)
+        ours.append(stdin_fd)
+        feeder = None
+    elif stdin is None:
+        stdin_fd, feeder = 0, None
+    else:
+        stdin_fd, feeder = (stdin if isinstance(stdin, int) else stdin.fileno()), None
+    if os.isatty(stdin_fd) or _startup_variables(environment) != _helper_startup():
+        for fd in ours if feeder is None else (*ours, write_end):
+            os.close(fd)
+        return _run_fresh(args, env=env, cwd=cwd, input=input, stdin=stdin, text=text, timeout=timeout)
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    readers = [_Reader(out_read), _Reader(err_read)]
+    try:
+        pid, status_socket = _helper().start(
+            args,
+            environment,
+            os.fspath(cwd) if cwd is not None else os.getcwd(),
+            (stdin_fd, out_write, err_write),
+        )
+    finally:
+        # The child has its copies: the input pipe's feeder must see it go when the child does.
+        for fd in (out_write, err_write, *ours):
+            _close_quietly(fd)
+    if feeder is not None:
+        feeder.start()
+    with status_socket:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status = _wait_status(status_socket, deadline)
+        if status is None:  # timed out: kill it as subprocess.run does, then collect it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+            _wait_status(status_socket, None)
+            stdout, stderr = (reader.join(1.0) for reader in readers)
             raise subprocess.TimeoutExpired(command(args), timeout or 0.0, stdout, stderr)
-        if feeder is not None:
-            feeder.join()
+    for reader in readers:  # the end of the output, as subprocess.run waits for it too
+        reader.join(None if deadline is None else max(deadline - time.monotonic(), 0.001))
+    stdout, stderr = (reader.join(0) for reader in readers)
+    if any(reader.alive for reader in readers):  # a process it left holds the output open
+        raise subprocess.TimeoutExpired(command(args), timeout or 0.0, stdout, stderr)
+    if feeder is not None:
+        feeder.join()
     returncode = os.waitstatus_to_exitcode(status)
     if text:
         return subprocess.CompletedProcess(command(args), returncode, _decode(stdout), _decode(stderr))
