@@ -79,6 +79,7 @@ bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 	$(PY) bench/environments.py
 	$(PY) bench/session_state.py --quick
 	$(PY) bench/aws_sync.py
+	$(PY) bench/cli_start.py
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock

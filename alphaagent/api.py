@@ -28,6 +28,7 @@ from alphaagent.local.bus import InProcessBus
 from alphaagent.local.environments import LocalEnvironmentRegistry, register_environment
 from alphaagent.local.executor import SandboxExecutor
 from alphaagent.local.export import ExportReport, export_scope
+from alphaagent.local.settings import alphaagent_home as alphaagent_home  # re-exported: public here too
 from alphaagent.local.settings import local_settings
 from alphaagent.local.store import SqliteStore
 from alphaagent.local.workspace import LocalWorkspace
@@ -41,24 +42,6 @@ DATABASE_NAME = "alphaagent.db"
 
 AUDIT_FILE = "audit.jsonl"
 """The audit trail of requests for another user's things, in the home (``JsonLinesAudit``)."""
-
-
-def alphaagent_home(explicit: str | Path | None = None) -> Path:
-    """The data directory (DESIGN §1), as an absolute path: ``explicit`` (the CLI's ``--home``),
-    else ``$ALPHAAGENT_HOME``, else ``${XDG_DATA_HOME:-~/.local/share}/alphaagent``, the one
-    per-user place of the XDG Base Directory specification, so that every command finds the same
-    data wherever it is run from. An empty variable counts as unset, and a relative
-    ``XDG_DATA_HOME`` is ignored (the specification says such a value is invalid). Nothing is
-    created here."""
-    if explicit is not None and str(explicit) != "":
-        return Path(explicit).expanduser().absolute()
-    settings = local_settings()
-    configured = settings.home()
-    if configured is not None:
-        return configured
-    xdg = settings.XDG_DATA_HOME
-    data_home = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
-    return data_home / "alphaagent"
 
 
 def connector_settings_from_env() -> ConnectorSettings:

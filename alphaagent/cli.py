@@ -26,8 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
-from pydantic import BaseModel, ValidationError
-
 from alphaagent.errors import (
     AlphaAgentError,
     InvalidRequestError,
@@ -36,22 +34,20 @@ from alphaagent.errors import (
     NotFoundError,
     PathRuleError,
 )
-from alphaagent.models.common import (
-    ConversationScope,
-    NodeScope,
-    Scope,
-    printable_path,
-    printable_text,
-)
-from alphaagent.models.run import RunLimits
 from alphaagent.program import DEFAULT_PROGRAM
-from alphaagent.terminal import LiveOutput, looks_binary
 
+# Only the standard library and the error classes at import: `--version`, `COMMAND --help` and a
+# usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
+# command imports what it uses.
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from alphaagent.api import AlphaAgent
     from alphaagent.domain.turns import Coder
     from alphaagent.environments import Environment
+    from alphaagent.models.common import Scope
     from alphaagent.models.records import Turn, TurnResult
+    from alphaagent.models.run import RunLimits
     from alphaagent.models.spec import Spec
     from alphaagent.sandbox.config import SandboxConfig
 
@@ -65,6 +61,16 @@ _SUBMIT_TIMEOUT_S = 3600.0
 
 
 class _Parser(argparse.ArgumentParser):
+    describe_home = False
+    """Whether the help ends its description with where the data directory is (the top-level
+    help): read from the settings when the help is shown, so that building the parser reads none."""
+
+    def format_help(self) -> str:
+        if self.describe_home and self.description is not None:
+            self.description += f"\n\ndata directory: {_where_home()}\nidentity:       {_IDENTITY}"
+            self.describe_home = False
+        return super().format_help()
+
     def error(self, message: str) -> NoReturn:
         text = f"{message} (see {self.prog} --help)"
         if _JSON_FLAG in _ARGV:  # a script asked for JSON: it gets the usage error as JSON too
@@ -97,6 +103,10 @@ def _fail(message: str, code: int = EXIT_USAGE, *, as_json: bool = False) -> int
 
 
 def _emit(args: argparse.Namespace, data: Any, lines: Sequence[str]) -> None:
+    from pydantic import BaseModel
+
+    from alphaagent.models.common import printable_text
+
     if args.json:
         payload = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
         print(json.dumps(payload, indent=2, default=str))
@@ -115,6 +125,10 @@ def _dump(items: Sequence[BaseModel]) -> list[Any]:
 
 
 def _limits_from(args: argparse.Namespace) -> RunLimits:
+    from pydantic import ValidationError
+
+    from alphaagent.models.run import RunLimits
+
     values = {"timeout_s": args.timeout, "memory_mb": args.memory_mb}
     try:
         return RunLimits(**{k: v for k, v in values.items() if v is not None})
@@ -173,8 +187,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
     go to standard error, and standard output is the result alone."""
     import tempfile
 
+    from alphaagent.models.common import printable_path
     from alphaagent.sandbox.scratch import remove_path
     from alphaagent.sandbox.supervisor import Sandbox, _validate_code, _validate_workdir, iter_result_lines
+    from alphaagent.terminal import LiveOutput
 
     limits = _limits_from(args)
     code = _validate_code(_read_input(args.file, "code"))
@@ -215,6 +231,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def _scope_from(args: argparse.Namespace, *, required: bool = True) -> Scope | None:
+    from pydantic import ValidationError
+
+    from alphaagent.models.common import ConversationScope, NodeScope
+
     conversation = getattr(args, "conversation", None)
     workflow, node = getattr(args, "workflow", None), getattr(args, "node", None)
     try:
@@ -328,6 +348,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a spec end to end on the local backend: progress and each run's output, as it is
     produced, on standard error (output lines prefixed ``  | `` and ``  stderr | ``); the result on
     standard output."""
+    from alphaagent.models.common import printable_text
+    from alphaagent.terminal import LiveOutput
+
     spec = _spec_from(args)
     live = LiveOutput(sys.stderr, stdout_prefix="  | ", stderr_prefix="  stderr | ")
 
@@ -503,6 +526,9 @@ def cmd_files(args: argparse.Namespace) -> int:
 def cmd_cat(args: argparse.Namespace) -> int:
     """Write a file's (or an artifact version's) bytes to standard output or ``-o FILE``; refuse
     binary bytes for a terminal, where they would be garbage or escape sequences."""
+    from alphaagent.models.common import printable_path
+    from alphaagent.terminal import looks_binary
+
     scope = _required_scope(args)
     if not args.artifact and not args.path:
         raise InvalidRequestError("give a PATH, or --artifact NAME [--version N]")
@@ -563,6 +589,7 @@ def _newest_first(items: Sequence[Any], args: argparse.Namespace, what: str) -> 
 
 def cmd_history(args: argparse.Namespace) -> int:
     """A scope's runs (or one turn's, ``--turn``), newest first, with their stored outputs."""
+    from alphaagent.models.common import printable_path
     from alphaagent.sandbox.render import state_line
 
     scope = _required_scope(args)
@@ -619,6 +646,8 @@ def _turn_row(turn: Turn) -> dict[str, Any]:
 
 def cmd_turns(args: argparse.Namespace) -> int:
     """A scope's turns, newest first: id, status, start, duration, environment, goal and error."""
+    from alphaagent.models.common import printable_path
+
     scope = _required_scope(args)
     with _agent(args) as agent:
         turns = agent.turns(args.user, scope)
@@ -642,7 +671,7 @@ def cmd_turns(args: argparse.Namespace) -> int:
 
 def cmd_conversations(args: argparse.Namespace) -> int:
     """The user's conversations and workflow nodes, the newest turn first."""
-    from alphaagent.models.common import scope_from_key
+    from alphaagent.models.common import ConversationScope, printable_path, scope_from_key
 
     with _agent(args) as agent:
         summaries = agent.conversations(args.user)
@@ -737,6 +766,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from alphaagent.models.common import printable_path
+
     scope = _required_scope(args)
     out = Path(args.output)
     if out.is_dir():
@@ -795,6 +826,8 @@ def _environment_lines(environment: Environment, *, full: bool = False) -> list[
 def cmd_env_add(args: argparse.Namespace) -> int:
     """Register a local environment after starting its zygote once; every refusal is one line
     naming the flag (exit 2) and registers nothing."""
+    from pydantic import ValidationError
+
     from alphaagent.environments import EnvironmentLimits
     from alphaagent.errors import InvalidEnvironmentError
 
@@ -893,10 +926,18 @@ def _version() -> str:
         return __version__
 
 
+class _VersionAction(argparse._VersionAction):
+    """``--version``: the installed version, looked up only when asked for (the package metadata
+    is a scan of the installed distributions)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        self.version = _version_line()
+        super().__call__(parser, *args, **kwargs)
+
+
 def _where_home() -> str:
     """Where the data directory is, and why (for ``--help``)."""
-    from alphaagent.api import alphaagent_home
-    from alphaagent.local.settings import local_settings
+    from alphaagent.local.settings import alphaagent_home, local_settings
 
     settings = local_settings()
     if settings.ALPHAAGENT_HOME:
@@ -906,6 +947,9 @@ def _where_home() -> str:
     else:
         why = "the per-user default; set $ALPHAAGENT_HOME or give --home to move it"
     return f"{alphaagent_home()} ({why})"
+
+
+_IDENTITY = f"--user, else ${USER_ENV}, else '{DEFAULT_USER}'"
 
 
 def _add_home(command: argparse.ArgumentParser, default: Any) -> None:
@@ -1009,15 +1053,14 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog,
         description=(
-            "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack.\n\n"
-            f"data directory: {_where_home()}\n"
-            f"identity:       --user, else ${USER_ENV}, else '{DEFAULT_USER}'"
+            "The code-execution plane for AI agents: the local backend, and `submit` to a deployed stack."
         ),
         epilog=f"See {prog} COMMAND --help.",
         # As written: a wrapped path could not be copied from the terminal.
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=_version_line())
+    parser.describe_home = True
+    parser.add_argument("--version", action=_VersionAction)
     _add_home(parser, None)
     parser.add_argument(
         "--json",
@@ -1297,7 +1340,7 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
     """Apply the identity rule to a command that has ``--user``; an error message, or None.
     Sets ``args.user`` and ``args.user_source`` (``--user``, ``$ALPHAAGENT_USER`` or None for the
     default)."""
-    from pydantic import TypeAdapter
+    from pydantic import TypeAdapter, ValidationError
 
     from alphaagent.local.settings import local_settings
     from alphaagent.models.common import UserId
@@ -1326,9 +1369,14 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> i
             parser.print_help()
             return EXIT_OK
         args = parser.parse_args(_ARGV)
+        from alphaagent.local.settings import local_settings
+
+        local_settings()  # a malformed setting is one line before any command starts
     except InvalidSettingError as exc:
         return _fail(str(exc), as_json="--json" in _ARGV)
     args.prog = prog
+
+    from pydantic import ValidationError  # already imported: the settings are a model
 
     def fail(message: str, code: int = EXIT_USAGE) -> int:
         return _fail(message, code, as_json=bool(getattr(args, "json", False)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -37,6 +37,16 @@ def _serialise_moto_dynamodb() -> None:
 
 
 _serialise_moto_dynamodb()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_cli() -> Iterator[Callable[..., Any]]:
+    """``cli_runner.run_cli``: the command line forked from a warm helper; the helper (started on
+    first use) is stopped when the session ends."""
+    from cli_runner import close_helper, run_cli
+
+    yield run_cli
+    close_helper()
 
 
 # -- the clock ---------------------------------------------------------------------------------------

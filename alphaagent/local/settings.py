@@ -17,13 +17,15 @@ import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from alphaagent.connectors import ConnectorSettings
-from alphaagent.domain.backend import TurnSettings
 from alphaagent.settings import read_env
+
+if TYPE_CHECKING:
+    from alphaagent.domain.backend import TurnSettings
 
 
 class LocalSettings(BaseModel):
@@ -91,6 +93,10 @@ class LocalSettings(BaseModel):
 
     def turn_settings(self) -> TurnSettings:
         """The turn timings these variables give."""
+        # Imported here: the domain is most of the backend, and `alphaagent --help` reads these
+        # settings without running a turn.
+        from alphaagent.domain.backend import TurnSettings
+
         return TurnSettings(
             lock_lease_s=self.ALPHAAGENT_LOCK_LEASE_S,
             lock_wait_s=self.ALPHAAGENT_LOCK_WAIT_S,
@@ -112,3 +118,22 @@ def local_settings() -> LocalSettings:
             (``ALPHAAGENT_LOCK_LEASE_S: Input should be greater than 0``).
     """
     return _parse(frozenset(os.environ.items()))
+
+
+def alphaagent_home(explicit: str | Path | None = None) -> Path:
+    """The data directory (DESIGN §1), as an absolute path: ``explicit`` (the CLI's ``--home``),
+    else ``$ALPHAAGENT_HOME``, else ``${XDG_DATA_HOME:-~/.local/share}/alphaagent``, the one
+    per-user place of the XDG Base Directory specification, so that every command finds the same
+    data wherever it is run from. An empty variable counts as unset, and a relative
+    ``XDG_DATA_HOME`` is ignored (the specification says such a value is invalid). Nothing is
+    created here. (Here, not in ``alphaagent.api``: the CLI's help says where it is without
+    importing the backend; ``alphaagent.api.alphaagent_home`` is this function.)"""
+    if explicit is not None and str(explicit) != "":
+        return Path(explicit).expanduser().absolute()
+    settings = local_settings()
+    configured = settings.home()
+    if configured is not None:
+        return configured
+    xdg = settings.XDG_DATA_HOME
+    data_home = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return data_home / "alphaagent"

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from assertions import assert_status
+from cli_runner import run_cli
 
 
 def _exec(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "exec", *args],
-        cwd=cwd,
-        input=stdin,
-        capture_output=True,
-        timeout=120,
-    )
+    done = run_cli(["exec", *args], cwd=cwd, input=stdin, timeout=120)
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from cli_runner import run_cli
 
 from alphaagent.api import AlphaAgent, alphaagent_home
 from alphaagent.models.common import ConversationScope, printable_text
@@ -41,14 +42,7 @@ def _env(**extra: str) -> dict[str, str]:
 def _cli(
     *args: str, env: dict[str, str], cwd: Path, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli(args, env=env, cwd=cwd, text=True, timeout=timeout)
 
 
 def _spec(conversation: str, *codes: str, **fields: Any) -> dict[str, Any]:
@@ -564,11 +558,8 @@ def test_cat_refuses_binary_for_a_terminal_and_writes_it_with_o(tmp_path: Path) 
         cwd=tmp_path,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
-    piped = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "cat", "--conversation", "c-cat", "charts/c.png"],
-        env=_env(ALPHAAGENT_HOME=str(home)),
-        capture_output=True,
-        timeout=120,
+    piped = run_cli(
+        ["cat", "--conversation", "c-cat", "charts/c.png"], env=_env(ALPHAAGENT_HOME=str(home)), timeout=120
     )
     assert piped.returncode == 0 and piped.stdout == out.read_bytes()
     assert out.read_bytes().startswith(b"\x89PNG")

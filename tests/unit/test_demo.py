@@ -5,25 +5,18 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from assertions import assert_status
+from cli_runner import run_cli
 
 
 def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
     # Given an empty ALPHAAGENT_HOME
     env = {**os.environ, "ALPHAAGENT_HOME": str(tmp_path / "home")}
     # When the demo runs
-    done = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "demo", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_cli(["demo", "--json"], env=env, text=True, timeout=300)
     # Then both turns complete, with the dataset, chart and report of the real analysis
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -65,27 +58,15 @@ def test_the_demo_uses_the_per_user_data_directory_and_the_identity_rule(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("ALPHAAGENT_HOME", "XDG_DATA_HOME")}
     env.update(HOME=str(home), ALPHAAGENT_USER="newcomer")
     # When the demo runs there
-    done = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "demo", "--json"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_cli(["demo", "--json"], env=env, cwd=cwd, text=True, timeout=300)
     # Then its scope is under ~/.local/share/alphaagent, nothing was written where it ran
     assert done.returncode == 0, done.stderr
     scope = Path(json.loads(done.stdout)["scope"])
     assert scope.parent.parent == home / ".local/share/alphaagent"
     assert list(cwd.iterdir()) == []
     # And a read command from anywhere, as the same user, finds its runs
-    read = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "history", "--json", "--conversation", scope.name],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    read = run_cli(
+        ["history", "--json", "--conversation", scope.name], env=env, cwd=tmp_path, text=True, timeout=120
     )
     assert read.returncode == 0, read.stderr
     assert len(json.loads(read.stdout)) == 4

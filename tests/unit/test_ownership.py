@@ -19,7 +19,6 @@ import re
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from cli_runner import run_cli
 from sandboxes import light_agent
 
 from alphaagent.api import AUDIT_FILE, AlphaAgent
@@ -144,18 +144,11 @@ class Answer:
 
 
 def cli(home: Path, cwd: Path, *args: str) -> Answer:
-    """``alphaagent ARGS`` in a fresh process with ``ALPHAAGENT_HOME=home`` and no other alphaagent
-    setting inherited."""
+    """``alphaagent ARGS`` as a process of its own (``cli_runner``) with ``ALPHAAGENT_HOME=home`` and
+    no other alphaagent setting inherited."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
     env["ALPHAAGENT_HOME"] = str(home)
-    done = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=60,
-    )
+    done = run_cli(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, timeout=60)
     return Answer(done.returncode, done.stdout, done.stderr)
 
 

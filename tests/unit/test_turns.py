@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from cli_runner import run_cli
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
@@ -239,13 +240,7 @@ def _run_in_threads(agent: AlphaAgent, specs: list[dict[str, Any]]) -> list[Turn
 def _cli(*args: str, home: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_CODE_"))}
     env.update({"ALPHAAGENT_HOME": str(home), **extra_env})
-    return subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(args, env=env, text=True, timeout=120)
 
 
 # ----------------------------------------------------------------------------- steps driver (item 7)
@@ -1230,14 +1225,7 @@ def test_a_turn_id_reused_for_a_different_spec_is_refused(agent: AlphaAgent, tmp
     spec_file = tmp_path / "changed.json"
     spec_file.write_text(json.dumps({**spec, "goal": "revenue by country"}))
     env = {**os.environ, "ALPHAAGENT_HOME": str(agent.home), "ALPHAAGENT_USER": USER}
-    cli = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "run", str(spec_file)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    cli = run_cli(["run", str(spec_file)], text=True, env=env, timeout=120)
     assert cli.returncode == 2, (cli.returncode, cli.stdout, cli.stderr)
     assert "turn_id: already used for a different spec" in cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1, cli.stderr

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from cli_runner import run_cli
 from starlette.testclient import TestClient
 from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, T0, TOKEN, Home, lay_out
 
@@ -292,9 +293,7 @@ def test_a_missing_data_directory_shows_nothing_and_creates_nothing(tmp_path: Pa
 
 def _cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ALPHAAGENT_HOME": str(home), "ALPHAAGENT_USER": ALICE}
-    return subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", *args], env=env, capture_output=True, text=True, timeout=120
-    )
+    return run_cli(args, env=env, text=True, timeout=120)
 
 
 def test_turns_and_conversations_list_the_users_work(home: LocalHome) -> None:
