@@ -81,7 +81,7 @@ class _SharedDataLoader(botocore.loaders.Loader):
 
     _caches: ClassVar[dict[tuple[str, ...], dict[Any, Any]]] = {}
 
-    @property  # type: ignore[override]
+    @property
     def _cache(self) -> dict[Any, Any]:
         # Keyed by the search path at lookup time: boto3 appends its own data directory to a
         # session's loader after creating it, and a different path may find different files.
@@ -103,7 +103,7 @@ def _create_loader(search_path_string: str | None = None) -> botocore.loaders.Lo
 def share_sdk_data() -> None:
     """Make every botocore session of the process read the SDK's data files through one cache
     (:class:`_SharedDataLoader`). Idempotent."""
-    botocore.session.create_loader = _create_loader  # type: ignore[attr-defined]
+    botocore.session.create_loader = _create_loader
 
 
 _VALID_DEFINITIONS: set[str] = set()
