@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,19 @@ CfnLoader.add_multi_constructor("!", _construct_tag)
 
 
 def load_template(path: Path) -> dict[str, Any]:
-    """The template at ``path`` as data (a SafeLoader subclass: no arbitrary objects)."""
-    document: dict[str, Any] = yaml.load(path.read_text(), Loader=CfnLoader)
+    """The template at ``path`` as data (a SafeLoader subclass: no arbitrary objects); the caller's
+    own copy, read from the file as it is now."""
+    return parse_template(path.read_text())
+
+
+def parse_template(text: str) -> dict[str, Any]:
+    """The template ``text`` as data, as :func:`load_template` reads it; the caller's own copy."""
+    return copy.deepcopy(_parsed(text))
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str) -> dict[str, Any]:
+    # PyYAML's pure-Python loader takes ~0.2 s of CPU for template.yaml; a test process would pay it
+    # for every test that reads the template. Keyed by the text, so an edited file is parsed afresh.
+    document: dict[str, Any] = yaml.load(text, Loader=CfnLoader)
     return document

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from clocks import FakeClock
-from moto_account import FAKE_CREDENTIALS, MotoAccount
+from moto_account import FAKE_CREDENTIALS, MotoAccount, share_sdk_data
 
 
 def _serialise_moto_dynamodb() -> None:
@@ -37,6 +37,7 @@ def _serialise_moto_dynamodb() -> None:
 
 
 _serialise_moto_dynamodb()
+share_sdk_data()  # every test's new boto3 session would re-parse the SDK's data files
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -53,7 +53,6 @@ from urllib.parse import unquote, urlparse
 
 import boto3
 import cfn
-import yaml
 from botocore.exceptions import ClientError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -894,7 +893,7 @@ class Iam:
 def without_action(template_text: str, action: str) -> str:
     """``template_text`` with ``action`` removed from every policy statement that lists it (for the
     tests that show the harness fails when a needed grant is taken out)."""
-    template = yaml.load(template_text, Loader=cfn.CfnLoader)
+    template = cfn.parse_template(template_text)
 
     def strip(node: Any) -> Any:
         if isinstance(node, dict):

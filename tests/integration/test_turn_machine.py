@@ -23,6 +23,7 @@ does not allow fails as AWS would fail it, and the test fails naming the action 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -44,7 +45,7 @@ from cfn import load_template
 from iam import Iam, Physical, without_action
 from moto.awslambda.models import LambdaBackend
 from moto.awslambda_simple.models import LambdaSimpleBackend
-from moto_account import MotoAccount
+from moto_account import MotoAccount, remember_valid_state_machines
 
 from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
@@ -355,7 +356,7 @@ class Stack:
             definition = definition.replace("${" + name + "}", value)
         self.machine = self.sfn.create_state_machine(
             name="alphaagent-turn",
-            definition=json.dumps(yaml.safe_load(definition)),
+            definition=asl_json(definition),
             roleArn=f"arn:aws:iam::{ACCOUNT}:role/alphaagent-turn",
         )["stateMachineArn"]
 
@@ -576,6 +577,13 @@ class Stack:
         return [error for pump in self.pumps for error in pump.errors] + self.iam.denied
 
 
+@functools.lru_cache(maxsize=4)
+def asl_json(definition: str) -> str:
+    """The state machine's YAML ``definition`` as the JSON Step Functions takes (parsed once per
+    text: every test creates the same machine)."""
+    return json.dumps(yaml.safe_load(definition))
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float, stack: Stack | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -662,6 +670,7 @@ def stack(
     )
     for getter in getters:
         getter.cache_clear()
+    remember_valid_state_machines(monkeypatch)
     iam.install()  # before any client exists: each takes the session's handlers when created
     created = Stack(moto, lambdas, iam)
     monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
