@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +38,22 @@ def _serialise_moto_dynamodb() -> None:
 
 
 _serialise_moto_dynamodb()
+
+
+def _take_ctrl_c_as_a_terminal_does() -> None:
+    """Give SIGINT its default handling when the suite was started with it ignored.
+
+    A shell without job control (a script running ``make test &``, a CI step in the background) starts
+    background commands with SIGINT ignored, and an ignored signal stays ignored across ``exec``: every
+    CLI process the Ctrl-C tests start inherited it and went on running after their SIGINT. Those tests
+    stand for a command in a terminal's foreground, where SIGINT has its default action; a handled
+    signal is reset to that default in each child at ``exec``.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_take_ctrl_c_as_a_terminal_does()
 share_sdk_data()  # every test's new boto3 session would re-parse the SDK's data files
 
 
