@@ -126,10 +126,28 @@ SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
 LANDLOCK_ACCESS_FS_WRITE_FILE = 1 << 1
+LANDLOCK_ACCESS_FS_REMOVE_DIR = 1 << 4
+LANDLOCK_ACCESS_FS_REMOVE_FILE = 1 << 5
 LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
+LANDLOCK_ACCESS_FS_MAKE_DIR = 1 << 7
+LANDLOCK_ACCESS_FS_MAKE_REG = 1 << 8
+LANDLOCK_ACCESS_FS_MAKE_SOCK = 1 << 9
+LANDLOCK_ACCESS_FS_MAKE_FIFO = 1 << 10
 LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+LANDLOCK_ACCESS_FS_MAKE_SYM = 1 << 12
 LANDLOCK_ACCESS_FS_REFER = 1 << 13
 LANDLOCK_ACCESS_FS_TRUNCATE = 1 << 14  # ABI 3
+LANDLOCK_DIR_WRITE_RIGHTS = (
+    LANDLOCK_ACCESS_FS_REMOVE_DIR
+    | LANDLOCK_ACCESS_FS_REMOVE_FILE
+    | LANDLOCK_ACCESS_FS_MAKE_DIR
+    | LANDLOCK_ACCESS_FS_MAKE_REG
+    | LANDLOCK_ACCESS_FS_MAKE_SOCK
+    | LANDLOCK_ACCESS_FS_MAKE_FIFO
+    | LANDLOCK_ACCESS_FS_MAKE_SYM
+)
+"""Rights over a directory's entries (making, removing, and so renaming them): Landlock accepts them
+only in a rule on a directory."""
 LANDLOCK_SCOPE_SIGNAL = 1 << 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -706,10 +724,11 @@ def _prepare_write_rules() -> None:
 
 
 def _add_write_rules(ruleset: int, rights: int) -> None:
-    """Grant ``rights`` (writing and truncating files) beneath everything but the kernel's
-    filesystems. Each entry is opened ``O_PATH | O_NOFOLLOW`` and a symlink is skipped: following one
-    (``/x -> /sys/fs/cgroup``, planted by a root run) would grant writes beneath its target; the
-    real directory it names, where it is writable, has a rule of its own."""
+    """Grant ``rights`` (writing and truncating files) and ``LANDLOCK_DIR_WRITE_RIGHTS`` (making,
+    removing, renaming entries) beneath everything but the kernel's filesystems. Each entry is
+    opened ``O_PATH | O_NOFOLLOW`` and a symlink is skipped: following one (``/x -> /sys/fs/cgroup``,
+    planted by a root run) would grant writes beneath its target; the real directory it names,
+    where it is writable, has a rule of its own."""
     mounts = _kernel_mount_points()  # read again (0.1 ms): a kernel mount made since is denied too
     ready = _writable_paths
     paths = ready[1] if ready is not None and ready[0] == mounts else _writable_beneath(mounts)
@@ -722,8 +741,11 @@ def _add_write_rules(ruleset: int, rights: int) -> None:
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode):
                 continue
-            # On a file Landlock accepts only file rights: writing and truncating are (REFER is not).
-            rule = _PathBeneath(rights, fd)
+            # Landlock accepts directory rights only on a directory: a file gets writing and
+            # truncating alone (and its own entry, in a split directory, can be neither removed nor
+            # renamed: its parent grants nothing).
+            granted = rights | LANDLOCK_DIR_WRITE_RIGHTS if stat.S_ISDIR(mode) else rights
+            rule = _PathBeneath(granted, fd)
             _check(
                 _libc.syscall(
                     SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
@@ -749,15 +771,17 @@ def _enter_landlock_domain(abi: int, abstract_unix: bool = False, deny_kernel_wr
     listen there); socket files are not covered (Landlock cannot yet). Needs ``no_new_privs``.
 
     File rules: it denies making device nodes (no run needs one), and with ``deny_kernel_writes``
-    (the process level) opening for writing, or truncating, anything beneath ``/proc``, ``/sys`` and
-    the other ``KERNEL_FS_TYPES`` mounts: dropped capabilities do not stop uid 0 there (its
-    ``cgroup.procs`` and sysctl writes need none). Reopening a descriptor through ``/proc/self/fd``
+    (the process level) opening for writing, truncating, making, removing or renaming anything
+    beneath ``/proc``, ``/sys`` and the other ``KERNEL_FS_TYPES`` mounts: dropped capabilities do not
+    stop uid 0 there (its ``cgroup.procs`` and sysctl writes need none, nor renaming another spare's
+    cgroup and leaving a decoy in its place). ``chmod``, ``chown`` and ``utime`` have no Landlock
+    hook: they are not denied. Reopening a descriptor through ``/proc/self/fd``
     is checked against the file it names, not ``/proc``, and pipes, sockets and ``memfd`` files are
     not in any directory Landlock checks, so they stay writable.
     """
     write_rights = LANDLOCK_ACCESS_FS_WRITE_FILE | (LANDLOCK_ACCESS_FS_TRUNCATE if abi >= 3 else 0)
     handled = LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER
-    fields = [handled | (write_rights if deny_kernel_writes else 0)]
+    fields = [handled | (write_rights | LANDLOCK_DIR_WRITE_RIGHTS if deny_kernel_writes else 0)]
     if abi >= 6:
         scoped = LANDLOCK_SCOPE_SIGNAL | (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET if abstract_unix else 0)
         fields += [0, scoped]  # handled_access_net (none), scoped
@@ -1403,8 +1427,16 @@ class Spare:
         self.network = network
         self.helper_pid = helper_pid
         self.cgroups: dict[str, str] = {}  # controller -> the spare's cgroup directory
+        # Its cgroup directories (path -> descriptor), opened when they were made: limits are
+        # written through these, so a directory renamed since (and a decoy made in its place) gets none.
+        self.cgroup_fds: dict[str, int] = {}
         self.ready = False
         self.since = time.monotonic()  # when it was forked; once handed a request, when it was
+
+    def close_cgroup_fds(self) -> None:
+        for fd in self.cgroup_fds.values():
+            os.close(fd)
+        self.cgroup_fds = {}
 
 
 class Request:
@@ -1510,6 +1542,7 @@ class Zygote:
     def _fork_spare(self, network: bool) -> Spare | None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cgroups: dict[str, str] = {}
+        cgroup_fds: dict[str, int] = {}
         if self.cgroup_parents:
             # Made before the fork, so it exists whenever the spare is handed a run; the spare joins
             # it itself before it reads its request, so everything the run forks is counted.
@@ -1520,6 +1553,7 @@ class Zygote:
             }
             for directory in set(cgroups.values()):
                 os.mkdir(directory)
+                cgroup_fds[directory] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if self.clone_spares and _clone_usable():
             uid, gid = os.geteuid(), os.getegid()  # the child's own ids read 65534 until it maps them
             try:
@@ -1532,13 +1566,15 @@ class Zygote:
                 parent_sock.close()
                 for directory in set(cgroups.values()):
                     self.doomed_cgroups.add(directory)
+                for fd in cgroup_fds.values():
+                    os.close(fd)
                 self.clone_failures += 1
                 return None
             if pid == 0:
                 self._become_spare(child_sock, parent_sock, network, cgroups, cloned=(uid, gid))
             child_sock.close()
             spare = Spare(parent_sock, pid, network, helper_pid=None)
-            spare.cgroups = cgroups
+            spare.cgroups, spare.cgroup_fds = cgroups, cgroup_fds
             self.pending[parent_sock.fileno()] = spare
             self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
             return spare
@@ -1551,7 +1587,7 @@ class Zygote:
             self.helpers.add(pid)
         else:
             spare = Spare(parent_sock, pid, network, helper_pid=None)
-        spare.cgroups = cgroups
+        spare.cgroups, spare.cgroup_fds = cgroups, cgroup_fds
         self.pending[parent_sock.fileno()] = spare
         self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
         return spare
@@ -1573,10 +1609,13 @@ class Zygote:
             self.sel.close()
             for spare in self.spares:
                 spare.sock.close()
+                spare.close_cgroup_fds()
             for spare in self.pending.values():
                 spare.sock.close()
+                spare.close_cgroup_fds()
             for spare, request in self.handing.values():
                 spare.sock.close()
+                spare.close_cgroup_fds()
                 request.close()
             for request in self.waiting:
                 # Other runs' pipes: held here, they would keep those runs' output open after they end.
@@ -1684,6 +1723,7 @@ class Zygote:
         victims = [p for p in (spare.pid,) if p and not reaped]
         victims += [h for h in (spare.helper_pid,) if h in self.helpers]
         _kill_all(victims)
+        spare.close_cgroup_fds()
         self.doomed_cgroups.update(spare.cgroups.values())
         if why:
             sys.stderr.write(f"alphaagent zygote: spare {spare.pid or spare.helper_pid} {why}\n")
@@ -1766,10 +1806,15 @@ class Zygote:
         message = request.message
         try:
             cgroups = spare.cgroups
+            intruder = _cgroup_intruded(spare.pid, spare.cgroup_fds)
+            if intruder:
+                self._drop_spare(spare, f"refused for run {request.run_id}: {intruder}")
+                self._retry(request, intruder)
+                return
             if "pids" in cgroups:
-                _write(os.path.join(cgroups["pids"], "pids.max"), str(message["max_processes"]))
+                _write_at(spare.cgroup_fds[cgroups["pids"]], "pids.max", str(message["max_processes"]))
             request.memory_cgroup = "memory" in cgroups and _limit_memory(
-                cgroups["memory"], message.get("memory_bytes")
+                spare.cgroup_fds[cgroups["memory"]], message.get("memory_bytes")
             )
             spare.sock.sendmsg(
                 [json.dumps(message["request"]).encode()],
@@ -1808,6 +1853,7 @@ class Zygote:
         self.sel.unregister(sock)
         assert spare.pid is not None
         request.close()  # the spare has its own copies now
+        spare.close_cgroup_fds()
         cgroups = spare.cgroups
         if cgroups:
             self.cgroups[spare.pid] = cgroups
@@ -2135,25 +2181,56 @@ def _read_init_report(init_sock: socket.socket) -> dict[str, Any] | None:
         init_sock.close()
 
 
-def _limit_memory(cgroup: str, limit: int | None) -> bool:
-    """Set a run's memory cgroup to ``limit`` bytes, swap included, before it starts; True once the
-    limit is in force (v1: ``memory.limit_in_bytes`` and ``memory.memsw.limit_in_bytes``; v2:
-    ``memory.max``, ``memory.swap.max`` 0 and ``memory.oom.group``, so the whole run dies together)."""
+def _limit_memory(cgroup_fd: int, limit: int | None) -> bool:
+    """Set a run's memory cgroup (its directory's descriptor) to ``limit`` bytes, swap included,
+    before it starts; True once the limit is in force (v1: ``memory.limit_in_bytes`` and
+    ``memory.memsw.limit_in_bytes``; v2: ``memory.max``, ``memory.swap.max`` 0 and
+    ``memory.oom.group``, so the whole run dies together)."""
     if not limit:
         return False
     try:
-        if os.path.exists(os.path.join(cgroup, "memory.max")):
-            _write(os.path.join(cgroup, "memory.max"), str(limit))
+        names = set(os.listdir(cgroup_fd))
+        if "memory.max" in names:
+            _write_at(cgroup_fd, "memory.max", str(limit))
             for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
-                if os.path.exists(os.path.join(cgroup, name)):
-                    _write(os.path.join(cgroup, name), value)
+                if name in names:
+                    _write_at(cgroup_fd, name, value)
         else:
-            _write(os.path.join(cgroup, "memory.limit_in_bytes"), str(limit))
-            if os.path.exists(os.path.join(cgroup, "memory.memsw.limit_in_bytes")):
-                _write(os.path.join(cgroup, "memory.memsw.limit_in_bytes"), str(limit))
+            _write_at(cgroup_fd, "memory.limit_in_bytes", str(limit))
+            if "memory.memsw.limit_in_bytes" in names:
+                _write_at(cgroup_fd, "memory.memsw.limit_in_bytes", str(limit))
     except OSError:
         return False
     return True
+
+
+def _write_at(directory_fd: int, name: str, text: str) -> None:
+    """Write ``text`` to ``name`` in the directory open as ``directory_fd`` (never a link)."""
+    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory_fd)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _cgroup_intruded(pid: int, cgroup_fds: dict[str, int]) -> str | None:
+    """Why a spare's cgroups cannot bound its run, or None: each directory the zygote made for it
+    must still be at its path (the supervisor and the reaper read it there) and hold the spare
+    (its ``cgroup.procs``). A run that renamed them, or moved the spare, is refused this way even
+    where it could write beneath cgroupfs (``kernel_files`` ``writable``)."""
+    for path, fd in cgroup_fds.items():
+        try:
+            held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+                return f"its cgroup {path} was moved (another directory is there now)"
+            procs_fd = os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)
+            with os.fdopen(procs_fd) as fh:
+                members = fh.read().split()
+        except OSError as exc:
+            return f"its cgroup {path}: {exc.strerror}"
+        if str(pid) not in members:
+            return f"it is no longer in its cgroup {path}"
+    return None
 
 
 def _oom_kills(cgroup: str) -> int:
