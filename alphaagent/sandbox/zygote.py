@@ -21,6 +21,7 @@ supervisor -> zygote
 
 zygote -> supervisor
     ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "landlock_abi", "kernel_files",
+    "process_calls", "process_calls_detail",
     "preloaded", "preload_errors"}``
     ``{"event": "queued", "id"}`` at once for every spawn request, then, once a ready spare has taken
     it, ``{"event": "spawned", "id", "pid", "cgroup", "memory_cgroup", "started_at"}`` (the run's pids
@@ -1095,6 +1096,8 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
         )
     if namespaced and not req.get("network", False):
         _deny_unix_sockets()
+    if req.get("filter_process_calls"):
+        _seccomp.install()  # the zygote's probe found it works here
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
@@ -1526,6 +1529,15 @@ class Zygote:
         self.clone_spares = self.clone_refused is None
         # At the process level every run enters a Landlock domain of its own (``_enter_landlock_domain``).
         self.landlock_abi = 0 if self.namespaced or not config.get("landlock", True) else _landlock_abi()
+        # At the process level every run gets the seccomp filter of ``seccomp.py`` (prlimit and kin on
+        # other processes, keyrings) where the kernel takes it; with namespaces the run's pid and user
+        # namespaces keep those calls off the host's processes and keys.
+        self.process_calls_detail: str | None = None
+        if not self.namespaced:
+            global _seccomp
+            _seccomp = _sibling("seccomp")
+            self.process_calls_detail = _seccomp.probe()
+        self.process_calls = "open" if self.process_calls_detail else "filtered"
         # Without either, a run can read the environment of every dumpable process of its uid.
         self.readable_credentials: list[dict[str, Any]] = []
         if not self.namespaced and not self.landlock_abi:
@@ -1663,6 +1675,7 @@ class Zygote:
             high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
             message["source"] = _read_code(high[3])
             message["landlock_abi"] = self.landlock_abi
+            message["filter_process_calls"] = not self.namespaced and self.process_calls == "filtered"
             for target, fd in zip((1, 2, STATUS_FD), high, strict=False):
                 os.dup2(fd, target, inheritable=target != STATUS_FD)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -2317,6 +2330,7 @@ def _sibling(name: str) -> types.ModuleType:
 
 
 _STATE: Any = None
+_seccomp: Any = None  # ``seccomp.py``, loaded by a process-level zygote (``Zygote.__init__``)
 """``state.py`` (live session state), loaded once by the zygote before it forks (``main``)."""
 
 
@@ -2363,6 +2377,10 @@ def main() -> None:
         # Whether a run can write beneath /proc, /sys and cgroupfs (and so, as root, leave its pids
         # and memory cgroups): read-only mounts with namespaces, the run's Landlock domain without.
         "kernel_files": "read_only" if zygote.namespaced or zygote.landlock_abi else "writable",
+        # Whether a run can change another process's limits or scheduling (prlimit, setpriority,
+        # sched_setaffinity...) or use the kernel keyrings: its namespaces, or the seccomp filter.
+        "process_calls": zygote.process_calls,
+        "process_calls_detail": zygote.process_calls_detail,
         "readable_credentials": zygote.readable_credentials,
         "kernel_landlock_abi": landlock_abi(),
         "preloaded": loaded,
