@@ -167,3 +167,15 @@ def test_the_filter_assembles_for_each_known_architecture(machine: str) -> None:
     code = seccomp.program(machine)
     assert code and code[-1] == (seccomp.BPF_RET_K, 0, 0, seccomp.SECCOMP_RET_ERRNO | 1)
     assert seccomp.program("sparc64") is None
+
+
+def test_on_an_unknown_architecture_the_filter_is_reported_open_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a machine whose syscall numbers the filter does not know
+    monkeypatch.setattr(platform, "machine", lambda: "sparc64")
+    # Then the probe says why it cannot hold (the zygote then reports process_calls "open"), and
+    # installing it is refused rather than loading a filter built for another architecture
+    assert seccomp.probe() == "no syscall numbers for sparc64"
+    with pytest.raises(RuntimeError, match="sparc64"):
+        seccomp.install()
