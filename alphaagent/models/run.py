@@ -191,6 +191,13 @@ class IsolationReport(BaseModel):
       a cgroup filesystem (read-only mounts at the ``namespaces`` level; at the ``process`` level the
       run's Landlock domain, Linux 5.19+), so a root run cannot move itself out of its pids and memory
       cgroups; ``writable`` otherwise (then only the uid's file permissions stand in the way).
+    - ``process_calls``: ``filtered`` when the run could change no other process's limits,
+      priority, CPU affinity, scheduling or memory placement (``prlimit64``, ``setpriority``,
+      ``sched_set*``, ``ioprio_set``, ``migrate_pages``, ``move_pages``, ``process_madvise``) nor use
+      the kernel keyrings (``keyctl``, ``add_key``, ``request_key``): its pid and user namespaces at
+      the ``namespaces`` level, a seccomp filter at the ``process`` level
+      (``alphaagent.sandbox.seccomp``); ``open`` otherwise (seccomp unavailable, or an architecture
+      other than x86_64 and aarch64): then a run may do so to every process of its uid.
     """
 
     level: IsolationLevel
@@ -200,6 +207,7 @@ class IsolationReport(BaseModel):
     shm_mb: int | None = None
     host_unix_sockets: Literal["blocked", "files_only", "reachable"] = "reachable"
     kernel_files: Literal["read_only", "writable"] = "writable"
+    process_calls: Literal["filtered", "open"] = "open"
 
     @model_validator(mode="before")
     @classmethod

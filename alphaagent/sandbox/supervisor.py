@@ -546,6 +546,7 @@ class Sandbox:
                 if namespaced and not network
                 else ("files_only" if scoped_abstract else "reachable"),
                 kernel_files="read_only" if self._ready.get("kernel_files") == "read_only" else "writable",
+                process_calls="filtered" if self._ready.get("process_calls") == "filtered" else "open",
             ),
             network="off" if namespaced and not network else "on",
             spill_rel=spill_rel,

@@ -21,6 +21,7 @@ supervisor -> zygote
 
 zygote -> supervisor
     ``{"event": "ready", "pid", "python", "isolation", "isolation_detail", "landlock_abi", "kernel_files",
+    "process_calls", "process_calls_detail",
     "preloaded", "preload_errors"}``
     ``{"event": "queued", "id"}`` at once for every spawn request, then, once a ready spare has taken
     it, ``{"event": "spawned", "id", "pid", "cgroup", "memory_cgroup", "started_at"}`` (the run's pids
@@ -126,10 +127,28 @@ SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
 LANDLOCK_ACCESS_FS_WRITE_FILE = 1 << 1
+LANDLOCK_ACCESS_FS_REMOVE_DIR = 1 << 4
+LANDLOCK_ACCESS_FS_REMOVE_FILE = 1 << 5
 LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
+LANDLOCK_ACCESS_FS_MAKE_DIR = 1 << 7
+LANDLOCK_ACCESS_FS_MAKE_REG = 1 << 8
+LANDLOCK_ACCESS_FS_MAKE_SOCK = 1 << 9
+LANDLOCK_ACCESS_FS_MAKE_FIFO = 1 << 10
 LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+LANDLOCK_ACCESS_FS_MAKE_SYM = 1 << 12
 LANDLOCK_ACCESS_FS_REFER = 1 << 13
 LANDLOCK_ACCESS_FS_TRUNCATE = 1 << 14  # ABI 3
+LANDLOCK_DIR_WRITE_RIGHTS = (
+    LANDLOCK_ACCESS_FS_REMOVE_DIR
+    | LANDLOCK_ACCESS_FS_REMOVE_FILE
+    | LANDLOCK_ACCESS_FS_MAKE_DIR
+    | LANDLOCK_ACCESS_FS_MAKE_REG
+    | LANDLOCK_ACCESS_FS_MAKE_SOCK
+    | LANDLOCK_ACCESS_FS_MAKE_FIFO
+    | LANDLOCK_ACCESS_FS_MAKE_SYM
+)
+"""Rights over a directory's entries (making, removing, and so renaming them): Landlock accepts them
+only in a rule on a directory."""
 LANDLOCK_SCOPE_SIGNAL = 1 << 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -706,10 +725,11 @@ def _prepare_write_rules() -> None:
 
 
 def _add_write_rules(ruleset: int, rights: int) -> None:
-    """Grant ``rights`` (writing and truncating files) beneath everything but the kernel's
-    filesystems. Each entry is opened ``O_PATH | O_NOFOLLOW`` and a symlink is skipped: following one
-    (``/x -> /sys/fs/cgroup``, planted by a root run) would grant writes beneath its target; the
-    real directory it names, where it is writable, has a rule of its own."""
+    """Grant ``rights`` (writing and truncating files) and ``LANDLOCK_DIR_WRITE_RIGHTS`` (making,
+    removing, renaming entries) beneath everything but the kernel's filesystems. Each entry is
+    opened ``O_PATH | O_NOFOLLOW`` and a symlink is skipped: following one (``/x -> /sys/fs/cgroup``,
+    planted by a root run) would grant writes beneath its target; the real directory it names,
+    where it is writable, has a rule of its own."""
     mounts = _kernel_mount_points()  # read again (0.1 ms): a kernel mount made since is denied too
     ready = _writable_paths
     paths = ready[1] if ready is not None and ready[0] == mounts else _writable_beneath(mounts)
@@ -722,8 +742,11 @@ def _add_write_rules(ruleset: int, rights: int) -> None:
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode):
                 continue
-            # On a file Landlock accepts only file rights: writing and truncating are (REFER is not).
-            rule = _PathBeneath(rights, fd)
+            # Landlock accepts directory rights only on a directory: a file gets writing and
+            # truncating alone (and its own entry, in a split directory, can be neither removed nor
+            # renamed: its parent grants nothing).
+            granted = rights | LANDLOCK_DIR_WRITE_RIGHTS if stat.S_ISDIR(mode) else rights
+            rule = _PathBeneath(granted, fd)
             _check(
                 _libc.syscall(
                     SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
@@ -749,15 +772,17 @@ def _enter_landlock_domain(abi: int, abstract_unix: bool = False, deny_kernel_wr
     listen there); socket files are not covered (Landlock cannot yet). Needs ``no_new_privs``.
 
     File rules: it denies making device nodes (no run needs one), and with ``deny_kernel_writes``
-    (the process level) opening for writing, or truncating, anything beneath ``/proc``, ``/sys`` and
-    the other ``KERNEL_FS_TYPES`` mounts: dropped capabilities do not stop uid 0 there (its
-    ``cgroup.procs`` and sysctl writes need none). Reopening a descriptor through ``/proc/self/fd``
+    (the process level) opening for writing, truncating, making, removing or renaming anything
+    beneath ``/proc``, ``/sys`` and the other ``KERNEL_FS_TYPES`` mounts: dropped capabilities do not
+    stop uid 0 there (its ``cgroup.procs`` and sysctl writes need none, nor renaming another spare's
+    cgroup and leaving a decoy in its place). ``chmod``, ``chown`` and ``utime`` have no Landlock
+    hook: they are not denied. Reopening a descriptor through ``/proc/self/fd``
     is checked against the file it names, not ``/proc``, and pipes, sockets and ``memfd`` files are
     not in any directory Landlock checks, so they stay writable.
     """
     write_rights = LANDLOCK_ACCESS_FS_WRITE_FILE | (LANDLOCK_ACCESS_FS_TRUNCATE if abi >= 3 else 0)
     handled = LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER
-    fields = [handled | (write_rights if deny_kernel_writes else 0)]
+    fields = [handled | (write_rights | LANDLOCK_DIR_WRITE_RIGHTS if deny_kernel_writes else 0)]
     if abi >= 6:
         scoped = LANDLOCK_SCOPE_SIGNAL | (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET if abstract_unix else 0)
         fields += [0, scoped]  # handled_access_net (none), scoped
@@ -1071,6 +1096,8 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
         )
     if namespaced and not req.get("network", False):
         _deny_unix_sockets()
+    if req.get("filter_process_calls"):
+        _seccomp.install()  # the zygote's probe found it works here
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
@@ -1403,8 +1430,16 @@ class Spare:
         self.network = network
         self.helper_pid = helper_pid
         self.cgroups: dict[str, str] = {}  # controller -> the spare's cgroup directory
+        # Its cgroup directories (path -> descriptor), opened when they were made: limits are
+        # written through these, so a directory renamed since (and a decoy made in its place) gets none.
+        self.cgroup_fds: dict[str, int] = {}
         self.ready = False
         self.since = time.monotonic()  # when it was forked; once handed a request, when it was
+
+    def close_cgroup_fds(self) -> None:
+        for fd in self.cgroup_fds.values():
+            os.close(fd)
+        self.cgroup_fds = {}
 
 
 class Request:
@@ -1494,6 +1529,15 @@ class Zygote:
         self.clone_spares = self.clone_refused is None
         # At the process level every run enters a Landlock domain of its own (``_enter_landlock_domain``).
         self.landlock_abi = 0 if self.namespaced or not config.get("landlock", True) else _landlock_abi()
+        # At the process level every run gets the seccomp filter of ``seccomp.py`` (prlimit and kin on
+        # other processes, keyrings) where the kernel takes it; with namespaces the run's pid and user
+        # namespaces keep those calls off the host's processes and keys.
+        self.process_calls_detail: str | None = None
+        if not self.namespaced:
+            global _seccomp
+            _seccomp = _sibling("seccomp")
+            self.process_calls_detail = _seccomp.probe()
+        self.process_calls = "open" if self.process_calls_detail else "filtered"
         # Without either, a run can read the environment of every dumpable process of its uid.
         self.readable_credentials: list[dict[str, Any]] = []
         if not self.namespaced and not self.landlock_abi:
@@ -1510,6 +1554,7 @@ class Zygote:
     def _fork_spare(self, network: bool) -> Spare | None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cgroups: dict[str, str] = {}
+        cgroup_fds: dict[str, int] = {}
         if self.cgroup_parents:
             # Made before the fork, so it exists whenever the spare is handed a run; the spare joins
             # it itself before it reads its request, so everything the run forks is counted.
@@ -1520,6 +1565,7 @@ class Zygote:
             }
             for directory in set(cgroups.values()):
                 os.mkdir(directory)
+                cgroup_fds[directory] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if self.clone_spares and _clone_usable():
             uid, gid = os.geteuid(), os.getegid()  # the child's own ids read 65534 until it maps them
             try:
@@ -1532,13 +1578,15 @@ class Zygote:
                 parent_sock.close()
                 for directory in set(cgroups.values()):
                     self.doomed_cgroups.add(directory)
+                for fd in cgroup_fds.values():
+                    os.close(fd)
                 self.clone_failures += 1
                 return None
             if pid == 0:
                 self._become_spare(child_sock, parent_sock, network, cgroups, cloned=(uid, gid))
             child_sock.close()
             spare = Spare(parent_sock, pid, network, helper_pid=None)
-            spare.cgroups = cgroups
+            spare.cgroups, spare.cgroup_fds = cgroups, cgroup_fds
             self.pending[parent_sock.fileno()] = spare
             self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
             return spare
@@ -1551,7 +1599,7 @@ class Zygote:
             self.helpers.add(pid)
         else:
             spare = Spare(parent_sock, pid, network, helper_pid=None)
-        spare.cgroups = cgroups
+        spare.cgroups, spare.cgroup_fds = cgroups, cgroup_fds
         self.pending[parent_sock.fileno()] = spare
         self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
         return spare
@@ -1573,10 +1621,13 @@ class Zygote:
             self.sel.close()
             for spare in self.spares:
                 spare.sock.close()
+                spare.close_cgroup_fds()
             for spare in self.pending.values():
                 spare.sock.close()
+                spare.close_cgroup_fds()
             for spare, request in self.handing.values():
                 spare.sock.close()
+                spare.close_cgroup_fds()
                 request.close()
             for request in self.waiting:
                 # Other runs' pipes: held here, they would keep those runs' output open after they end.
@@ -1624,6 +1675,7 @@ class Zygote:
             high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
             message["source"] = _read_code(high[3])
             message["landlock_abi"] = self.landlock_abi
+            message["filter_process_calls"] = not self.namespaced and self.process_calls == "filtered"
             for target, fd in zip((1, 2, STATUS_FD), high, strict=False):
                 os.dup2(fd, target, inheritable=target != STATUS_FD)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -1684,6 +1736,7 @@ class Zygote:
         victims = [p for p in (spare.pid,) if p and not reaped]
         victims += [h for h in (spare.helper_pid,) if h in self.helpers]
         _kill_all(victims)
+        spare.close_cgroup_fds()
         self.doomed_cgroups.update(spare.cgroups.values())
         if why:
             sys.stderr.write(f"alphaagent zygote: spare {spare.pid or spare.helper_pid} {why}\n")
@@ -1766,10 +1819,15 @@ class Zygote:
         message = request.message
         try:
             cgroups = spare.cgroups
+            intruder = _cgroup_intruded(spare.pid, spare.cgroup_fds)
+            if intruder:
+                self._drop_spare(spare, f"refused for run {request.run_id}: {intruder}")
+                self._retry(request, intruder)
+                return
             if "pids" in cgroups:
-                _write(os.path.join(cgroups["pids"], "pids.max"), str(message["max_processes"]))
+                _write_at(spare.cgroup_fds[cgroups["pids"]], "pids.max", str(message["max_processes"]))
             request.memory_cgroup = "memory" in cgroups and _limit_memory(
-                cgroups["memory"], message.get("memory_bytes")
+                spare.cgroup_fds[cgroups["memory"]], message.get("memory_bytes")
             )
             spare.sock.sendmsg(
                 [json.dumps(message["request"]).encode()],
@@ -1808,6 +1866,7 @@ class Zygote:
         self.sel.unregister(sock)
         assert spare.pid is not None
         request.close()  # the spare has its own copies now
+        spare.close_cgroup_fds()
         cgroups = spare.cgroups
         if cgroups:
             self.cgroups[spare.pid] = cgroups
@@ -2135,25 +2194,56 @@ def _read_init_report(init_sock: socket.socket) -> dict[str, Any] | None:
         init_sock.close()
 
 
-def _limit_memory(cgroup: str, limit: int | None) -> bool:
-    """Set a run's memory cgroup to ``limit`` bytes, swap included, before it starts; True once the
-    limit is in force (v1: ``memory.limit_in_bytes`` and ``memory.memsw.limit_in_bytes``; v2:
-    ``memory.max``, ``memory.swap.max`` 0 and ``memory.oom.group``, so the whole run dies together)."""
+def _limit_memory(cgroup_fd: int, limit: int | None) -> bool:
+    """Set a run's memory cgroup (its directory's descriptor) to ``limit`` bytes, swap included,
+    before it starts; True once the limit is in force (v1: ``memory.limit_in_bytes`` and
+    ``memory.memsw.limit_in_bytes``; v2: ``memory.max``, ``memory.swap.max`` 0 and
+    ``memory.oom.group``, so the whole run dies together)."""
     if not limit:
         return False
     try:
-        if os.path.exists(os.path.join(cgroup, "memory.max")):
-            _write(os.path.join(cgroup, "memory.max"), str(limit))
+        names = set(os.listdir(cgroup_fd))
+        if "memory.max" in names:
+            _write_at(cgroup_fd, "memory.max", str(limit))
             for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
-                if os.path.exists(os.path.join(cgroup, name)):
-                    _write(os.path.join(cgroup, name), value)
+                if name in names:
+                    _write_at(cgroup_fd, name, value)
         else:
-            _write(os.path.join(cgroup, "memory.limit_in_bytes"), str(limit))
-            if os.path.exists(os.path.join(cgroup, "memory.memsw.limit_in_bytes")):
-                _write(os.path.join(cgroup, "memory.memsw.limit_in_bytes"), str(limit))
+            _write_at(cgroup_fd, "memory.limit_in_bytes", str(limit))
+            if "memory.memsw.limit_in_bytes" in names:
+                _write_at(cgroup_fd, "memory.memsw.limit_in_bytes", str(limit))
     except OSError:
         return False
     return True
+
+
+def _write_at(directory_fd: int, name: str, text: str) -> None:
+    """Write ``text`` to ``name`` in the directory open as ``directory_fd`` (never a link)."""
+    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory_fd)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _cgroup_intruded(pid: int, cgroup_fds: dict[str, int]) -> str | None:
+    """Why a spare's cgroups cannot bound its run, or None: each directory the zygote made for it
+    must still be at its path (the supervisor and the reaper read it there) and hold the spare
+    (its ``cgroup.procs``). A run that renamed them, or moved the spare, is refused this way even
+    where it could write beneath cgroupfs (``kernel_files`` ``writable``)."""
+    for path, fd in cgroup_fds.items():
+        try:
+            held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+                return f"its cgroup {path} was moved (another directory is there now)"
+            procs_fd = os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)
+            with os.fdopen(procs_fd) as fh:
+                members = fh.read().split()
+        except OSError as exc:
+            return f"its cgroup {path}: {exc.strerror}"
+        if str(pid) not in members:
+            return f"it is no longer in its cgroup {path}"
+    return None
 
 
 def _oom_kills(cgroup: str) -> int:
@@ -2240,6 +2330,7 @@ def _sibling(name: str) -> types.ModuleType:
 
 
 _STATE: Any = None
+_seccomp: Any = None  # ``seccomp.py``, loaded by a process-level zygote (``Zygote.__init__``)
 """``state.py`` (live session state), loaded once by the zygote before it forks (``main``)."""
 
 
@@ -2286,6 +2377,10 @@ def main() -> None:
         # Whether a run can write beneath /proc, /sys and cgroupfs (and so, as root, leave its pids
         # and memory cgroups): read-only mounts with namespaces, the run's Landlock domain without.
         "kernel_files": "read_only" if zygote.namespaced or zygote.landlock_abi else "writable",
+        # Whether a run can change another process's limits or scheduling (prlimit, setpriority,
+        # sched_setaffinity...) or use the kernel keyrings: its namespaces, or the seccomp filter.
+        "process_calls": zygote.process_calls,
+        "process_calls_detail": zygote.process_calls_detail,
         "readable_credentials": zygote.readable_credentials,
         "kernel_landlock_abi": landlock_abi(),
         "preloaded": loaded,

@@ -168,6 +168,14 @@ with open("/dev/null", "w") as fh:
 fd = os.memfd_create("m")
 with open(f"/proc/self/fd/{fd}", "w") as fh:
     fh.write("memfd")
+import shutil
+os.makedirs("made/deeper")  # entries made, renamed and removed in the scope and in /tmp
+os.rename("made/deeper", "made/moved")
+os.symlink("moved", "made/link")
+os.mkfifo("made/fifo")
+os.rename("made", "made-too")
+shutil.rmtree("made-too")
+os.rmdir(tempfile.mkdtemp(dir=os.environ.get("TMPDIR")))
 with open("/dev/stdout", "w") as fh:
     fh.write("all written\\n")
 """
@@ -190,3 +198,62 @@ def test_writes_beneath_proc_and_sys_are_denied_and_ordinary_ones_are_not(
     assert_status(result, "ok")
     assert result.stdout == "all written\n"
     assert (tmp_path / "in-scope.txt").read_text() == "re-opened"
+
+
+RENAME_SPARES = """
+import json, os
+renamed, errors = [], []
+for line in open("/proc/self/cgroup"):
+    _, controllers, path = line.strip().split(":", 2)
+    if "alphaagent-" not in path:
+        continue
+    for mount in [l.split()[4] for l in open("/proc/self/mountinfo") if l.partition(" - ")[2].split()[0] in ("cgroup", "cgroup2")]:
+        mine = mount + path
+        if not os.path.isdir(mine):
+            continue
+        parent = os.path.dirname(mine)
+        for name in sorted(os.listdir(parent)):
+            other = os.path.join(parent, name)
+            if other == mine or not name.startswith("spare-"):
+                continue
+            try:
+                os.rename(other, os.path.join(parent, "hidden-" + name))
+                os.mkdir(other)  # a decoy under the old name, for the zygote to set limits on
+                renamed.append(other)
+            except OSError as exc:
+                errors.append(exc.errno)
+print(json.dumps({"renamed": renamed, "errors": errors}))
+"""
+
+
+def test_a_root_run_cannot_take_the_next_runs_cgroups_away(
+    root_with_cgroups: None, box: Sandbox, tmp_path: Path
+) -> None:
+    # Given a root supervisor whose runs each get pids and memory cgroups made ahead with their spares
+    if box.info.get("kernel_files") != "read_only":
+        pytest.skip(f"this kernel cannot deny the writes: {box.info.get('kernel_files')}")
+    # When a run renames the other spares' cgroups and makes decoys under their names
+    first = report(run(box, RENAME_SPARES, tmp_path))
+    # Then nothing was renamed
+    assert first["renamed"] == [], first
+    # And the next run is still held to its limits
+    result = run(box, "import json\n" + FORK_BOMB, tmp_path, processes=20)
+    assert json.loads(result.stdout.splitlines()[0])["forked"] < 20, result.stdout
+
+
+def test_a_spare_whose_cgroups_were_moved_is_refused_even_where_runs_can_write_cgroupfs(
+    root_with_cgroups: None, tmp_path: Path
+) -> None:
+    # Given a process-level sandbox without the Landlock rule, so a root run may rename cgroups
+    with Sandbox(SandboxConfig(preload=(), isolation="process", landlock=False)) as sandbox:
+        assert sandbox.info.get("kernel_files") == "writable"
+        # When a run renames the other spares' cgroups and leaves decoys in their place
+        first = report(run(sandbox, RENAME_SPARES, tmp_path))
+        assert first["renamed"], first
+        # Then the next runs get spares whose cgroups are where the zygote made them: each is held
+        # to its process and memory limits
+        bomb = run(sandbox, "import json\n" + FORK_BOMB, tmp_path, processes=20)
+        assert json.loads(bomb.stdout.splitlines()[0])["forked"] < 20, bomb.stdout
+        hog = run(sandbox, "import os\n" + MEMORY_HOG, tmp_path, memory_mb=256)
+        assert (hog.status, hog.error and hog.error.name) == ("killed", "MemoryLimitExceeded"), hog
+        assert hog.isolation.memory_bound == "cgroup"
