@@ -34,8 +34,12 @@ browser-deps: ## Install Debian's chromium for the browser tests when missing (a
 
 # The tests need the tools virtualenv too: the IAM harness (tests/iam.py) translates template.yaml with
 # samtranslator, which pins a pydantic of its own.
+# One pytest worker more than there are cores: many tests wait on a run's wall clock (timeouts, idle
+# children, a CLI's exit), and with one worker per core that core stands idle meanwhile.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+
 test: $(STAMP) $(LINT_STAMP) browser-deps ## Run the test suite (what CI runs)
-	$(PY) -m pytest -q -n auto --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # Offline: no telemetry, no credentials, any region (cfn-lint and `sam validate --lint` read no account).
 LINT_ENV := SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1
