@@ -35,6 +35,7 @@ from alphaagent.errors import (
     PathRuleError,
 )
 from alphaagent.program import DEFAULT_PROGRAM
+from alphaagent.suggest import did_you_mean
 
 # Only the standard library and the error classes at import: `--version`, `COMMAND --help` and a
 # usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
@@ -70,6 +71,39 @@ class _Parser(argparse.ArgumentParser):
             self.description += f"\n\ndata directory: {_where_home()}\nidentity:       {_IDENTITY}"
             self.describe_home = False
         return super().format_help()
+
+    command_path = ""
+    """The command this parser reads (``turns``, ``env list``; empty for the program itself), which a
+    usage error names: set by ``_globals_anywhere``."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # A command name argparse does not know: the closest one, not the whole list (new-user
+        # review: `histroy` said "invalid choice" and listed seventeen commands).
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            where = f" for {self.command_path}" if self.command_path else ""
+            guess = did_you_mean(value, action.choices)
+            raise argparse.ArgumentError(None, f"{value}: unknown command{where}{guess}")
+        super()._check_value(action, value)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # argparse hands what a command did not know up to the program, whose error then points
+        # at the program's help: this command refuses it itself, naming itself and its help.
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._stray(extras[0]))
+        return namespace, extras
+
+    def _stray(self, word: str) -> str:
+        """The line refusing ``word``, which this command does not know."""
+        where = f" for {self.command_path}" if self.command_path else ""
+        if word.startswith("-") and word != "-":
+            option = word.split("=", 1)[0]
+            # Only the options the help lists: a hidden global one would be refused anyway.
+            known = [o for a in self._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+            return f"{option}: unknown option{where}{did_you_mean(option, known)}"
+        return f"{word!r}: unexpected argument{where}"
 
     def error(self, message: str) -> NoReturn:
         text = f"{message} (see {self.prog} --help)"
@@ -1316,6 +1350,8 @@ def _globals_anywhere(sub: argparse._SubParsersAction[_Parser], prefix: str) -> 
         if "json" not in takes:
             command.set_defaults(json_unsupported=full)
         command.set_defaults(command_name=full, takes_options=frozenset(takes))
+        if isinstance(command, _Parser):
+            command.command_path = full
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
                 _globals_anywhere(action, full)

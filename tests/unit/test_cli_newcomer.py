@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from alphaagent.cli import build_parser, main
+from cli_runner import run_cli
 
 LEAF_ARGV: dict[str, list[str]] = {
     "exec": ["-"],
@@ -411,3 +412,63 @@ def test_the_console_script_names_itself_as_started(
     # When it prints help, Then the usage names that path
     assert entry.main() == 0
     assert capsys.readouterr().out.startswith(f"usage: {tmp_path / 'bin' / 'alphaagent'} turns")
+
+
+# ----------------------------------------------------------------------------- typos
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``main(argv)`` that argparse refuses: its exit code, stdout and stderr."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(refused.value.code or 0), out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["histroy"], "histroy: unknown command (did you mean 'history'?) (see alphaagent --help)"),
+        (["qqqqq"], "qqqqq: unknown command (see alphaagent --help)"),
+        (
+            ["env", "lst"],
+            "lst: unknown command for env (did you mean 'list'?) (see alphaagent env --help)",
+        ),
+        (
+            ["turns", "--conversaton", "sales"],
+            "--conversaton: unknown option for turns (did you mean '--conversation'?)"
+            " (see alphaagent turns --help)",
+        ),
+        (
+            ["turns", "--conversaton=sales"],
+            "--conversaton: unknown option for turns (did you mean '--conversation'?)"
+            " (see alphaagent turns --help)",
+        ),
+        (
+            ["env", "--jsn", "list"],
+            "--jsn: unknown option for env (did you mean '--json'?) (see alphaagent env --help)",
+        ),
+        (
+            ["env", "list", "--jsn"],
+            "--jsn: unknown option for env list (did you mean '--json'?) (see alphaagent env list --help)",
+        ),
+        (["--jsn", "turns"], "--jsn: unknown option (did you mean '--json'?) (see alphaagent --help)"),
+        (["turns", "sales"], "'sales': unexpected argument for turns (see alphaagent turns --help)"),
+    ],
+)
+def test_a_typo_of_a_command_or_an_option_names_it_the_closest_and_that_commands_help(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # When a command name or an option is mistyped
+    # Then one line names the word, the command it was given to, the closest known name if one
+    # is close, and the help of that command (not the program's), exit 2
+    assert _usage_error(argv, capsys) == (2, "", f"alphaagent: error: {line}\n")
+
+
+def test_a_typo_is_refused_the_same_by_the_program_as_started(tmp_path: Path) -> None:
+    # When the program itself (not main()) is given a mistyped command, with --json
+    done = run_cli(["histroy", "--json"], text=True, cwd=tmp_path)
+    # Then the same one line, and the JSON error for the script that asked for it
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith("alphaagent: error: histroy: unknown command (did you mean")
+    assert json.loads(done.stdout)["cli_error"]["exit_code"] == 2
