@@ -857,6 +857,18 @@ def _environment_lines(environment: Environment, *, full: bool = False) -> list[
     return lines
 
 
+def cmd_env_help(args: argparse.Namespace) -> int:
+    """``env`` without a sub-command: its help on standard output (exit 0), as ``alphaagent``
+    alone prints the overview; with ``--json`` a one-line usage error, since help is no JSON."""
+    command: argparse.ArgumentParser = args.parser
+    if args.json:
+        raise InvalidRequestError(
+            f"env --json: name a sub-command: add, list, show or remove (see {command.prog} --help)"
+        )
+    command.print_help()
+    return EXIT_OK
+
+
 def cmd_env_add(args: argparse.Namespace) -> int:
     """Register a local environment after starting its zygote once; every refusal is one line
     naming the flag (exit 2) and registers nothing."""
@@ -1279,7 +1291,10 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     version.set_defaults(handler=cmd_version)
     env = sub.add_parser("env", help="the local execution environments: add, list, show, remove")
     env.add_argument("--json", action="store_true", help="print JSON")
-    env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
+    # `env` alone is a request for its help, as `alphaagent` alone is (cmd_env_help), never the
+    # usage error "required: env_command" naming an internal name.
+    env.set_defaults(handler=cmd_env_help, parser=env)
+    env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND", parser_class=_Parser)
     env_add = env_sub.add_parser("add", help="register a Python interpreter as an environment")
     env_add.add_argument("environment_id", metavar="ID", help="1-32 of a-z, 0-9, '-', starting with a letter")
     env_add.add_argument("--python", required=True, metavar="PATH", help="its interpreter (Python >= 3.11)")

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import run_cli
 
 from alphaagent.cli import build_parser, main
-from cli_runner import run_cli
 
 LEAF_ARGV: dict[str, list[str]] = {
     "exec": ["-"],
@@ -470,5 +470,29 @@ def test_a_typo_is_refused_the_same_by_the_program_as_started(tmp_path: Path) ->
     done = run_cli(["histroy", "--json"], text=True, cwd=tmp_path)
     # Then the same one line, and the JSON error for the script that asked for it
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1].startswith("alphaagent: error: histroy: unknown command (did you mean")
+    assert done.stderr.splitlines()[-1].startswith(
+        "alphaagent: error: histroy: unknown command (did you mean"
+    )
     assert json.loads(done.stdout)["cli_error"]["exit_code"] == 2
+
+
+def test_env_alone_prints_its_help_on_stdout_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["env", "--help"])
+    expected = capsys.readouterr().out
+    # When env is given no sub-command
+    code = main(["env"])
+    out, err = capsys.readouterr()
+    # Then it is env's help on stdout, exit 0, as `alphaagent` alone is the overview
+    assert (code, out, err) == (0, expected, "")
+    # And no line of it, nor of a usage error under env, names the internal destination
+    assert "env_command" not in expected
+    assert "env_command" not in _usage_error(["env", "lst"], capsys)[2]
+    # And with --json (help is no JSON) it is one line naming what is missing
+    assert main(["env", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        "alphaagent: error: env --json: name a sub-command: add, list, show or remove"
+        " (see alphaagent env --help)\n"
+    )
+    assert json.loads(out)["cli_error"]["exit_code"] == 2
