@@ -61,6 +61,22 @@ _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
 _SUBMIT_TIMEOUT_S = 3600.0
 
 
+class _RecordedStore(argparse._StoreAction):
+    """The ``store`` action of every option, which also notes each value of a global option that
+    takes one (``--home``, ``--user``) wherever it was given: argparse keeps only the last, and a
+    second ``--user`` with another value must be refused, not win silently (``_given_twice``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *rest: Any) -> None:
+        if self.dest in _GLOBAL_VALUED:
+            _GIVEN.setdefault(self.dest, []).append(rest[0])
+        super().__call__(parser, namespace, *rest)
+
+
+_GLOBAL_VALUED: Final = ("home", "user")
+_GIVEN: dict[str, list[str]] = {}
+"""Each value given to ``--home`` and ``--user`` while ``main`` parses, in order."""
+
+
 class _Parser(argparse.ArgumentParser):
     describe_home = False
     """Whether the help ends its description with where the data directory is (the top-level
@@ -71,6 +87,11 @@ class _Parser(argparse.ArgumentParser):
             self.description += f"\n\ndata directory: {_where_home()}\nidentity:       {_IDENTITY}"
             self.describe_home = False
         return super().format_help()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _RecordedStore)
+        self.register("action", "store", _RecordedStore)
 
     command_path = ""
     """The command this parser reads (``turns``, ``env list``; empty for the program itself), which a
@@ -953,8 +974,12 @@ def _version_line() -> str:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    """Print what ``--version`` prints; with ``--json``, ``{"name": "alphaagent", "version": ...}``."""
-    _emit(args, {"name": "alphaagent", "version": _version()}, [_version_line()])
+    """Print ``alphaagent VERSION``; with ``--json``, ``{"name": "alphaagent", "version": ...}``.
+    Also what ``--version`` runs: without pydantic (what ``_emit`` would import), as a usage error."""
+    if args.json:
+        print(json.dumps({"name": "alphaagent", "version": _version()}, indent=2))
+    else:
+        print(_version_line())
     return EXIT_OK
 
 
@@ -972,13 +997,17 @@ def _version() -> str:
         return __version__
 
 
-class _VersionAction(argparse._VersionAction):
-    """``--version``: the installed version, looked up only when asked for (the package metadata
-    is a scan of the installed distributions)."""
+class _VersionAction(argparse.Action):
+    """``--version``: the ``version`` command, under the same rule (``--json`` prints the JSON form,
+    ``--home`` and ``--user`` are refused), not argparse's print-and-exit that ignored the options
+    around it. It only notes the request (``version_asked``); ``main`` runs it."""
 
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        self.version = _version_line()
-        super().__call__(parser, *args, **kwargs)
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "print the version (what the version command prints)")
+        super().__init__(option_strings, dest="version_asked", nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *rest: Any) -> None:
+        namespace.version_asked = True
 
 
 def _where_home() -> str:
@@ -1118,7 +1147,8 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="who is asking, for a command that takes --user (before or after the command name, the same)",
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # Not required: --version alone is a command too (main says when neither was given).
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def scoped(name: str, help_text: str, *, prints_json: bool = True) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
@@ -1387,6 +1417,19 @@ def _refused_option(args: argparse.Namespace, prog: str) -> str | None:
     return None
 
 
+def _given_twice() -> str | None:
+    """The one line refusing a global option given twice with different values (the same value
+    twice is harmless and passes), or None."""
+    for option, values in _GIVEN.items():
+        if option == "home":  # one directory, however it was written
+            values = [os.path.abspath(os.path.expanduser(value)) for value in values]
+        different = list(dict.fromkeys(values))
+        if len(different) > 1:
+            given = " and ".join(repr(value) for value in different)
+            return f"--{option}: given twice with different values ({given}); give it once"
+    return None
+
+
 def _resolve_user(args: argparse.Namespace) -> str | None:
     """Apply the identity rule to a command that has ``--user``; an error message, or None.
     Sets ``args.user`` and ``args.user_source`` (``--user``, ``$ALPHAAGENT_USER`` or None for the
@@ -1419,7 +1462,19 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> i
             # No command at all is a request for the overview (as gh does), not a mistake.
             parser.print_help()
             return EXIT_OK
+        _GIVEN.clear()
         args = parser.parse_args(_ARGV)
+        if args.command is None and not args.version_asked:
+            parser.error("name a command")
+        twice = _given_twice()
+        if twice is not None:
+            return _fail(twice, as_json=bool(getattr(args, "json", False)))
+        if args.version_asked:  # before the settings, which --version never read
+            args.handler, args.command_name, args.takes_options = cmd_version, "version", frozenset({"json"})
+            refused = _refused_option(args, prog)
+            if refused is not None:
+                return _fail(refused, as_json=bool(args.json))
+            return cmd_version(args)
         from alphaagent.local.settings import local_settings
 
         local_settings()  # a malformed setting is one line before any command starts

@@ -190,8 +190,7 @@ def test_help_for_a_command_that_does_not_exist_is_one_line(capsys: pytest.Captu
 
 
 def test_version_prints_what_dash_dash_version_prints(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["--version"])
+    assert main(["--version"]) == 0
     expected = capsys.readouterr().out
     assert main(["version"]) == 0
     assert capsys.readouterr().out == expected
@@ -495,4 +494,68 @@ def test_env_alone_prints_its_help_on_stdout_and_exits_0(capsys: pytest.CaptureF
         "alphaagent: error: env --json: name a sub-command: add, list, show or remove"
         " (see alphaagent env --help)\n"
     )
+    assert json.loads(out)["cli_error"]["exit_code"] == 2
+
+
+@pytest.mark.parametrize("argv", [["--json", "--version"], ["--version", "--json"]])
+def test_dash_dash_version_with_json_is_the_json_of_version_json(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["version", "--json"]) == 0
+    expected = capsys.readouterr().out
+    # When --version is asked for JSON, before or after
+    code = main(argv)
+    out, err = capsys.readouterr()
+    # Then it is what `version --json` prints, not the line for people
+    assert (code, out, err) == (0, expected, "")
+    assert json.loads(out)["name"] == "alphaagent"
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--home", "/x", "--version"], "--home: version takes no --home (see alphaagent version --help)"),
+        (["--version", "--home", "/x"], "--home: version takes no --home (see alphaagent version --help)"),
+        (["--user", "bob", "--version"], "--user: version takes no --user (see alphaagent version --help)"),
+        (
+            ["--user", "bob", "turns", "--user", "local"],
+            "--user: given twice with different values ('bob' and 'local'); give it once",
+        ),
+        (
+            ["env", "--home", "/x", "list", "--home", "/y"],
+            "--home: given twice with different values ('/x' and '/y'); give it once",
+        ),
+    ],
+)
+def test_version_option_and_a_global_option_given_twice_follow_the_one_rule(
+    argv: list[str],
+    line: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    # When --version comes with an option the version command refuses, or a global option is
+    # given twice with different values (argparse would keep the last one silently)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    # Then one line names the option, exit 2, nothing printed or created
+    assert (code, out, err) == (2, "", f"alphaagent: error: {line}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_global_option_given_twice_with_the_same_value_is_that_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    # When the same data directory is given before and after the command name
+    assert main(["--home", str(home), "env", "list", "--json", "--home", f"{home}/."]) == 0
+    # Then it is that directory (the builtin environment, nothing created)
+    assert [e["environment_id"] for e in json.loads(capsys.readouterr().out)] == ["builtin"]
+    assert not home.exists()
+
+
+def test_no_command_with_an_option_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _usage_error(["--json"], capsys)
+    assert (code, err) == (2, "alphaagent: error: name a command (see alphaagent --help)\n")
     assert json.loads(out)["cli_error"]["exit_code"] == 2
