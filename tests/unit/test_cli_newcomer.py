@@ -559,3 +559,48 @@ def test_no_command_with_an_option_is_one_line(capsys: pytest.CaptureFixture[str
     code, out, err = _usage_error(["--json"], capsys)
     assert (code, err) == (2, "alphaagent: error: name a command (see alphaagent --help)\n")
     assert json.loads(out)["cli_error"]["exit_code"] == 2
+
+
+# ----------------------------------------------------------------------------- the MCP list
+
+
+def test_the_mcp_list_of_turns_is_newest_first_as_every_list_of_past_work() -> None:
+    pytest.importorskip("mcp")
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    import anyio
+    from mcp import Client as McpClient
+
+    from alphaagent.mcp_server import LIST_TURNS_DESCRIPTION, build_server
+    from alphaagent.models.records import Turn
+
+    # Given a scope whose store keeps three turns oldest first (the client's order)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    stored = [
+        Turn(
+            turn_id=f"T{n}",
+            user_id="alice",
+            scope_key="conversations/c",
+            session_id="s",
+            status="completed",
+            goal=f"goal {n}",
+            started_at=start + timedelta(minutes=n),
+        )
+        for n in (1, 2, 3)
+    ]
+    client = SimpleNamespace(turns=lambda scope: list(stored))
+    server = build_server(client)  # type: ignore[arg-type]  # only turns() is called
+
+    async def scenario() -> Any:
+        async with McpClient(server) as mcp:
+            return await mcp.call_tool("list_turns", {"scope": {"conversation_id": "c"}})
+
+    # When the orchestrating agent lists the scope's turns
+    listed = anyio.run(scenario)
+    # Then the newest comes first, in the structured result and the text alike, as the tool says
+    assert not listed.is_error, listed.content
+    assert [t["turn_id"] for t in listed.structured_content["turns"]] == ["T3", "T2", "T1"]
+    text = listed.content[0].text
+    assert text.index("T3") < text.index("T2") < text.index("T1")
+    assert "newest first" in LIST_TURNS_DESCRIPTION
