@@ -111,10 +111,10 @@ class _Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         # argparse hands what a command did not know up to the program, whose error then points
         # at the program's help: this command refuses it itself, naming itself and its help.
-        namespace, extras = super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(self._stray(extras[0]))
-        return namespace, extras
+        return parsed, extras
 
     def _stray(self, word: str) -> str:
         """The line refusing ``word``, which this command does not know."""
