@@ -35,6 +35,7 @@ from alphaagent.errors import (
     PathRuleError,
 )
 from alphaagent.program import DEFAULT_PROGRAM
+from alphaagent.suggest import did_you_mean
 
 # Only the standard library and the error classes at import: `--version`, `COMMAND --help` and a
 # usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
@@ -60,6 +61,22 @@ _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
 _SUBMIT_TIMEOUT_S = 3600.0
 
 
+class _RecordedStore(argparse._StoreAction):
+    """The ``store`` action of every option, which also notes each value of a global option that
+    takes one (``--home``, ``--user``) wherever it was given: argparse keeps only the last, and a
+    second ``--user`` with another value must be refused, not win silently (``_given_twice``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *rest: Any) -> None:
+        if self.dest in _GLOBAL_VALUED:
+            _GIVEN.setdefault(self.dest, []).append(rest[0])
+        super().__call__(parser, namespace, *rest)
+
+
+_GLOBAL_VALUED: Final = ("home", "user")
+_GIVEN: dict[str, list[str]] = {}
+"""Each value given to ``--home`` and ``--user`` while ``main`` parses, in order."""
+
+
 class _Parser(argparse.ArgumentParser):
     describe_home = False
     """Whether the help ends its description with where the data directory is (the top-level
@@ -70,6 +87,44 @@ class _Parser(argparse.ArgumentParser):
             self.description += f"\n\ndata directory: {_where_home()}\nidentity:       {_IDENTITY}"
             self.describe_home = False
         return super().format_help()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _RecordedStore)
+        self.register("action", "store", _RecordedStore)
+
+    command_path = ""
+    """The command this parser reads (``turns``, ``env list``; empty for the program itself), which a
+    usage error names: set by ``_globals_anywhere``."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # A command name argparse does not know: the closest one, not the whole list (new-user
+        # review: `histroy` said "invalid choice" and listed seventeen commands).
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            where = f" for {self.command_path}" if self.command_path else ""
+            guess = did_you_mean(value, action.choices)
+            raise argparse.ArgumentError(None, f"{value}: unknown command{where}{guess}")
+        super()._check_value(action, value)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # argparse hands what a command did not know up to the program, whose error then points
+        # at the program's help: this command refuses it itself, naming itself and its help.
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._stray(extras[0]))
+        return parsed, extras
+
+    def _stray(self, word: str) -> str:
+        """The line refusing ``word``, which this command does not know."""
+        where = f" for {self.command_path}" if self.command_path else ""
+        if word.startswith("-") and word != "-":
+            option = word.split("=", 1)[0]
+            # Only the options the help lists: a hidden global one would be refused anyway.
+            known = [o for a in self._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+            return f"{option}: unknown option{where}{did_you_mean(option, known)}"
+        return f"{word!r}: unexpected argument{where}"
 
     def error(self, message: str) -> NoReturn:
         text = f"{message} (see {self.prog} --help)"
@@ -823,6 +878,18 @@ def _environment_lines(environment: Environment, *, full: bool = False) -> list[
     return lines
 
 
+def cmd_env_help(args: argparse.Namespace) -> int:
+    """``env`` without a sub-command: its help on standard output (exit 0), as ``alphaagent``
+    alone prints the overview; with ``--json`` a one-line usage error, since help is no JSON."""
+    command: argparse.ArgumentParser = args.parser
+    if args.json:
+        raise InvalidRequestError(
+            f"env --json: name a sub-command: add, list, show or remove (see {command.prog} --help)"
+        )
+    command.print_help()
+    return EXIT_OK
+
+
 def cmd_env_add(args: argparse.Namespace) -> int:
     """Register a local environment after starting its zygote once; every refusal is one line
     naming the flag (exit 2) and registers nothing."""
@@ -907,8 +974,12 @@ def _version_line() -> str:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    """Print what ``--version`` prints; with ``--json``, ``{"name": "alphaagent", "version": ...}``."""
-    _emit(args, {"name": "alphaagent", "version": _version()}, [_version_line()])
+    """Print ``alphaagent VERSION``; with ``--json``, ``{"name": "alphaagent", "version": ...}``.
+    Also what ``--version`` runs: without pydantic (what ``_emit`` would import), as a usage error."""
+    if args.json:
+        print(json.dumps({"name": "alphaagent", "version": _version()}, indent=2))
+    else:
+        print(_version_line())
     return EXIT_OK
 
 
@@ -926,13 +997,17 @@ def _version() -> str:
         return __version__
 
 
-class _VersionAction(argparse._VersionAction):
-    """``--version``: the installed version, looked up only when asked for (the package metadata
-    is a scan of the installed distributions)."""
+class _VersionAction(argparse.Action):
+    """``--version``: the ``version`` command, under the same rule (``--json`` prints the JSON form,
+    ``--home`` and ``--user`` are refused), not argparse's print-and-exit that ignored the options
+    around it. It only notes the request (``version_asked``); ``main`` runs it."""
 
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        self.version = _version_line()
-        super().__call__(parser, *args, **kwargs)
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "print the version (what the version command prints)")
+        super().__init__(option_strings, dest="version_asked", nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *rest: Any) -> None:
+        namespace.version_asked = True
 
 
 def _where_home() -> str:
@@ -1072,7 +1147,8 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="who is asking, for a command that takes --user (before or after the command name, the same)",
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # Not required: --version alone is a command too (main says when neither was given).
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def scoped(name: str, help_text: str, *, prints_json: bool = True) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
@@ -1245,7 +1321,10 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     version.set_defaults(handler=cmd_version)
     env = sub.add_parser("env", help="the local execution environments: add, list, show, remove")
     env.add_argument("--json", action="store_true", help="print JSON")
-    env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
+    # `env` alone is a request for its help, as `alphaagent` alone is (cmd_env_help), never the
+    # usage error "required: env_command" naming an internal name.
+    env.set_defaults(handler=cmd_env_help, parser=env)
+    env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND", parser_class=_Parser)
     env_add = env_sub.add_parser("add", help="register a Python interpreter as an environment")
     env_add.add_argument("environment_id", metavar="ID", help="1-32 of a-z, 0-9, '-', starting with a letter")
     env_add.add_argument("--python", required=True, metavar="PATH", help="its interpreter (Python >= 3.11)")
@@ -1316,6 +1395,8 @@ def _globals_anywhere(sub: argparse._SubParsersAction[_Parser], prefix: str) -> 
         if "json" not in takes:
             command.set_defaults(json_unsupported=full)
         command.set_defaults(command_name=full, takes_options=frozenset(takes))
+        if isinstance(command, _Parser):
+            command.command_path = full
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
                 _globals_anywhere(action, full)
@@ -1333,6 +1414,19 @@ def _refused_option(args: argparse.Namespace, prog: str) -> str | None:
             if option == "json":
                 return f"--json: {name} prints no JSON (see {prog} {name} --help)"
             return f"--{option}: {name} takes no --{option} (see {prog} {name} --help)"
+    return None
+
+
+def _given_twice() -> str | None:
+    """The one line refusing a global option given twice with different values (the same value
+    twice is harmless and passes), or None."""
+    for option, values in _GIVEN.items():
+        if option == "home":  # one directory, however it was written
+            values = [os.path.abspath(os.path.expanduser(value)) for value in values]
+        different = list(dict.fromkeys(values))
+        if len(different) > 1:
+            given = " and ".join(repr(value) for value in different)
+            return f"--{option}: given twice with different values ({given}); give it once"
     return None
 
 
@@ -1368,7 +1462,19 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> i
             # No command at all is a request for the overview (as gh does), not a mistake.
             parser.print_help()
             return EXIT_OK
+        _GIVEN.clear()
         args = parser.parse_args(_ARGV)
+        if args.command is None and not args.version_asked:
+            parser.error("name a command")
+        twice = _given_twice()
+        if twice is not None:
+            return _fail(twice, as_json=bool(getattr(args, "json", False)))
+        if args.version_asked:  # before the settings, which --version never read
+            args.handler, args.command_name, args.takes_options = cmd_version, "version", frozenset({"json"})
+            refused = _refused_option(args, prog)
+            if refused is not None:
+                return _fail(refused, as_json=bool(args.json))
+            return cmd_version(args)
         from alphaagent.local.settings import local_settings
 
         local_settings()  # a malformed setting is one line before any command starts

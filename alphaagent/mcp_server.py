@@ -153,8 +153,8 @@ offset to continue from. PNG, JPEG, GIF and WebP charts come back as an image (u
 """
 
 LIST_TURNS_DESCRIPTION = """\
-List the turns (analyses) run in a scope, oldest first: turn_id, status, goal, start and end \
-times, and the summary of each ended turn.\
+List the turns (analyses) run in a scope, newest first (the one just run is the first): \
+turn_id, status, goal, start and end times, and the summary of each ended turn.\
 """
 
 
@@ -385,6 +385,9 @@ def build_server(client: Client) -> MCPServer:
     async def list_turns(scope: ScopeArg) -> Annotated[CallToolResult, TurnList]:
         async def body() -> CallToolResult:
             turns = await anyio.to_thread.run_sync(client.turns, parse_scope(scope))
+            # Newest first, as every list of past work (the CLI's turns, the viewer): the question
+            # an orchestrator asks is "what did the turn I just ran do". The client keeps the
+            # store's order, oldest first.
             entries = [
                 TurnEntry(
                     turn_id=t.turn_id,
@@ -394,9 +397,9 @@ def build_server(client: Client) -> MCPServer:
                     finished_at=t.finished_at,
                     summary=t.result.summary if t.result is not None else "",
                 )
-                for t in turns
+                for t in reversed(turns)
             ]
-            lines = [f"{len(entries)} turn(s):"] + [
+            lines = [f"{len(entries)} turn(s), newest first:"] + [
                 f"  {e.turn_id} {e.status}: {e.goal[:200]}" for e in entries
             ]
             return _structured(TurnList(turns=entries), "\n".join(lines))

@@ -201,7 +201,6 @@ def unknown_field(stray: str, known: list[str] | tuple[str, ...]) -> str:
     """The one wording for a field a model refuses: ``unknown field``, with ``(did you mean
     'path'?)`` when one of the ``known`` field names is close to ``stray`` (``difflib`` ratio at
     least 0.5), used by the spec and the connector requests alike."""
-    import difflib
+    from alphaagent.suggest import did_you_mean
 
-    guess = difflib.get_close_matches(stray, list(known), n=1, cutoff=0.5)
-    return "unknown field" + (f" (did you mean {guess[0]!r}?)" if guess else "")
+    return "unknown field" + did_you_mean(stray, known)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import run_cli
 
 from alphaagent.cli import build_parser, main
 
@@ -189,8 +190,7 @@ def test_help_for_a_command_that_does_not_exist_is_one_line(capsys: pytest.Captu
 
 
 def test_version_prints_what_dash_dash_version_prints(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["--version"])
+    assert main(["--version"]) == 0
     expected = capsys.readouterr().out
     assert main(["version"]) == 0
     assert capsys.readouterr().out == expected
@@ -411,3 +411,196 @@ def test_the_console_script_names_itself_as_started(
     # When it prints help, Then the usage names that path
     assert entry.main() == 0
     assert capsys.readouterr().out.startswith(f"usage: {tmp_path / 'bin' / 'alphaagent'} turns")
+
+
+# ----------------------------------------------------------------------------- typos
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``main(argv)`` that argparse refuses: its exit code, stdout and stderr."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(refused.value.code or 0), out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["histroy"], "histroy: unknown command (did you mean 'history'?) (see alphaagent --help)"),
+        (["qqqqq"], "qqqqq: unknown command (see alphaagent --help)"),
+        (
+            ["env", "lst"],
+            "lst: unknown command for env (did you mean 'list'?) (see alphaagent env --help)",
+        ),
+        (
+            ["turns", "--conversaton", "sales"],
+            "--conversaton: unknown option for turns (did you mean '--conversation'?)"
+            " (see alphaagent turns --help)",
+        ),
+        (
+            ["turns", "--conversaton=sales"],
+            "--conversaton: unknown option for turns (did you mean '--conversation'?)"
+            " (see alphaagent turns --help)",
+        ),
+        (
+            ["env", "--jsn", "list"],
+            "--jsn: unknown option for env (did you mean '--json'?) (see alphaagent env --help)",
+        ),
+        (
+            ["env", "list", "--jsn"],
+            "--jsn: unknown option for env list (did you mean '--json'?) (see alphaagent env list --help)",
+        ),
+        (["--jsn", "turns"], "--jsn: unknown option (did you mean '--json'?) (see alphaagent --help)"),
+        (["turns", "sales"], "'sales': unexpected argument for turns (see alphaagent turns --help)"),
+    ],
+)
+def test_a_typo_of_a_command_or_an_option_names_it_the_closest_and_that_commands_help(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # When a command name or an option is mistyped
+    # Then one line names the word, the command it was given to, the closest known name if one
+    # is close, and the help of that command (not the program's), exit 2
+    assert _usage_error(argv, capsys) == (2, "", f"alphaagent: error: {line}\n")
+
+
+def test_a_typo_is_refused_the_same_by_the_program_as_started(tmp_path: Path) -> None:
+    # When the program itself (not main()) is given a mistyped command, with --json
+    done = run_cli(["histroy", "--json"], text=True, cwd=tmp_path)
+    # Then the same one line, and the JSON error for the script that asked for it
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(
+        "alphaagent: error: histroy: unknown command (did you mean"
+    )
+    assert json.loads(done.stdout)["cli_error"]["exit_code"] == 2
+
+
+def test_env_alone_prints_its_help_on_stdout_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["env", "--help"])
+    expected = capsys.readouterr().out
+    # When env is given no sub-command
+    code = main(["env"])
+    out, err = capsys.readouterr()
+    # Then it is env's help on stdout, exit 0, as `alphaagent` alone is the overview
+    assert (code, out, err) == (0, expected, "")
+    # And no line of it, nor of a usage error under env, names the internal destination
+    assert "env_command" not in expected
+    assert "env_command" not in _usage_error(["env", "lst"], capsys)[2]
+    # And with --json (help is no JSON) it is one line naming what is missing
+    assert main(["env", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        "alphaagent: error: env --json: name a sub-command: add, list, show or remove"
+        " (see alphaagent env --help)\n"
+    )
+    assert json.loads(out)["cli_error"]["exit_code"] == 2
+
+
+@pytest.mark.parametrize("argv", [["--json", "--version"], ["--version", "--json"]])
+def test_dash_dash_version_with_json_is_the_json_of_version_json(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["version", "--json"]) == 0
+    expected = capsys.readouterr().out
+    # When --version is asked for JSON, before or after
+    code = main(argv)
+    out, err = capsys.readouterr()
+    # Then it is what `version --json` prints, not the line for people
+    assert (code, out, err) == (0, expected, "")
+    assert json.loads(out)["name"] == "alphaagent"
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--home", "/x", "--version"], "--home: version takes no --home (see alphaagent version --help)"),
+        (["--version", "--home", "/x"], "--home: version takes no --home (see alphaagent version --help)"),
+        (["--user", "bob", "--version"], "--user: version takes no --user (see alphaagent version --help)"),
+        (
+            ["--user", "bob", "turns", "--user", "local"],
+            "--user: given twice with different values ('bob' and 'local'); give it once",
+        ),
+        (
+            ["env", "--home", "/x", "list", "--home", "/y"],
+            "--home: given twice with different values ('/x' and '/y'); give it once",
+        ),
+    ],
+)
+def test_version_option_and_a_global_option_given_twice_follow_the_one_rule(
+    argv: list[str],
+    line: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    # When --version comes with an option the version command refuses, or a global option is
+    # given twice with different values (argparse would keep the last one silently)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    # Then one line names the option, exit 2, nothing printed or created
+    assert (code, out, err) == (2, "", f"alphaagent: error: {line}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_global_option_given_twice_with_the_same_value_is_that_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    # When the same data directory is given before and after the command name
+    assert main(["--home", str(home), "env", "list", "--json", "--home", f"{home}/."]) == 0
+    # Then it is that directory (the builtin environment, nothing created)
+    assert [e["environment_id"] for e in json.loads(capsys.readouterr().out)] == ["builtin"]
+    assert not home.exists()
+
+
+def test_no_command_with_an_option_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _usage_error(["--json"], capsys)
+    assert (code, err) == (2, "alphaagent: error: name a command (see alphaagent --help)\n")
+    assert json.loads(out)["cli_error"]["exit_code"] == 2
+
+
+# ----------------------------------------------------------------------------- the MCP list
+
+
+def test_the_mcp_list_of_turns_is_newest_first_as_every_list_of_past_work() -> None:
+    pytest.importorskip("mcp")
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    import anyio
+    from mcp import Client as McpClient
+
+    from alphaagent.mcp_server import LIST_TURNS_DESCRIPTION, build_server
+    from alphaagent.models.records import Turn
+
+    # Given a scope whose store keeps three turns oldest first (the client's order)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    stored = [
+        Turn(
+            turn_id=f"T{n}",
+            user_id="alice",
+            scope_key="conversations/c",
+            session_id="s",
+            status="completed",
+            goal=f"goal {n}",
+            started_at=start + timedelta(minutes=n),
+        )
+        for n in (1, 2, 3)
+    ]
+    client = SimpleNamespace(turns=lambda scope: list(stored))
+    server = build_server(client)  # type: ignore[arg-type]  # only turns() is called
+
+    async def scenario() -> Any:
+        async with McpClient(server) as mcp:
+            return await mcp.call_tool("list_turns", {"scope": {"conversation_id": "c"}})
+
+    # When the orchestrating agent lists the scope's turns
+    listed = anyio.run(scenario)
+    # Then the newest comes first, in the structured result and the text alike, as the tool says
+    assert not listed.is_error, listed.content
+    assert [t["turn_id"] for t in listed.structured_content["turns"]] == ["T3", "T2", "T1"]
+    text = listed.content[0].text
+    assert text.index("T3") < text.index("T2") < text.index("T1")
+    assert "newest first" in LIST_TURNS_DESCRIPTION
