@@ -158,7 +158,10 @@ def _scope(spec: dict[str, Any]) -> ConversationScope:
 
 
 def _store_dump(agent: AlphaAgent) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table of the store."""
+    """Every row of every table of the store: none where the store was never created (it is created on
+    its first write, so a module whose earlier tests did not run yet has no file)."""
+    if not Path(agent.store.path).exists():
+        return {}
     with contextlib.closing(sqlite3.connect(f"file:{agent.store.path}?mode=ro", uri=True)) as db:
         tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         return {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall() for table in tables}
