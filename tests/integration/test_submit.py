@@ -328,6 +328,9 @@ def test_missing_credentials_are_a_platform_error_exit_2(
     monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", raising=False)
     monkeypatch.delenv("AWS_WEB_IDENTITY_TOKEN_FILE", raising=False)
     client_settings.cache_clear()
+    # ...and no boto3 default session holding credentials an earlier test of this worker resolved
+    # (a fresh `alphaagent submit` process has none; one left behind made this test reach the network)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/alphaagent-spec-queue"
 
     # When a spec is submitted
