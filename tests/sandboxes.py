@@ -10,11 +10,16 @@ pyarrow's jemalloc thread, the warm-up, the demo, the coder's turns.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from alphaagent.api import AlphaAgent
 from alphaagent.sandbox.config import SandboxConfig
+from alphaagent.sandbox.supervisor import Sandbox
 
 
 def light(**fields: Any) -> SandboxConfig:
@@ -26,3 +31,14 @@ def light_agent(home: Path, **kwargs: Any) -> AlphaAgent:
     """An ``AlphaAgent`` on ``home`` whose sandbox preloads nothing (its data directory stays hidden
     from runs as with the default sandbox)."""
     return AlphaAgent(home, sandbox=light(), **kwargs)
+
+
+@contextlib.contextmanager
+def light_at(level: str, **fields: Any) -> Iterator[Sandbox]:
+    """A light sandbox at isolation ``level`` ("namespaces" or "process"); the test skips, saying
+    why, where the kernel gives no user namespaces for the ``namespaces`` level."""
+    isolation = "auto" if level == "namespaces" else "process"
+    with Sandbox(light(isolation=isolation, **fields)) as sandbox:
+        if sandbox.isolation != level:
+            pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
+        yield sandbox

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from assertions import assert_status
+from sandboxes import light_at
 
 from alphaagent.models.run import RunLimits, RunResult
 from alphaagent.sandbox.cgroup import RunCgroups
@@ -76,11 +77,7 @@ print("hoarded 768 MiB")
 
 @pytest.fixture(scope="module", params=["namespaces", "process"])
 def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    with Sandbox(
-        SandboxConfig(preload=(), isolation="auto" if request.param == "namespaces" else "process")
-    ) as sandbox:
-        if sandbox.isolation != request.param:
-            pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
+    with light_at(request.param) as sandbox:
         yield sandbox
 
 

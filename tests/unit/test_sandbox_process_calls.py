@@ -21,20 +21,16 @@ from pathlib import Path
 
 import pytest
 from assertions import assert_status
+from sandboxes import light_at
 
 from alphaagent.models.run import RunLimits, RunResult
 from alphaagent.sandbox import seccomp
-from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
 
 @pytest.fixture(scope="module", params=["namespaces", "process"])
 def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    with Sandbox(
-        SandboxConfig(preload=(), isolation="auto" if request.param == "namespaces" else "process")
-    ) as sandbox:
-        if sandbox.isolation != request.param:
-            pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
+    with light_at(request.param) as sandbox:
         if sandbox.info.get("process_calls") != "filtered":
             pytest.skip(f"no seccomp filter here: {sandbox.info.get('process_calls_detail')}")
         yield sandbox

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandboxes import light_at
 
 from alphaagent.models.run import RunLimits
-from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
 WAITS = "import time\nprint('inside', flush=True)\ntime.sleep(60)\nprint('not reached')\n"
@@ -24,10 +24,7 @@ WAITS = "import time\nprint('inside', flush=True)\ntime.sleep(60)\nprint('not re
 
 @pytest.fixture(params=["namespaces", "process"])
 def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    isolation = "auto" if request.param == "namespaces" else "process"
-    with Sandbox(SandboxConfig(preload=(), isolation=isolation)) as sandbox:
-        if sandbox.isolation != request.param:
-            pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
+    with light_at(request.param) as sandbox:
         yield sandbox
 
 

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandboxes import light_at
 
 from alphaagent.aws.session_state import state_before
 from alphaagent.aws.sync import CarriedFolder, DownReport
 from alphaagent.models.run import RunLimits
-from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.session import MANIFEST, StateRequest, read_state_file, state_files, state_path
 from alphaagent.sandbox.supervisor import Sandbox
 
@@ -31,10 +31,7 @@ LEVELS = ("work", "work/sessions", f"work/sessions/{SESSION}", "files")
 
 @pytest.fixture(scope="module", params=["namespaces", "process"])
 def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    isolation = "auto" if request.param == "namespaces" else "process"
-    with Sandbox(SandboxConfig(preload=(), isolation=isolation)) as sandbox:
-        if sandbox.isolation != request.param:
-            pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
+    with light_at(request.param) as sandbox:
         yield sandbox
 
 
