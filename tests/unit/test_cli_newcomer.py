@@ -106,6 +106,18 @@ def test_every_global_option_parses_in_every_place_and_is_taken_or_refused_in_on
                     )
 
 
+def _refused_in_one_line(
+    argv: list[str], line: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``main(argv)`` from an empty ``cwd`` prints nothing on stdout, ``line`` alone on stderr, exits 2,
+    and creates nothing."""
+    monkeypatch.chdir(cwd)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (2, "", f"alphaagent: error: {line}\n")
+    assert list(cwd.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
@@ -136,13 +148,9 @@ def test_an_option_a_command_does_not_take_is_one_line_naming_it(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.chdir(tmp_path)
     # When the option is given to a command it does not apply to
-    code = main(argv)
-    out, err = capsys.readouterr()
     # Then one line names the option and the command, exit 2, nothing printed or created
-    assert (code, out, err) == (2, "", f"alphaagent: error: {line}\n")
-    assert list(tmp_path.iterdir()) == []
+    _refused_in_one_line(argv, line, tmp_path, monkeypatch, capsys)
 
 
 def test_the_global_options_still_reach_the_command_that_takes_them(
@@ -534,14 +542,10 @@ def test_version_option_and_a_global_option_given_twice_follow_the_one_rule(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.chdir(tmp_path)
     # When --version comes with an option the version command refuses, or a global option is
     # given twice with different values (argparse would keep the last one silently)
-    code = main(argv)
-    out, err = capsys.readouterr()
     # Then one line names the option, exit 2, nothing printed or created
-    assert (code, out, err) == (2, "", f"alphaagent: error: {line}\n")
-    assert list(tmp_path.iterdir()) == []
+    _refused_in_one_line(argv, line, tmp_path, monkeypatch, capsys)
 
 
 def test_a_global_option_given_twice_with_the_same_value_is_that_value(
