@@ -41,6 +41,9 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(STAMP) $(LINT_STAMP) browser-deps ## Run the test suite (what CI runs)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
+test-profile: $(STAMP) $(LINT_STAMP) browser-deps ## The suite as `make test` runs it, then its CPU per module (tests/cpu_profile.py)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p cpu_profile
+
 # Offline: no telemetry, no credentials, any region (cfn-lint and `sam validate --lint` read no account).
 LINT_ENV := SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1
 
