@@ -185,19 +185,28 @@ class IsolationReport(BaseModel):
     - ``tmp_mb`` / ``shm_mb``: sizes of the run's private ``/tmp`` and ``/dev/shm`` tmpfs, or None when
       they are not sized per run (the ``process`` level).
     - ``host_unix_sockets``: ``blocked`` when the run can create no socket that reaches a host unix
-      socket (network off at the ``namespaces`` level); ``files_only`` when host abstract sockets are
-      out of reach (Landlock 6+) but socket files are not; ``reachable`` otherwise.
+      socket (its seccomp filter refuses ``socket(AF_UNIX)``, datagram ``socketpair`` and io_uring:
+      network off at the ``namespaces`` level, and the ``process`` level wherever ``process_calls``
+      is ``filtered``); ``files_only`` when host abstract sockets are out of reach (Landlock 6+) but
+      socket files are not; ``reachable`` otherwise. A socket file of the run's uid (a tmux or
+      screen server, D-Bus and ``systemd --user``, an ssh ControlMaster) takes commands that run
+      outside the sandbox, so ``files_only`` and ``reachable`` mean the run can leave it.
     - ``kernel_files``: ``read_only`` when the run could write nothing beneath ``/proc``, ``/sys`` or
       a cgroup filesystem (read-only mounts at the ``namespaces`` level; at the ``process`` level the
       run's Landlock domain, Linux 5.19+), so a root run cannot move itself out of its pids and memory
       cgroups; ``writable`` otherwise (then only the uid's file permissions stand in the way).
-    - ``process_calls``: ``filtered`` when the run could change no other process's limits,
-      priority, CPU affinity, scheduling or memory placement (``prlimit64``, ``setpriority``,
-      ``sched_set*``, ``ioprio_set``, ``migrate_pages``, ``move_pages``, ``process_madvise``) nor use
-      the kernel keyrings (``keyctl``, ``add_key``, ``request_key``): its pid and user namespaces at
-      the ``namespaces`` level, a seccomp filter at the ``process`` level
-      (``alphaagent.sandbox.seccomp``); ``open`` otherwise (seccomp unavailable, or an architecture
-      other than x86_64 and aarch64): then a run may do so to every process of its uid.
+    - ``process_calls``: ``filtered`` when the run's seccomp filter (``alphaagent.sandbox.seccomp``)
+      was in force. At both levels it refuses the kernel keyrings (``keyctl``, ``add_key``,
+      ``request_key``: a user namespace does not separate the supervisor's session keyring) and
+      ``clone3`` (``ENOSYS``: its ``CLONE_INTO_CGROUP`` could put a child in another cgroup v2
+      folder), and each run first leaves the session keyring it inherited. At the ``process``
+      level it also refuses ``AF_UNIX`` sockets (see ``host_unix_sockets``) and any change to
+      another process's limits, priority, CPU affinity, scheduling or memory placement
+      (``prlimit64``, ``setpriority``, ``sched_set*``, ``ioprio_set``, ``migrate_pages``,
+      ``move_pages``, ``process_madvise``), which at the ``namespaces`` level the run's pid
+      namespace keeps off the host's processes. ``open`` otherwise (seccomp unavailable, or an
+      architecture other than x86_64 and aarch64): then a run may use its uid's keyrings, and at
+      the ``process`` level change every process of its uid and connect to its unix sockets.
     """
 
     level: IsolationLevel

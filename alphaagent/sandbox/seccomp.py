@@ -1,21 +1,48 @@
-"""A seccomp filter for runs at the ``process`` level: no call that acts on another process's limits,
-scheduling or memory, and no kernel keyring.
+"""The seccomp filter of every run: no call that acts on another process's limits, scheduling or
+memory, no kernel keyring, no cgroup chosen at fork, and (where the run must reach no host unix
+socket) no ``AF_UNIX`` socket.
 
 At the ``process`` level a run shares its uid with the supervisor, the zygote and the shell that
 started the CLI. Landlock keeps it from ptracing or signalling them, but has no hook on
 ``prlimit64`` (a red-team run set ``RLIMIT_FSIZE`` 1 and ``RLIMIT_NOFILE`` 64 on the supervisor
 and the user's shell), ``setpriority``, ``sched_setaffinity`` and kin, which the kernel allows
-between processes of one uid. Nor on the keyrings: a run read a key from its uid's user keyring
-(``keyctl``), which Docker's default seccomp profile blocks too. This filter returns ``EPERM`` for:
+between processes of one uid; nor on connecting to a unix socket file (Landlock's
+``LANDLOCK_ACCESS_FS_RESOLVE_UNIX`` came after ABI 7, the ABI of Linux 6.18): a red-team run handed
+a command to the uid's tmux server through ``/tmp/tmux-UID/default``, and the command ran outside
+the run's Landlock domain, this filter and the sweep, and read the environment of the shell that
+started the sandbox. Any same-uid server on a socket file does that (tmux, screen, D-Bus and
+``systemd --user``, an ssh ControlMaster, an editor's server). Nor on the keyrings: a run read a
+key from its uid's user keyring (``keyctl``), and at the ``namespaces`` level read, overwrote and
+added keys in the supervisor's session keyring, which a user namespace does not separate.
+Docker's default seccomp profile blocks the keyring calls too.
+
+``program(level, unix_sockets)`` refuses, at every level:
+
+- ``keyctl``, ``add_key``, ``request_key`` (``EPERM``);
+- ``clone3`` (``ENOSYS``, so glibc falls back to ``clone``, which threads, ``fork`` and
+  ``posix_spawn`` then use): its ``CLONE_INTO_CGROUP`` puts the child in any cgroup v2 folder
+  whose ``cgroup.procs`` the uid may write, a check Landlock does not hook and a read-only mount
+  does not make (a red-team root run moved a child to the v2 root at both levels), and a classic
+  BPF filter cannot read the flags, which ``clone3`` passes in memory;
+- every call of another ABI than the kernel's native one (i386 on x86_64, arm32 on aarch64: their
+  numbers differ, so they could step around the filter), and the x32 ABI on x86_64 (``EPERM``);
+
+without ``unix_sockets`` (the ``process`` level always; the ``namespaces`` level with the network
+off), with ``EACCES`` as a refused connect gives:
+
+- ``socket(AF_UNIX, ...)`` (pathname and abstract sockets alike), and ``socketpair(AF_UNIX,
+  SOCK_DGRAM)`` (a datagram socket can ``sendto`` any bound address); stream and seqpacket
+  ``socketpair`` stay (``multiprocessing`` pipes and pools, asyncio's self-pipe);
+- ``io_uring_setup``: its requests (``IORING_OP_SOCKET``...) bypass seccomp;
+
+and at the ``process`` level only (with namespaces the run's pid namespace keeps these off the
+host's processes), ``EPERM`` for:
 
 - ``prlimit64``, ``sched_setaffinity``, ``sched_setscheduler``, ``sched_setparam``,
   ``sched_setattr``, ``migrate_pages``, ``move_pages`` whose pid argument is not 0 (the caller);
 - ``setpriority`` unless ``PRIO_PROCESS`` with who 0, ``ioprio_set`` unless
   ``IOPRIO_WHO_PROCESS`` with who 0;
-- ``process_madvise`` (its target is a pidfd, which the filter cannot tell from the caller's own),
-  ``keyctl``, ``add_key``, ``request_key``;
-- every call of another ABI than the kernel's native one (i386 on x86_64, arm32 on aarch64: their
-  numbers differ, so they could step around the filter), and the x32 ABI on x86_64.
+- ``process_madvise`` (its target is a pidfd, which the filter cannot tell from the caller's own).
 
 Naming oneself by pid rather than 0 is refused too (``os.sched_setaffinity(os.getpid(), ...)``,
 ``pthread_setaffinity_np``): a classic-BPF filter sees the arguments, not who the caller is.
@@ -24,7 +51,8 @@ Naming oneself by pid rather than 0 is refused too (``os.sched_setaffinity(os.ge
 Stdlib only (the zygote loads it by path). Built for x86_64 and aarch64 (``SYSCALLS``); elsewhere
 ``program`` is None and the caller reports the calls ``open``. Sources: the kernel's
 ``Documentation/userspace-api/seccomp_filter.rst``, ``include/uapi/linux/{seccomp,filter,audit}.h``,
-``arch/x86/entry/syscalls/syscall_64.tbl`` and ``include/uapi/asm-generic/unistd.h``.
+``arch/x86/entry/syscalls/syscall_64.tbl``, ``include/uapi/asm-generic/unistd.h`` and
+``include/uapi/linux/keyctl.h``.
 """
 
 from __future__ import annotations
@@ -33,16 +61,19 @@ import ctypes
 import errno
 import os
 import platform
+import socket
 
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
 
-# Classic BPF (include/uapi/linux/filter.h): ld word at an absolute offset, jump if equal / if set, return.
+# Classic BPF (include/uapi/linux/filter.h): ld word at an absolute offset, jump if equal / if set,
+# and with a constant, return.
 BPF_LD_W_ABS = 0x00 | 0x00 | 0x20
 BPF_JEQ_K = 0x05 | 0x10 | 0x00
 BPF_JSET_K = 0x05 | 0x40 | 0x00
+BPF_AND_K = 0x04 | 0x50 | 0x00
 BPF_RET_K = 0x06 | 0x00
 
 # struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6] (little-endian
@@ -55,6 +86,7 @@ def _arg_low(i: int) -> int:
 
 
 X32_SYSCALL_BIT = 0x40000000
+SOCK_TYPE_MASK = 0xF  # include/linux/net.h: the type's bits below SOCK_NONBLOCK / SOCK_CLOEXEC
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
@@ -73,6 +105,10 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "keyctl": 250,
         "add_key": 248,
         "request_key": 249,
+        "clone3": 435,
+        "socket": 41,
+        "socketpair": 53,
+        "io_uring_setup": 425,
     },
     "aarch64": {
         "prlimit64": 261,
@@ -88,10 +124,15 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "keyctl": 219,
         "add_key": 217,
         "request_key": 218,
+        "clone3": 435,
+        "socket": 198,
+        "socketpair": 199,
+        "io_uring_setup": 425,
     },
 }
 """Syscall numbers of the filtered calls, per ``platform.machine()``."""
 
+LEVELS = ("process", "namespaces")
 SELF_IN_ARG0 = (
     "prlimit64",
     "sched_setaffinity",
@@ -101,11 +142,13 @@ SELF_IN_ARG0 = (
     "migrate_pages",
     "move_pages",
 )
-"""Calls whose first argument is a pid, 0 meaning the caller: allowed only with 0."""
+"""Calls whose first argument is a pid, 0 meaning the caller: allowed only with 0 (``process``)."""
 WHICH_AND_WHO = {"setpriority": 0, "ioprio_set": 1}
 """Calls taking (which, who): allowed only for ``which`` == the value (PRIO_PROCESS,
-IOPRIO_WHO_PROCESS) and who 0."""
-ALWAYS_DENIED = ("process_madvise", "keyctl", "add_key", "request_key")
+IOPRIO_WHO_PROCESS) and who 0 (``process``)."""
+KEYRINGS = ("keyctl", "add_key", "request_key")
+"""Refused at every level: a user namespace does not separate the session keyring."""
+PROCESS_ONLY_DENIED = ("process_madvise",)
 
 
 class _SockFilter(ctypes.Structure):
@@ -143,13 +186,21 @@ def _assemble(lines: list[Instruction | str]) -> list[tuple[int, int, int, int]]
     return out
 
 
-def program(machine: str | None = None) -> list[tuple[int, int, int, int]] | None:
-    """The filter for ``machine`` (default: this one) as (code, jt, jf, k) tuples, or None when
-    its syscall numbers are not known here."""
+def program(
+    machine: str | None = None, *, level: str = "process", unix_sockets: bool = False
+) -> list[tuple[int, int, int, int]] | None:
+    """The filter for a run at ``level`` (``process`` or ``namespaces``) on ``machine`` (default:
+    this one) as (code, jt, jf, k) tuples, or None when its syscall numbers are not known here.
+    ``unix_sockets`` leaves ``AF_UNIX`` sockets and io_uring allowed (the ``namespaces`` level with
+    the network on, where the run has a network of its own); the module's docstring lists the rest.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"seccomp: level must be one of {LEVELS}, not {level!r}")
     machine = machine or platform.machine()
     numbers = SYSCALLS.get(machine)
     if numbers is None:
         return None
+    process = level == "process"
     lines: list[Instruction | str] = [
         (BPF_LD_W_ABS, 0, 0, OFFSET_ARCH),
         (BPF_JEQ_K, 0, "deny", AUDIT_ARCH[machine]),
@@ -157,26 +208,43 @@ def program(machine: str | None = None) -> list[tuple[int, int, int, int]] | Non
     ]
     if machine == "x86_64":
         lines.append((BPF_JSET_K, "deny", 0, X32_SYSCALL_BIT))
-    for name in SELF_IN_ARG0:
-        lines.append((BPF_JEQ_K, "self_arg0", 0, numbers[name]))
-    for name, which in WHICH_AND_WHO.items():
-        lines.append((BPF_JEQ_K, f"which_{which}", 0, numbers[name]))
-    for name in ALWAYS_DENIED:
+    lines.append((BPF_JEQ_K, "enosys", 0, numbers["clone3"]))
+    for name in KEYRINGS + (PROCESS_ONLY_DENIED if process else ()):
         lines.append((BPF_JEQ_K, "deny", 0, numbers[name]))
-    lines += [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW), "self_arg0"]
-    lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, "allow", "deny", 0)]
-    for which in sorted(set(WHICH_AND_WHO.values())):
-        lines += [f"which_{which}", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "deny", which)]
-        lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_JEQ_K, "allow", "deny", 0)]
+    if process:
+        for name in SELF_IN_ARG0:
+            lines.append((BPF_JEQ_K, "self_arg0", 0, numbers[name]))
+        for name, which in WHICH_AND_WHO.items():
+            lines.append((BPF_JEQ_K, f"which_{which}", 0, numbers[name]))
+    if not unix_sockets:
+        lines.append((BPF_JEQ_K, "eacces", 0, numbers["io_uring_setup"]))
+        lines.append((BPF_JEQ_K, "socket", 0, numbers["socket"]))
+        lines.append((BPF_JEQ_K, "socketpair", 0, numbers["socketpair"]))
+    lines.append((BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
+    if process:
+        lines += ["self_arg0", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, "allow", "deny", 0)]
+        for which in sorted(set(WHICH_AND_WHO.values())):
+            lines += [f"which_{which}", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "deny", which)]
+            lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_JEQ_K, "allow", "deny", 0)]
+    if not unix_sockets:
+        # socket(family, type, protocol) and socketpair(family, type, protocol, sv): the low words
+        # of args[0] and args[1] are the family and the type (with its flags, masked off).
+        lines += ["socket", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, "eacces", "allow", socket.AF_UNIX)]
+        lines += ["socketpair", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "allow", socket.AF_UNIX)]
+        lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_AND_K, 0, 0, SOCK_TYPE_MASK)]
+        lines += [(BPF_JEQ_K, "eacces", "allow", socket.SOCK_DGRAM)]
     lines += ["allow", (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
+    lines += ["enosys", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)]
+    lines += ["eacces", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EACCES)]
     lines += ["deny", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)]
     return _assemble(lines)
 
 
-def install() -> None:
-    """Install the filter in this thread (and all it will fork or start). Needs ``no_new_privs``
-    (or CAP_SYS_ADMIN). Raises OSError when the kernel refuses it, RuntimeError on an unknown arch."""
-    code = program()
+def install(level: str = "process", unix_sockets: bool = False) -> None:
+    """Install the filter of ``program(level=..., unix_sockets=...)`` in this thread (and all it
+    will fork or start). Needs ``no_new_privs`` (or CAP_SYS_ADMIN). Raises OSError when the kernel
+    refuses it, RuntimeError on an unknown arch."""
+    code = program(level=level, unix_sockets=unix_sockets)
     if code is None:
         raise RuntimeError(f"seccomp: no syscall numbers for {platform.machine()}")
     filters = (_SockFilter * len(code))(*(_SockFilter(*line) for line in code))
@@ -187,10 +255,32 @@ def install() -> None:
         raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")
 
 
-def probe() -> str | None:
-    """Why the filter cannot be in force here, or None: installed in a throwaway child (with
-    ``no_new_privs``), ``prlimit`` on its parent must fail with EPERM and on itself must not."""
-    if program() is None:
+KEYCTL_JOIN_SESSION_KEYRING = 1  # include/uapi/linux/keyctl.h
+
+
+def leave_session_keyring() -> int:
+    """Join a new anonymous session keyring (``KEYCTL_JOIN_SESSION_KEYRING`` with no name), so the
+    keys of the session this process inherited (the supervisor's, the user's login session) are no
+    longer its own: not searchable, and not listed in ``/proc/keys`` where only a possessor may view
+    them. Called before the filter refuses ``keyctl``. Returns 0, or the errno (ENOSYS without
+    keyrings, EDQUOT past the uid's ``kernel/keys/maxkeys``) for the caller to decide."""
+    numbers = SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return errno.ENOSYS
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(numbers["keyctl"], ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None) < 0:
+        return ctypes.get_errno()
+    return 0
+
+
+def probe(level: str = "process") -> str | None:
+    """Why the filter of ``level`` cannot be in force here, or None: installed in a throwaway child
+    (with ``no_new_privs``), ``keyctl`` must fail with EPERM and ``clone3`` with ENOSYS; at the
+    ``process`` level ``socket(AF_UNIX)`` must fail with EACCES, and ``prlimit`` on its parent with
+    EPERM while on itself it works."""
+    numbers = SYSCALLS.get(platform.machine())
+    if numbers is None:
         return f"no syscall numbers for {platform.machine()}"
     r, w = os.pipe()
     pid = os.fork()
@@ -199,17 +289,33 @@ def probe() -> str | None:
         try:
             os.close(r)
             libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
             if libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
                 raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-            install()
-            import resource
+            install(level)
+            answers = {}
+            for name, args in (("keyctl", (0, -3, 0)), ("clone3", (0, 0))):
+                done = libc.syscall(numbers[name], *(ctypes.c_long(a) for a in args))
+                answers[name] = ctypes.get_errno() if done < 0 else 0
+            expected = {"keyctl": errno.EPERM, "clone3": errno.ENOSYS}
+            if level == "process":
+                import resource
 
-            resource.prlimit(0, resource.RLIMIT_NOFILE)  # itself: allowed
-            try:
-                resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)
-                reason = b"prlimit on another process still allowed"
-            except PermissionError:
-                pass
+                resource.prlimit(0, resource.RLIMIT_NOFILE)  # itself: allowed
+                try:
+                    resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)
+                    answers["prlimit64"] = 0
+                except PermissionError:
+                    answers["prlimit64"] = errno.EPERM
+                try:
+                    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+                    answers["socket"] = 0
+                except PermissionError as exc:
+                    answers["socket"] = exc.errno or 0
+                expected.update(prlimit64=errno.EPERM, socket=errno.EACCES)
+            wrong = [f"{n} {errno.errorcode.get(answers[n], answers[n])}" for n in expected if answers[n] != expected[n]]
+            if wrong:
+                reason = f"still allowed or not refused as meant: {', '.join(wrong)}".encode()
         except BaseException as exc:  # any failure is the answer, reported below
             reason = f"{type(exc).__name__}: {exc}".encode()
         finally:

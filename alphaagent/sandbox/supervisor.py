@@ -397,8 +397,9 @@ class Sandbox:
         write_all(code_fd, source.encode("utf-8"))
         tmp_dir = "/tmp" if namespaced else str(scratch / "tmp")
         tmp_bytes = limits.effective_tmp_mb() * 2**20 if self.config.sized_tmp else 0
-        # Where the AF_UNIX filter is off (network on, process level), Landlock 6+ keeps host abstract
-        # sockets out of reach; the child refuses to start if the kernel then declines.
+        # Where the AF_UNIX filter may be off (network on with namespaces; the process level, whose
+        # filter a kernel may refuse), Landlock 6+ keeps host abstract sockets out of reach; the child
+        # refuses to start if the kernel then declines.
         scoped_abstract = (
             self.config.landlock
             and not (namespaced and not network)
@@ -522,6 +523,9 @@ class Sandbox:
             if tree is not None:
                 # Kept only when the run's after-walk brought it up to date; else walked afresh next time.
                 (self._trees.checkin if tree.walks > before_walks else self._trees.discard)(tree)
+        # The run's seccomp filter (``alphaagent.sandbox.seccomp``): what it refuses at each level is
+        # in ``IsolationReport.process_calls``; at the process level it takes AF_UNIX sockets away.
+        filtered = self._ready.get("process_calls") == "filtered"
         return build_result(
             run_id=run_id,
             outcome=outcome,
@@ -543,10 +547,10 @@ class Sandbox:
                 tmp_mb=tmp_bytes // 2**20 if namespaced and tmp_bytes else None,
                 shm_mb=limits.shm_mb if namespaced else None,
                 host_unix_sockets="blocked"
-                if namespaced and not network
+                if (namespaced and not network) or (not namespaced and filtered)
                 else ("files_only" if scoped_abstract else "reachable"),
                 kernel_files="read_only" if self._ready.get("kernel_files") == "read_only" else "writable",
-                process_calls="filtered" if self._ready.get("process_calls") == "filtered" else "open",
+                process_calls="filtered" if filtered else "open",
             ),
             network="off" if namespaced and not network else "on",
             spill_rel=spill_rel,

@@ -412,81 +412,26 @@ def _drop_capabilities() -> None:
     _check(_libc.capset(ctypes.byref(header), data), "capset")
 
 
-# seccomp (include/uapi/linux/seccomp.h, filter.h, audit.h): the native architecture and the numbers
-# of the system calls the filter below looks at (new system calls share one numbering since 5.1).
-PR_SET_SECCOMP = 22
-SECCOMP_MODE_FILTER = 2
-SECCOMP_RET_ALLOW = 0x7FFF0000
-SECCOMP_RET_ERRNO = 0x00050000
-_SECCOMP_ARCHES = {
-    "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53}),
-    "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199}),
-}
-_IO_URING_SETUP = 425
-_X32_SYSCALL_BIT = 0x40000000
-_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_AND_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
-_SOCK_TYPE_MASK = 0xF
+def _filter() -> Any:
+    """``seccomp.py``, the run's seccomp filter, loaded once by its path (``_sibling``)."""
+    global _seccomp
+    if _seccomp is None:
+        _seccomp = _sibling("seccomp")
+    return _seccomp
 
 
-class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_ushort),
-        ("jt", ctypes.c_ubyte),
-        ("jf", ctypes.c_ubyte),
-        ("k", ctypes.c_uint),
-    ]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def _deny_unix_sockets() -> None:
-    """A seccomp filter for a run without network: no ``AF_UNIX`` socket of its own, so no host unix
-    socket anywhere is connectable, wherever its file lies (``/var/tmp``, a home, a service's state
-    directory) and whatever its name (abstract sockets too).
-
-    Denied with ``EACCES``: ``socket(AF_UNIX, ...)``, ``socketpair(AF_UNIX, SOCK_DGRAM)`` (a datagram
-    socket can ``sendto`` any bound address), ``io_uring_setup`` (its requests bypass seccomp) and
-    every system call of a foreign ABI (x32, 32-bit x86 and its ``socketcall``). Still allowed:
-    stream and seqpacket ``socketpair`` (``multiprocessing.Pipe``, asyncio's self-pipe) and every
-    other address family. Inherited by everything the run starts; ``no_new_privs`` must be set."""
-    arch = os.uname().machine
-    if arch not in _SECCOMP_ARCHES:
-        raise SetupError(f"no seccomp filter for {arch}: cannot take unix sockets away")
-    audit_arch, numbers = _SECCOMP_ARCHES[arch]
-    deny = SECCOMP_RET_ERRNO | 13  # EACCES
-    program = [
-        (_BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
-        (_BPF_JEQ_K, 1, 0, audit_arch),
-        (_BPF_RET_K, 0, 0, deny),
-        (_BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
-        (_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT),
-        (_BPF_RET_K, 0, 0, deny),
-        (_BPF_JEQ_K, 0, 1, _IO_URING_SETUP),
-        (_BPF_RET_K, 0, 0, deny),
-        (_BPF_JEQ_K, 2, 0, numbers["socket"]),
-        (_BPF_JEQ_K, 4, 0, numbers["socketpair"]),
-        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
-        # socket(): the low word of args[0] (little-endian) is the family.
-        (_BPF_LD_W_ABS, 0, 0, 16),
-        (_BPF_JEQ_K, 6, 0, socket.AF_UNIX),  # -> the deny below the socketpair() checks
-        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
-        # socketpair(): AF_UNIX with a datagram type (flags masked off) is denied.
-        (_BPF_LD_W_ABS, 0, 0, 16),
-        (_BPF_JEQ_K, 0, 4, socket.AF_UNIX),
-        (_BPF_LD_W_ABS, 0, 0, 24),
-        (_BPF_AND_K, 0, 0, _SOCK_TYPE_MASK),
-        (_BPF_JEQ_K, 0, 1, socket.SOCK_DGRAM),
-        (_BPF_RET_K, 0, 0, deny),
-        (_BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
-    ]
-    filters = (_SockFilter * len(program))(*[_SockFilter(*op) for op in program])
-    fprog = _SockFprog(len(program), filters)
-    _check(
-        _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0),
-        "seccomp",
-    )
+def _install_filter(namespaced: bool, network: bool) -> None:
+    """The run's seccomp filter (``seccomp.py`` says what it refuses): the ``namespaces`` level's, or
+    the ``process`` level's, which also takes every ``AF_UNIX`` socket away; so does the
+    ``namespaces`` level's with the network off (no host unix socket anywhere is connectable then,
+    wherever its file lies and whatever its name, abstract sockets too). Inherited by everything
+    the run starts; ``no_new_privs`` must be set. Raises SetupError where it cannot be installed."""
+    try:
+        _filter().install(
+            "namespaces" if namespaced else "process", unix_sockets=namespaced and network
+        )
+    except (OSError, RuntimeError) as exc:
+        raise SetupError(f"cannot install the run's seccomp filter: {exc}") from exc
 
 
 LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6 (the SYS_LANDLOCK_* numbers are above)
@@ -565,7 +510,8 @@ def _probe_namespaces(private_dev: bool) -> str | None:
                     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m")
                     _drop_capabilities()
                     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-                    _deny_unix_sockets()  # an architecture without the filter gets process isolation
+                    # An architecture without the filter gets process isolation.
+                    _install_filter(namespaced=True, network=False)
                     os._exit(0)
                 except BaseException as exc:
                     os.write(w, str(exc).encode()[:500])
@@ -1005,7 +951,7 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     - its own /tmp and /dev/shm (tmpfs of ``tmp_bytes`` and ``shm_bytes``), and its own /dev (made
       when the spare was, see ``_minimal_dev``);
     - ``hidden_paths`` (the supervisor's home, the backend's data directory) and, without network,
-      /run and /var/run (unix sockets of host services) covered by empty tmpfs;
+      /run and /var/run (unix sockets of host services), with it /run/user, covered by empty tmpfs;
     - the working directory bound back read-write at its own path, and the interpreter's prefixes
       and module paths bound back read-only where they were hidden.
     """
@@ -1024,7 +970,9 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
         _mount("none", "/tmp", None, MS_BIND | MS_REMOUNT | _mount_flags_of("/tmp"))
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']},mode=1777")
     covered = ["/tmp", "/dev/shm"]
-    for hidden in [*req.get("hidden_paths", []), *([] if network else ["/run", "/var/run"])]:
+    # With the network on /run stays (resolv.conf often links there), but not /run/user: the uid's
+    # session bus, systemd --user and agents listen there, and would run a command outside the sandbox.
+    for hidden in [*req.get("hidden_paths", []), *(["/run/user"] if network else ["/run", "/var/run"])]:
         real = os.path.realpath(hidden)
         if os.path.isdir(real) and not os.path.islink(hidden) and real not in covered:
             _mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
@@ -1094,10 +1042,14 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
         _enter_landlock_domain(
             max(landlock, abstract), abstract_unix=abstract >= 6, deny_kernel_writes=bool(landlock)
         )
-    if namespaced and not req.get("network", False):
-        _deny_unix_sockets()
-    if req.get("filter_process_calls"):
-        _seccomp.install()  # the zygote's probe found it works here
+    # Where the zygote's probe found the filter works (``process_calls`` ``filtered``), and always
+    # at the namespaces level with the network off (no run there without it). First out of the
+    # inherited session keyring (the supervisor's, the login's): even a call the filter missed
+    # would then find none of its keys.
+    network = bool(req.get("network", False))
+    if req.get("filter_process_calls") or (namespaced and not network):
+        _filter().leave_session_keyring()  # an errno here leaves only key names visible (README)
+        _install_filter(namespaced, network)
     # Not dumpable: another run of the same uid cannot read this one's /proc/<pid>/{environ,mem,cwd}.
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of this run come back to us, so we can sweep them
@@ -1529,14 +1481,13 @@ class Zygote:
         self.clone_spares = self.clone_refused is None
         # At the process level every run enters a Landlock domain of its own (``_enter_landlock_domain``).
         self.landlock_abi = 0 if self.namespaced or not config.get("landlock", True) else _landlock_abi()
-        # At the process level every run gets the seccomp filter of ``seccomp.py`` (prlimit and kin on
-        # other processes, keyrings) where the kernel takes it; with namespaces the run's pid and user
-        # namespaces keep those calls off the host's processes and keys.
-        self.process_calls_detail: str | None = None
-        if not self.namespaced:
-            global _seccomp
-            _seccomp = _sibling("seccomp")
-            self.process_calls_detail = _seccomp.probe()
+        # Every run gets the seccomp filter of ``seccomp.py`` for its level where the kernel takes it:
+        # keyrings and clone3 at both levels; at the process level also AF_UNIX sockets and prlimit
+        # and kin on other processes (with namespaces the run's pid namespace keeps those off the
+        # host's processes).
+        self.process_calls_detail: str | None = _filter().probe(
+            "namespaces" if self.namespaced else "process"
+        )
         self.process_calls = "open" if self.process_calls_detail else "filtered"
         # Without either, a run can read the environment of every dumpable process of its uid.
         self.readable_credentials: list[dict[str, Any]] = []
@@ -1675,7 +1626,7 @@ class Zygote:
             high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in fds]
             message["source"] = _read_code(high[3])
             message["landlock_abi"] = self.landlock_abi
-            message["filter_process_calls"] = not self.namespaced and self.process_calls == "filtered"
+            message["filter_process_calls"] = self.process_calls == "filtered"
             for target, fd in zip((1, 2, STATUS_FD), high, strict=False):
                 os.dup2(fd, target, inheritable=target != STATUS_FD)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -2228,9 +2179,13 @@ def _write_at(directory_fd: int, name: str, text: str) -> None:
 
 def _cgroup_intruded(pid: int, cgroup_fds: dict[str, int]) -> str | None:
     """Why a spare's cgroups cannot bound its run, or None: each directory the zygote made for it
-    must still be at its path (the supervisor and the reaper read it there) and hold the spare
-    (its ``cgroup.procs``). A run that renamed them, or moved the spare, is refused this way even
-    where it could write beneath cgroupfs (``kernel_files`` ``writable``)."""
+    must still be at its path (the supervisor and the reaper read it there), hold the spare (its
+    ``cgroup.procs``) and nothing but the spare and its children (a namespaced spare is its
+    namespace's init and the process that will run the code). A run that renamed them, moved the
+    spare, or put a process of its own there (by ``cgroup.procs`` where it can write beneath
+    cgroupfs, ``kernel_files`` ``writable``; by ``clone3(CLONE_INTO_CGROUP)`` on a kernel where the
+    filter is off) is refused this way: that process would count against the next run's limits and
+    be swept with it instead of with its own run."""
     for path, fd in cgroup_fds.items():
         try:
             held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
@@ -2243,6 +2198,9 @@ def _cgroup_intruded(pid: int, cgroup_fds: dict[str, int]) -> str | None:
             return f"its cgroup {path}: {exc.strerror}"
         if str(pid) not in members:
             return f"it is no longer in its cgroup {path}"
+        for member in members:
+            if int(member) != pid and os.path.exists(f"/proc/{member}") and _parent_of(int(member)) != pid:
+                return f"process {member} joined its cgroup {path}"
     return None
 
 
@@ -2330,7 +2288,7 @@ def _sibling(name: str) -> types.ModuleType:
 
 
 _STATE: Any = None
-_seccomp: Any = None  # ``seccomp.py``, loaded by a process-level zygote (``Zygote.__init__``)
+_seccomp: Any = None  # ``seccomp.py``, loaded by the zygote (``_filter``)
 """``state.py`` (live session state), loaded once by the zygote before it forks (``main``)."""
 
 
@@ -2377,8 +2335,8 @@ def main() -> None:
         # Whether a run can write beneath /proc, /sys and cgroupfs (and so, as root, leave its pids
         # and memory cgroups): read-only mounts with namespaces, the run's Landlock domain without.
         "kernel_files": "read_only" if zygote.namespaced or zygote.landlock_abi else "writable",
-        # Whether a run can change another process's limits or scheduling (prlimit, setpriority,
-        # sched_setaffinity...) or use the kernel keyrings: its namespaces, or the seccomp filter.
+        # Whether the run's seccomp filter is in force (``IsolationReport.process_calls`` says what it
+        # refuses at each level).
         "process_calls": zygote.process_calls,
         "process_calls_detail": zygote.process_calls_detail,
         "readable_credentials": zygote.readable_credentials,

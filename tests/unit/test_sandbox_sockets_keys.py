@@ -1,0 +1,409 @@
+"""A run reaches no unix socket of its uid at the ``process`` level, no keyring of the supervisor at
+either level, and cannot fork into a cgroup of its choosing; ordinary concurrent code still works.
+
+Found by a red-team review of main at 7b369f7:
+
+- at the ``process`` level a run handed a command to the uid's tmux server through its socket
+  file; the command ran outside the run's Landlock domain, seccomp filter and sweep, read the
+  ``AWS_SECRET_ACCESS_KEY`` of the shell that started the sandbox, and outlived the run (any
+  same-uid server on a socket file does this: screen, D-Bus, ``systemd --user``, ssh ControlMaster);
+- a root run moved a child into another cgroup v2 folder with ``clone3(CLONE_INTO_CGROUP)`` at both
+  levels, though the write to ``cgroup.procs`` was refused;
+- at the ``namespaces`` level a run read, overwrote and added keys in the supervisor's session
+  keyring, and the run's report said ``process_calls: filtered`` while no filter was installed.
+
+The run's seccomp filter (``alphaagent.sandbox.seccomp``) now refuses ``socket(AF_UNIX)`` at the
+``process`` level, ``clone3`` and the keyring calls at both, and each run leaves its inherited
+session keyring first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import secrets
+import shutil
+import socket
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from assertions import assert_status
+from sandboxes import light_at
+
+from alphaagent.models.run import RunLimits, RunResult
+from alphaagent.sandbox import seccomp, zygote
+from alphaagent.sandbox.cgroup import _controller_mounts
+from alphaagent.sandbox.supervisor import Sandbox
+
+
+@pytest.fixture(scope="module", params=["namespaces", "process"])
+def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    with light_at(request.param) as sandbox:
+        if sandbox.info.get("process_calls") != "filtered":
+            pytest.skip(f"no seccomp filter here: {sandbox.info.get('process_calls_detail')}")
+        yield sandbox
+
+
+@pytest.fixture(scope="module")
+def process_box() -> Iterator[Sandbox]:
+    with light_at("process") as sandbox:
+        if sandbox.info.get("process_calls") != "filtered":
+            pytest.skip(f"no seccomp filter here: {sandbox.info.get('process_calls_detail')}")
+        yield sandbox
+
+
+def run(box: Sandbox, code: str, scope: Path, network: bool = False) -> RunResult:
+    return box.run(textwrap.dedent(code), cwd=scope, limits=RunLimits(timeout_s=60), network=network)
+
+
+# -- unix sockets of the run's uid (process level) -------------------------------------------------
+
+CONNECT = """
+import errno, json, socket
+answers = {}
+for name, path in SOCKETS.items():
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(path)
+        answers[name] = "connected"
+    except OSError as exc:
+        answers[name] = errno.errorcode[exc.errno]
+try:  # a datagram socketpair can sendto any bound address
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"x", SOCKETS["file"])
+    answers["dgram sendto"] = "sent"
+except OSError as exc:
+    answers["dgram sendto"] = errno.errorcode[exc.errno]
+print(json.dumps(answers))
+"""
+
+
+def test_a_process_level_run_reaches_no_unix_socket_of_its_uid(process_box: Sandbox, tmp_path: Path) -> None:
+    # Given a listening socket file and an abstract socket of the supervisor's uid, connectable from here
+    scope, place = tmp_path / "scope", tmp_path / "sockets"
+    scope.mkdir()
+    place.mkdir(mode=0o777)
+    sockets = {"file": str(place / "server.sock"), "abstract": f"\0alphaagent-test-{secrets.token_hex(4)}"}
+    servers = []
+    for path in sockets.values():
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(4)
+        servers.append(server)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.connect(sockets["file"])
+        # When a run at the process level connects to each, and sends to the file from a datagram pair
+        result = run(process_box, f"SOCKETS = {sockets!r}\n" + CONNECT, scope)
+    finally:
+        for server in servers:
+            server.close()
+    # Then every attempt is refused as a refused connect is (EACCES), and the report says so
+    assert_status(result, "ok")
+    assert json.loads(result.stdout) == {"file": "EACCES", "abstract": "EACCES", "dgram sendto": "EACCES"}
+    assert (result.isolation.host_unix_sockets, result.isolation.process_calls) == ("blocked", "filtered")
+
+
+TMUX = """
+import subprocess
+done = subprocess.run(["tmux", "-S", SOCKET, "new-window", "-d", "touch " + PROOF], capture_output=True, text=True)
+print(done.returncode)
+"""
+
+
+def test_a_process_level_run_cannot_hand_a_command_to_its_uids_tmux_server(
+    process_box: Sandbox, tmp_path: Path
+) -> None:
+    # Given a tmux server of the supervisor's uid that takes commands from here
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        pytest.skip("tmux is not installed")
+    scope, server = tmp_path / "scope", tmp_path / "tmux.sock"
+    scope.mkdir()
+    proof, control = tmp_path / "proof", tmp_path / "control"
+    subprocess.run([tmux, "-S", str(server), "new-session", "-d", "sleep 60"], check=True, timeout=10)
+    try:
+        subprocess.run([tmux, "-S", str(server), "new-window", "-d", f"touch {control}"], check=True, timeout=10)
+        deadline = time.monotonic() + 10
+        while not control.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert control.exists(), "the tmux server did not run a command from the host"
+        # When a run asks it to run a command (which would run outside the sandbox)
+        result = run(process_box, f"SOCKET, PROOF = {str(server)!r}, {str(proof)!r}\n" + TMUX, scope)
+        time.sleep(0.5)  # as long as the host's command took, at most, to leave its mark
+    finally:
+        subprocess.run([tmux, "-S", str(server), "kill-server"], check=False, timeout=10)
+    # Then tmux cannot reach its server, and no command ran
+    assert_status(result, "ok")
+    assert result.stdout.strip() != "0", result.stderr
+    assert not proof.exists()
+
+
+# -- ordinary concurrency, with AF_UNIX sockets and clone3 refused -----------------------------------
+
+CONCURRENCY = """
+import asyncio, concurrent.futures, json, multiprocessing, os, subprocess, sys, threading
+
+async def main():
+    reader, writer = await asyncio.open_connection(sock=__import__("socket").socketpair()[0])
+    writer.close()
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", "print(6 * 7)", stdout=asyncio.subprocess.PIPE)
+    out, _ = await child.communicate()
+    slow = await asyncio.gather(*(asyncio.sleep(0.01, result=i) for i in range(3)))
+    on_thread = await asyncio.get_running_loop().run_in_executor(None, sum, [1, 2, 3])
+    return int(out), slow, on_thread
+
+results = []
+threads = [threading.Thread(target=results.append, args=(i,)) for i in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    squares = pool.map(abs, [-1, -2, -3])
+with concurrent.futures.ProcessPoolExecutor(2) as executor:
+    negated = list(executor.map(abs, [-4, -5]))
+with concurrent.futures.ThreadPoolExecutor(2) as executor:
+    doubled = list(executor.map(abs, [-6, -7]))
+spawned = os.waitstatus_to_exitcode(os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0)[1])
+child = subprocess.run([sys.executable, "-c", "print('child')"], capture_output=True, text=True, check=True)
+print(json.dumps({"asyncio": asyncio.run(main()), "threads": sorted(results), "pool": squares,
+                  "process_pool": negated, "thread_pool": doubled, "posix_spawn": spawned,
+                  "subprocess": child.stdout.strip()}))
+"""
+
+
+def test_threads_subprocesses_asyncio_and_process_pools_still_work(box: Sandbox, tmp_path: Path) -> None:
+    # When a run uses asyncio (its self-pipe is a socketpair; a subprocess; a thread), threads (glibc
+    # tries clone3 first), a multiprocessing pool, a process pool, posix_spawn and subprocess
+    result = run(box, CONCURRENCY, tmp_path)
+    # Then all of it works
+    assert_status(result, "ok")
+    assert json.loads(result.stdout) == {
+        "asyncio": [42, [0, 1, 2], 6],
+        "threads": [0, 1, 2, 3],
+        "pool": [1, 2, 3],
+        "process_pool": [4, 5],
+        "thread_pool": [6, 7],
+        "posix_spawn": 0,
+        "subprocess": "child",
+    }
+
+
+# -- clone3(CLONE_INTO_CGROUP) ---------------------------------------------------------------------
+
+CLONE_INTO_CGROUP = 0x200000000  # include/uapi/linux/sched.h
+CLONE3_NR = 435  # one number on every architecture (include/uapi/asm-generic/unistd.h, syscall_64.tbl)
+CLONE3 = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+class Args(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal",
+                "stack", "stack_size", "tls", "set_tid", "set_tid_size", "cgroup")]
+answers = {}
+for name, target in TARGETS.items():
+    args = Args(exit_signal=17)
+    if target:
+        args.flags, args.cgroup = CLONE_INTO_CGROUP, os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    pid = libc.syscall(CLONE3, ctypes.byref(args), ctypes.sizeof(args))
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+        answers[name] = "forked"
+    else:
+        answers[name] = errno.errorcode[ctypes.get_errno()]
+print(json.dumps(answers))
+"""
+
+
+def _cgroup2_mount() -> Path | None:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split()[:1] == ["cgroup2"]:
+            return Path(left.split()[4])
+    return None
+
+
+def test_clone3_is_refused_so_no_child_lands_in_a_cgroup_of_the_runs_choosing(box: Sandbox, tmp_path: Path) -> None:
+    # Given a cgroup v2 folder the run's uid may write to (as root), where cgroup v2 is mounted
+    scope = tmp_path / "scope"
+    scope.mkdir()
+    v2 = _cgroup2_mount()
+    target: Path | None = None
+    if v2 is not None and os.geteuid() == 0:
+        target = v2 / f"alphaagent-test-{secrets.token_hex(4)}"
+        target.mkdir()
+    targets = {"plain": "", **({"into_cgroup": str(target)} if target else {})}
+    code = f"TARGETS, CLONE3, CLONE_INTO_CGROUP = {targets!r}, {CLONE3_NR}, "
+    try:
+        # When a run calls clone3, plainly and with CLONE_INTO_CGROUP into that folder
+        result = run(box, code + f"{CLONE_INTO_CGROUP}\n" + CLONE3, scope)
+        members = (target / "cgroup.procs").read_text().split() if target else []
+    finally:
+        if target is not None:
+            target.rmdir()
+    # Then the kernel seems not to have clone3 (glibc falls back to clone), and nothing joined the folder
+    assert_status(result, "ok")
+    assert json.loads(result.stdout) == dict.fromkeys(targets, "ENOSYS")
+    assert members == []
+
+
+def test_a_spare_whose_cgroup_another_process_joined_is_refused() -> None:
+    # Given a spare's pids cgroup (root, a writable pids controller) holding the spare and its child
+    parent = _controller_mounts().get("pids")
+    if os.geteuid() != 0 or parent is None:
+        pytest.skip("needs root and a pids cgroup controller")
+    folder = parent / f"alphaagent-test-{secrets.token_hex(4)}"
+    folder.mkdir()
+    spare = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    other = subprocess.Popen(["sleep", "60"])
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (folder / "cgroup.procs").write_text(str(spare.pid))
+        deadline = time.monotonic() + 10
+        while len((folder / "cgroup.procs").read_text().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the spare's child (sleep), forked after it joined
+        (folder / "cgroup.procs").write_text(str(spare.pid))  # in case sh forked before joining
+        assert zygote._cgroup_intruded(spare.pid, {str(folder): fd}) is None
+        # When a process that is not the spare's joins it
+        (folder / "cgroup.procs").write_text(str(other.pid))
+        # Then the spare is refused, naming the intruder
+        assert zygote._cgroup_intruded(spare.pid, {str(folder): fd}) == (
+            f"process {other.pid} joined its cgroup {folder}"
+        )
+    finally:
+        os.close(fd)
+        for process in (spare, other):
+            process.kill()
+            process.wait()
+        subprocess.run(["pkill", "-KILL", "-P", str(spare.pid)], check=False)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+# -- keyrings ----------------------------------------------------------------------------------------
+
+KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -3, -5
+KEYCTL_GET_KEYRING_ID, KEYCTL_UPDATE, KEYCTL_SETPERM, KEYCTL_READ, KEYCTL_INVALIDATE = 0, 2, 5, 11, 21
+POSSESSOR_ONLY, POSSESSOR_AND_USER_VIEW = 0x3F000000, 0x3F010000  # include/uapi/linux/keyctl.h KEY_*_
+
+
+class _Keys:
+    """The keyctl calls of the tests, through libc's ``syscall`` (the stdlib has no keyctl)."""
+
+    def __init__(self) -> None:
+        self.numbers = seccomp.SYSCALLS[platform.machine()]
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.syscall.restype = ctypes.c_long
+
+    def keyctl(self, *args: int | bytes | ctypes.Array) -> int:
+        wrapped = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+        return int(self.libc.syscall(self.numbers["keyctl"], *wrapped))
+
+    def add(self, description: str, payload: bytes, keyring: int, perm: int) -> int:
+        key = int(
+            self.libc.syscall(
+                self.numbers["add_key"], b"user", description.encode(), payload, ctypes.c_size_t(len(payload)),
+                ctypes.c_long(keyring),
+            )
+        )
+        if key < 0:
+            pytest.skip(f"no keyrings here: {os.strerror(ctypes.get_errno())}")
+        assert self.keyctl(KEYCTL_SETPERM, key, perm) == 0
+        return key
+
+    def read(self, key: int) -> bytes:
+        buffer = ctypes.create_string_buffer(256)
+        size = self.keyctl(KEYCTL_READ, key, buffer, 256)
+        return buffer.raw[: max(size, 0)]
+
+
+@pytest.fixture
+def session_keys() -> Iterator[dict[str, int | str]]:
+    """Two keys in the session keyring the supervisor's runs inherit (its own, or the user-session
+    keyring a process without one searches instead): one only a possessor may view, one the uid may
+    view (so a run finds its serial in /proc/keys)."""
+    keys = _Keys()
+    session = keys.keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0)
+    user_session = keys.keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_SESSION_KEYRING, 0)
+    keyring = KEY_SPEC_SESSION_KEYRING if session >= 0 and session != user_session else KEY_SPEC_USER_SESSION_KEYRING
+    tag = secrets.token_hex(4)
+    hidden = keys.add(f"alphaagent-test-possessed-{tag}", b"possessed", keyring, POSSESSOR_ONLY)
+    viewable = keys.add(f"alphaagent-test-viewable-{tag}", b"original", keyring, POSSESSOR_AND_USER_VIEW)
+    try:
+        yield {"tag": tag, "hidden": hidden, "viewable": viewable}
+    finally:
+        for key in (hidden, viewable):
+            keys.keyctl(KEYCTL_INVALIDATE, key)
+
+
+KEYRING_PROBE = """
+import ctypes, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(number, *args):
+    done = libc.syscall(number, *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    return "ok" if done >= 0 else errno.errorcode[ctypes.get_errno()]
+listed = [line for line in open("/proc/keys") if TAG in line]
+viewable = [int(line.split()[0], 16) for line in listed if "viewable" in line]
+buffer = ctypes.create_string_buffer(256)
+print(json.dumps({
+    "listed": sorted(line.split()[8].rstrip(":") for line in listed),
+    "session id": call(KEYCTL, 0, -3, 0),
+    "read": [call(KEYCTL, 11, key, buffer, 256) for key in viewable],
+    "update": [call(KEYCTL, 2, key, b"overwritten", 11) for key in viewable],
+    "add to session": call(ADD_KEY, b"user", b"planted-" + TAG.encode(), b"x", 1, -3),
+}))
+"""
+
+
+def test_a_run_can_neither_use_nor_see_the_supervisors_session_keyring(
+    box: Sandbox, tmp_path: Path, session_keys: dict[str, int | str]
+) -> None:
+    # Given a key only a possessor of the supervisor's session keyring may view, and one the uid may
+    tag = str(session_keys["tag"])
+    numbers = seccomp.SYSCALLS[platform.machine()]
+    code = f"TAG, KEYCTL, ADD_KEY = {tag!r}, {numbers['keyctl']}, {numbers['add_key']}\n" + KEYRING_PROBE
+    # When a run lists /proc/keys, reads and overwrites the viewable key and adds one to its session
+    result = run(box, code, tmp_path, network=box.isolation == "namespaces")
+    # Then it does not possess the supervisor's session (the possessor-only key is not listed), every
+    # keyring call is refused, and the supervisor's keys are as they were
+    assert_status(result, "ok")
+    probe = json.loads(result.stdout)
+    keys = _Keys()
+    assert probe["listed"] == [f"alphaagent-test-viewable-{tag}"], probe
+    assert probe["session id"] == probe["add to session"] == "EPERM"
+    assert probe["read"] == probe["update"] == ["EPERM"]
+    assert keys.read(int(session_keys["viewable"])) == b"original"
+    assert not [line for line in Path("/proc/keys").read_text().splitlines() if f"planted-{tag}" in line]
+    assert result.isolation.process_calls == "filtered"
+
+
+SECCOMP_STATUS = """
+print([line.split(":")[1].strip() for line in open("/proc/self/status") if line.startswith("Seccomp_filters:")][0])
+"""
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["network off", "network on"])
+def test_the_report_says_filtered_only_where_a_filter_is_in_force(
+    box: Sandbox, tmp_path: Path, network: bool
+) -> None:
+    if network and box.isolation == "process":
+        pytest.skip("the process level has no network switch")
+    # When a run reads how many seccomp filters it is under
+    result = run(box, SECCOMP_STATUS, tmp_path, network=network)
+    # Then its report's process_calls says "filtered", and a filter is there
+    assert_status(result, "ok")
+    assert result.isolation.process_calls == "filtered"
+    assert int(result.stdout) >= 1
