@@ -407,3 +407,38 @@ def test_the_report_says_filtered_only_where_a_filter_is_in_force(
     assert_status(result, "ok")
     assert result.isolation.process_calls == "filtered"
     assert int(result.stdout) >= 1
+
+
+RUN_USER = """
+import errno, json, os, socket
+try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(PATH)
+    answer = "connected"
+except OSError as exc:
+    answer = errno.errorcode[exc.errno]
+print(json.dumps({"connect": answer, "listing": sorted(os.listdir("/run/user"))}))
+"""
+
+
+def test_with_the_network_on_run_user_is_hidden(tmp_path: Path) -> None:
+    # Given a socket of the supervisor's uid in /run/user (where session buses, systemd --user and
+    # agents listen), connectable from here
+    if not Path("/run/user").is_dir() or not os.access("/run/user", os.W_OK):
+        pytest.skip("no writable /run/user here")
+    path = f"/run/user/alphaagent-test-{secrets.token_hex(4)}.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.connect(path)
+        with light_at("namespaces") as box:
+            # When a run with the network on (AF_UNIX sockets allowed) connects to it
+            result = run(box, f"PATH = {path!r}\n" + RUN_USER, tmp_path, network=True)
+    finally:
+        server.close()
+        os.unlink(path)
+    # Then /run/user is an empty folder of the run's own
+    assert_status(result, "ok")
+    assert json.loads(result.stdout) == {"connect": "ENOENT", "listing": []}
