@@ -313,7 +313,11 @@ def probe(level: str = "process") -> str | None:
                 except PermissionError as exc:
                     answers["socket"] = exc.errno or 0
                 expected.update(prlimit64=errno.EPERM, socket=errno.EACCES)
-            wrong = [f"{n} {errno.errorcode.get(answers[n], answers[n])}" for n in expected if answers[n] != expected[n]]
+            wrong = [
+                f"{n} {errno.errorcode.get(answers[n], answers[n])}"
+                for n in expected
+                if answers[n] != expected[n]
+            ]
             if wrong:
                 reason = f"still allowed or not refused as meant: {', '.join(wrong)}".encode()
         except BaseException as exc:  # any failure is the answer, reported below

@@ -427,9 +427,7 @@ def _install_filter(namespaced: bool, network: bool) -> None:
     wherever its file lies and whatever its name, abstract sockets too). Inherited by everything
     the run starts; ``no_new_privs`` must be set. Raises SetupError where it cannot be installed."""
     try:
-        _filter().install(
-            "namespaces" if namespaced else "process", unix_sockets=namespaced and network
-        )
+        _filter().install("namespaces" if namespaced else "process", unix_sockets=namespaced and network)
     except (OSError, RuntimeError) as exc:
         raise SetupError(f"cannot install the run's seccomp filter: {exc}") from exc
 

@@ -129,7 +129,9 @@ def test_a_process_level_run_cannot_hand_a_command_to_its_uids_tmux_server(
     proof, control = tmp_path / "proof", tmp_path / "control"
     subprocess.run([tmux, "-S", str(server), "new-session", "-d", "sleep 60"], check=True, timeout=10)
     try:
-        subprocess.run([tmux, "-S", str(server), "new-window", "-d", f"touch {control}"], check=True, timeout=10)
+        subprocess.run(
+            [tmux, "-S", str(server), "new-window", "-d", f"touch {control}"], check=True, timeout=10
+        )
         deadline = time.monotonic() + 10
         while not control.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -230,7 +232,9 @@ def _cgroup2_mount() -> Path | None:
     return None
 
 
-def test_clone3_is_refused_so_no_child_lands_in_a_cgroup_of_the_runs_choosing(box: Sandbox, tmp_path: Path) -> None:
+def test_clone3_is_refused_so_no_child_lands_in_a_cgroup_of_the_runs_choosing(
+    box: Sandbox, tmp_path: Path
+) -> None:
     # Given a cgroup v2 folder the run's uid may write to (as root), where cgroup v2 is mounted
     scope = tmp_path / "scope"
     scope.mkdir()
@@ -314,7 +318,11 @@ class _Keys:
     def add(self, description: str, payload: bytes, keyring: int, perm: int) -> int:
         key = int(
             self.libc.syscall(
-                self.numbers["add_key"], b"user", description.encode(), payload, ctypes.c_size_t(len(payload)),
+                self.numbers["add_key"],
+                b"user",
+                description.encode(),
+                payload,
+                ctypes.c_size_t(len(payload)),
                 ctypes.c_long(keyring),
             )
         )
@@ -337,7 +345,11 @@ def session_keys() -> Iterator[dict[str, int | str]]:
     keys = _Keys()
     session = keys.keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0)
     user_session = keys.keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_SESSION_KEYRING, 0)
-    keyring = KEY_SPEC_SESSION_KEYRING if session >= 0 and session != user_session else KEY_SPEC_USER_SESSION_KEYRING
+    keyring = (
+        KEY_SPEC_SESSION_KEYRING
+        if session >= 0 and session != user_session
+        else KEY_SPEC_USER_SESSION_KEYRING
+    )
     tag = secrets.token_hex(4)
     hidden = keys.add(f"alphaagent-test-possessed-{tag}", b"possessed", keyring, POSSESSOR_ONLY)
     viewable = keys.add(f"alphaagent-test-viewable-{tag}", b"original", keyring, POSSESSOR_AND_USER_VIEW)
