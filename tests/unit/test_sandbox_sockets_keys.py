@@ -20,6 +20,7 @@ session keyring first.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import platform
@@ -454,3 +455,21 @@ def test_with_the_network_on_run_user_is_hidden(tmp_path: Path) -> None:
     # Then /run/user is an empty folder of the run's own
     assert_status(result, "ok")
     assert json.loads(result.stdout) == {"connect": "ENOENT", "listing": []}
+
+
+@pytest.mark.parametrize("machine", sorted(seccomp.SYSCALLS))
+@pytest.mark.parametrize("level", seccomp.LEVELS)
+@pytest.mark.parametrize("unix_sockets", [False, True])
+def test_each_levels_filter_assembles_for_each_known_architecture(
+    machine: str, level: str, unix_sockets: bool
+) -> None:
+    # When the filter of a level is built for an architecture (aarch64 is not exercised here)
+    code = seccomp.program(machine, level=level, unix_sockets=unix_sockets)
+    # Then it checks the architecture first, and answers ENOSYS, EACCES (sockets) or EPERM as meant
+    assert code is not None and code[0] == (seccomp.BPF_LD_W_ABS, 0, 0, seccomp.OFFSET_ARCH)
+    returns = {k for op, _, _, k in code if op == seccomp.BPF_RET_K}
+    errors = {seccomp.SECCOMP_RET_ERRNO | e for e in (errno.ENOSYS, errno.EACCES, errno.EPERM)}
+    assert returns == {seccomp.SECCOMP_RET_ALLOW} | errors
+    assert code[-1] == (seccomp.BPF_RET_K, 0, 0, seccomp.SECCOMP_RET_ERRNO | errno.EPERM)
+    with pytest.raises(ValueError, match="level"):
+        seccomp.program(machine, level="vm")
