@@ -19,6 +19,7 @@ session keyring first.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -26,6 +27,7 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import textwrap
@@ -266,15 +268,18 @@ def test_a_spare_whose_cgroup_another_process_joined_is_refused() -> None:
         pytest.skip("needs root and a pids cgroup controller")
     folder = parent / f"alphaagent-test-{secrets.token_hex(4)}"
     folder.mkdir()
-    spare = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    spare = subprocess.Popen(["sh", "-c", "read go; sleep 60 & wait"], stdin=subprocess.PIPE)
     other = subprocess.Popen(["sleep", "60"])
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         (folder / "cgroup.procs").write_text(str(spare.pid))
+        assert spare.stdin is not None
+        spare.stdin.write(b"go\n")  # its child (sleep) is forked now, in the folder
+        spare.stdin.flush()
         deadline = time.monotonic() + 10
         while len((folder / "cgroup.procs").read_text().split()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)  # the spare's child (sleep), forked after it joined
-        (folder / "cgroup.procs").write_text(str(spare.pid))  # in case sh forked before joining
+            time.sleep(0.02)
+        assert len((folder / "cgroup.procs").read_text().split()) == 2
         assert zygote._cgroup_intruded(spare.pid, {str(folder): fd}) is None
         # When a process that is not the spare's joins it
         (folder / "cgroup.procs").write_text(str(other.pid))
@@ -284,10 +289,12 @@ def test_a_spare_whose_cgroup_another_process_joined_is_refused() -> None:
         )
     finally:
         os.close(fd)
+        for member in (folder / "cgroup.procs").read_text().split():  # the spare's sleep too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(member), signal.SIGKILL)
         for process in (spare, other):
             process.kill()
             process.wait()
-        subprocess.run(["pkill", "-KILL", "-P", str(spare.pid)], check=False)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
