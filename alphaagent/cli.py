@@ -6,7 +6,8 @@ field or path, nothing written) or a platform failure. ``submit``, which talks t
 exits 2 when AWS refuses, cannot be reached or has no credentials (a platform failure: nothing of
 the turn ran), and 1 when ``--wait`` times out (the turn goes on and may still finish).
 130 interrupted (Ctrl-C: the run's processes are killed, the turn is recorded as failed and its
-lease released first).
+lease released first). 141 standard output was closed by its reader (``| head -1``): the command
+stops quietly, as a Unix tool killed by SIGPIPE.
 
 The data directory is ``--home``, else ``$ALPHAAGENT_HOME``, else
 ``${XDG_DATA_HOME:-~/.local/share}/alphaagent`` (``alphaagent.api.alphaagent_home``); read commands
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_PLATFORM = EXIT_USAGE  # the platform failed (AWS refused, unreachable, no credentials)
 EXIT_INTERRUPTED = 128 + 2  # 128 + SIGINT, what shells report for a command ended by Ctrl-C
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what shells report for `yes | head -1`'s yes
 DEFAULT_USER = "local"
 USER_ENV = "ALPHAAGENT_USER"
 _LIMIT_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
@@ -62,19 +64,20 @@ _SUBMIT_TIMEOUT_S = 3600.0
 
 
 class _RecordedStore(argparse._StoreAction):
-    """The ``store`` action of every option, which also notes each value of a global option that
-    takes one (``--home``, ``--user``) wherever it was given: argparse keeps only the last, and a
-    second ``--user`` with another value must be refused, not win silently (``_given_twice``)."""
+    """The ``store`` action of every option, which also notes each value an option that takes one
+    was given (``--conversation``, ``--limit``, ``-o``, the global ``--home`` and ``--user``),
+    wherever it was given: argparse keeps only the last, and a second ``--conversation`` with
+    another value must be refused, not win silently (``_given_twice``)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *rest: Any) -> None:
-        if self.dest in _GLOBAL_VALUED:
-            _GIVEN.setdefault(self.dest, []).append(rest[0])
+        if self.option_strings:  # positionals are given once by construction
+            _GIVEN.setdefault("/".join(self.option_strings), []).append(rest[0])
         super().__call__(parser, namespace, *rest)
 
 
-_GLOBAL_VALUED: Final = ("home", "user")
-_GIVEN: dict[str, list[str]] = {}
-"""Each value given to ``--home`` and ``--user`` while ``main`` parses, in order."""
+_GIVEN: dict[str, list[Any]] = {}
+"""Each value (as converted: ``--limit 03`` is 3) given to each option that takes one while
+``main`` parses, in order, under the option's names (``-o/--output``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,6 +91,11 @@ class _Parser(argparse.ArgumentParser):
             self.describe_home = False
         return super().format_help()
 
+    def print_help(self, file: Any = None) -> None:
+        # argparse's own swallows a failed write: a help piped to `| head -1` must end as every
+        # other output does when its reader went away (main: 141), not exit 0 as if all was read.
+        (file or sys.stdout).write(self.format_help())
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.register("action", None, _RecordedStore)
@@ -97,34 +105,92 @@ class _Parser(argparse.ArgumentParser):
     """The command this parser reads (``turns``, ``env list``; empty for the program itself), which a
     usage error names: set by ``_globals_anywhere``."""
 
+    program = DEFAULT_PROGRAM
+    """How the program was started (``alphaagent``), for a line that names one of its options."""
+
+    _parsing: Sequence[str] = ()
+    """The words this parser is reading (``parse_known_args``), for ``_check_value``."""
+
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         # A command name argparse does not know: the closest one, not the whole list (new-user
         # review: `histroy` said "invalid choice" and listed seventeen commands).
         if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            # `--hmoe /tmp/x turns`: argparse takes the value of the option it does not know for
+            # the command; the option is the mistake, and is named first.
+            option = self._unknown_option_before(value)
+            if option is not None:
+                raise argparse.ArgumentError(None, self._stray(option, self._command_after(value, action)))
             where = f" for {self.command_path}" if self.command_path else ""
             guess = did_you_mean(value, action.choices)
             raise argparse.ArgumentError(None, f"{value}: unknown command{where}{guess}")
         super()._check_value(action, value)
+
+    def _unknown_option_before(self, value: str) -> str | None:
+        """The word before ``value`` when it is an option (``--hmoe``) this parser does not know."""
+        words = list(self._parsing)
+        at = words.index(value) if value in words else 0
+        word = words[at - 1] if at > 0 else ""
+        if not word.startswith("-") or word in ("-", "--") or "=" in word:
+            return None
+        known = any(option.startswith(word) for option in self._option_string_actions)
+        return None if known else word
+
+    def _command_after(self, value: str, action: argparse._SubParsersAction[Any]) -> list[str]:
+        """The command named after ``value`` (``turns``; ``env list``), as words; empty if none."""
+        words = list(self._parsing)
+        rest = words[words.index(value) + 1 :] if value in words else []
+        return self._command_in(rest, action)
+
+    @staticmethod
+    def _command_in(words: Sequence[str], action: argparse._SubParsersAction[Any]) -> list[str]:
+        name = next((word for word in words if word in action.choices), None)
+        if name is None:
+            return []
+        inner = next((a for a in action.choices[name]._actions if isinstance(a, argparse._SubParsersAction)), None)
+        deeper = [] if inner is None else _Parser._command_in(words[list(words).index(name) + 1 :], inner)
+        return [name, *deeper]
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         # argparse hands what a command did not know up to the program, whose error then points
         # at the program's help: this command refuses it itself, naming itself and its help.
+        self._parsing = list(sys.argv[1:] if args is None else args)
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(self._stray(extras[0]))
+            sub = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+            command = [] if sub is None else self._command_in(self._parsing, sub)
+            self.error(self._stray(extras[0], command))
         return parsed, extras
 
-    def _stray(self, word: str) -> str:
-        """The line refusing ``word``, which this command does not know."""
+    def _stray(self, word: str, command: Sequence[str] = ()) -> str:
+        """The line refusing ``word``, which this command does not know; ``command`` is the one
+        named after it (``turns``), whose own option it may be, put before its name."""
         where = f" for {self.command_path}" if self.command_path else ""
         if word.startswith("-") and word != "-":
             option = word.split("=", 1)[0]
+            theirs = self._leaf(command)._option_string_actions.get(option) if command else None
+            if theirs is not None:
+                at = self._parsing.index(word)
+                moved = [word] if "=" in word or theirs.nargs == 0 else self._parsing[at : at + 2]
+                import shlex
+
+                put = " ".join([self.prog, *command, shlex.join(moved)])
+                return f"{option}: an option of the command; put it after the command: {put}"
+            if option == "--version" and self.command_path:
+                return f"{option}: unknown option{where} (the program's version: {self.program} --version)"
             # Only the options the help lists: a hidden global one would be refused anyway.
             known = [o for a in self._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
             return f"{option}: unknown option{where}{did_you_mean(option, known)}"
         return f"{word!r}: unexpected argument{where}"
+
+    def _leaf(self, command: Sequence[str]) -> argparse.ArgumentParser:
+        """The parser of ``command`` (words under this one)."""
+        parser: argparse.ArgumentParser = self
+        for name in command:
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = sub.choices[name]
+        return parser
 
     def error(self, message: str) -> NoReturn:
         text = f"{message} (see {self.prog} --help)"
@@ -341,6 +407,12 @@ def _coder() -> Coder | None:
     return configured_coder(on_missing=lambda message: print(f"alphaagent: {message}", file=sys.stderr))
 
 
+_SPEC_SCOPE_HINT: Final = {
+    "scope": "name the scope in the spec or with --conversation ID (or --workflow EXEC --node ID)"
+}
+"""What ``run`` and ``submit`` say of a spec without a scope: the flags that supply one."""
+
+
 def _spec_from(args: argparse.Namespace) -> Spec:
     """The spec file (or stdin) of ``run``/``submit``, with the command's identity and scope flags.
 
@@ -358,7 +430,7 @@ def _spec_from(args: argparse.Namespace) -> Spec:
     scope = _scope_from(args, required=False)
     if scope is not None:
         overrides["scope"] = scope.model_dump()
-    spec = parse_spec(raw, overrides, defaults={"user_id": args.user})
+    spec = parse_spec(raw, overrides, defaults={"user_id": args.user}, missing=_SPEC_SCOPE_HINT)
     if spec.user_id != args.user and args.user_source is not None:
         raise InvalidSpecError(
             f"user_id: the spec says {spec.user_id!r} but {args.user_source} says {args.user!r};"
@@ -633,29 +705,46 @@ def _write_new_file(out: Path, data: bytes) -> None:
 def _newest_first(items: Sequence[Any], args: argparse.Namespace, what: str) -> tuple[list[Any], list[str]]:
     """``items`` (as stored: oldest first) in the order every listing of past work uses, the newest
     first (``conversations``, ``turns``, ``history`` and the viewer), cut to ``--limit``; and the
-    line that says, for people, how many older ones the limit left out."""
+    line that says, for people, how many older ones (``what``: ``turn``, ``run``) the limit left out."""
+    return _limited(list(reversed(items)), args, what)
+
+
+def _limited(newest: list[Any], args: argparse.Namespace, what: str) -> tuple[list[Any], list[str]]:
+    """``newest`` (newest first) cut to ``--limit``, and the line saying how many it left out."""
     if args.limit is not None and args.limit < 1:
         raise InvalidRequestError("--limit: a positive number of items")
-    newest = list(reversed(items))
     shown = newest if args.limit is None else newest[: args.limit]
     left = len(newest) - len(shown)
-    return shown, [f"({left} older {what} not shown: --limit {args.limit})"] if left else []
+    return shown, [f"({_count(left, f'older {what}')} not shown: --limit {args.limit})"] if left else []
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 older turn``, ``2 older turns``: what a line for people says of ``n`` things."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    """A scope's runs (or one turn's, ``--turn``), newest first, with their stored outputs."""
-    from alphaagent.models.common import printable_path
+    """A scope's runs (or one turn's, ``--turn``, which needs no scope), newest first, with their
+    stored outputs."""
+    from alphaagent.models.common import printable_path, scope_from_key
     from alphaagent.sandbox.render import state_line
 
-    scope = _required_scope(args)
+    scope = _scope_from(args, required=args.turn is None)
     with _agent(args) as agent:
+        if scope is None:
+            # A turn id is unique across users (a global idempotency key): it names its scope.
+            # Another user's turn answers exactly as a missing one (agent.turn checks ownership).
+            try:
+                scope = scope_from_key(agent.turn(args.user, args.turn).scope_key)
+            except NotFoundError:
+                raise NotFoundError(f"--turn: no turn {printable_path(args.turn)!r} (see turns)") from None
         runs = agent.history(args.user, scope)
         environments = {turn.turn_id: turn.environment_id for turn in agent.turns(args.user, scope)}
     if args.turn is not None:
         if args.turn not in environments:
             raise NotFoundError(f"--turn: no turn {printable_path(args.turn)!r} in this scope (see turns)")
         runs = [run for run in runs if run.turn_id == args.turn]
-    runs, older = _newest_first(runs, args, "runs")
+    runs, older = _newest_first(runs, args, "run")
     lines: list[str] = []
     for run in runs:
         when = f"{run.created_at:%Y-%m-%d %H:%M:%S}"
@@ -665,10 +754,10 @@ def cmd_history(args: argparse.Namespace) -> int:
         code_lines = run.code.splitlines()
         lines.extend(f"  | {line}" for line in code_lines[:3])
         if len(code_lines) > 3:
-            lines.append(f"  | ... ({len(code_lines) - 3} more lines; --json for all)")
+            lines.append(f"  | ... ({_count(len(code_lines) - 3, 'more line')}; --json for all)")
         out_lines = run.stdout.rstrip("\n").splitlines() if run.stdout else []
         if len(out_lines) > 5:
-            lines.append(f"  > ... ({len(out_lines) - 5} earlier lines; --json for all)")
+            lines.append(f"  > ... ({_count(len(out_lines) - 5, 'earlier line')}; --json for all)")
         lines.extend(f"  > {line}" for line in out_lines[-5:])
         for stream, text, printed, cut, spill in (
             ("stdout", run.stdout, run.stdout_bytes, run.stdout_truncated, run.stdout_path),
@@ -706,7 +795,7 @@ def cmd_turns(args: argparse.Namespace) -> int:
     scope = _required_scope(args)
     with _agent(args) as agent:
         turns = agent.turns(args.user, scope)
-    turns, older = _newest_first(turns, args, "turns")
+    turns, older = _newest_first(turns, args, "turn")
     lines: list[str] = []
     for turn in turns:
         row = _turn_row(turn)
@@ -729,7 +818,8 @@ def cmd_conversations(args: argparse.Namespace) -> int:
     from alphaagent.models.common import ConversationScope, printable_path, scope_from_key
 
     with _agent(args) as agent:
-        summaries = agent.conversations(args.user)
+        summaries = agent.conversations(args.user)  # the newest turn first
+    summaries, older = _limited(list(summaries), args, "conversation")
     lines, data = [], []
     for summary in summaries:
         scope = scope_from_key(summary.scope_key)
@@ -737,13 +827,13 @@ def cmd_conversations(args: argparse.Namespace) -> int:
             name = f"conversation {scope.conversation_id}"
         else:
             name = f"workflow {scope.workflow_execution_id} node {scope.node_id}"
-        turns = f"{summary.turn_count} turn" + ("" if summary.turn_count == 1 else "s")
+        turns = _count(summary.turn_count, "turn")
         lines.append(
             f"{name}  {turns}  {summary.last_status}  {summary.last_started_at:%Y-%m-%d %H:%M:%S}  "
             + printable_path(summary.last_goal)
         )
         data.append({"scope": scope.model_dump(), **summary.model_dump(mode="json")})
-    _emit(args, data, lines or ["no conversations"])
+    _emit(args, data, [*lines, *older] or ["no conversations"])
     return EXIT_OK
 
 
@@ -962,8 +1052,8 @@ def cmd_help(args: argparse.Namespace) -> int:
         if word not in choices:
             above = " ".join(args.topic[:depth])
             where = f"{above} has no command" if above else "no command"
-            known = ", ".join(choices) or "none"
-            raise InvalidRequestError(f"help: {where} {word!r} (commands: {known})")
+            known = did_you_mean(word, choices) or f" (commands: {', '.join(choices) or 'none'})"
+            raise InvalidRequestError(f"help: {where} {word!r}{known}")
         command = choices[word]
     command.print_help()
     return EXIT_OK
@@ -1066,7 +1156,7 @@ _EXAMPLES = {
     ],
     "help": ["alphaagent help", "alphaagent help env add"],
     "version": ["alphaagent version --json"],
-    "conversations": ["alphaagent conversations --json"],
+    "conversations": ["alphaagent conversations --json", "alphaagent conversations --limit 5"],
     "serve": ["alphaagent serve --open", "alphaagent serve --backend aws --table $TABLE --bucket $BUCKET"],
     "mcp": ["alphaagent mcp", "alphaagent mcp --http 8766"],
     "export": ["alphaagent export --conversation penguins -o penguins.zip"],
@@ -1093,6 +1183,7 @@ _EXIT_STATUS = """exit status:
   1    the run or turn failed, or what was asked for was not found
   2    bad input, or the platform failed
   130  interrupted (Ctrl-C)
+  141  the reader of standard output went away (| head): stopped quietly
 with --json (before or after the command name), a failure of the command itself is also
   {"cli_error": {"message": ..., "exit_code": N}} on standard output; "error" is only ever the
   code's error in a result ({"name", "value", "traceback"})"""
@@ -1236,7 +1327,9 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
 
     limit_help = "only the N newest (default: all)"
     history = scoped("history", "list a scope's runs with their stored outputs, newest first")
-    history.add_argument("--turn", metavar="TURN_ID", help="only this turn's runs (see turns)")
+    history.add_argument(
+        "--turn", metavar="TURN_ID", help="only this turn's runs (see turns); it names its scope"
+    )
     history.add_argument("--limit", type=int, metavar="N", help=limit_help)
     history.set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
@@ -1251,6 +1344,7 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     conversations.add_argument(
         "--user", default=None, help=f"who is asking (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
+    conversations.add_argument("--limit", type=int, metavar="N", help=limit_help)
     conversations.add_argument("--json", action="store_true", help="print JSON")
     conversations.set_defaults(handler=cmd_conversations)
 
@@ -1397,6 +1491,7 @@ def _globals_anywhere(sub: argparse._SubParsersAction[_Parser], prefix: str) -> 
         command.set_defaults(command_name=full, takes_options=frozenset(takes))
         if isinstance(command, _Parser):
             command.command_path = full
+            command.program = command.prog.removesuffix(f" {full}")
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
                 _globals_anywhere(action, full)
@@ -1418,15 +1513,15 @@ def _refused_option(args: argparse.Namespace, prog: str) -> str | None:
 
 
 def _given_twice() -> str | None:
-    """The one line refusing a global option given twice with different values (the same value
-    twice is harmless and passes), or None."""
+    """The one line refusing an option given twice with different values (the same value twice
+    is harmless and passes), or None: the first such option, in the order they were given."""
     for option, values in _GIVEN.items():
-        if option == "home":  # one directory, however it was written
+        if option == "--home":  # one directory, however it was written
             values = [os.path.abspath(os.path.expanduser(value)) for value in values]
-        different = list(dict.fromkeys(values))
+        different = [value for i, value in enumerate(values) if value not in values[:i]]
         if len(different) > 1:
-            given = " and ".join(repr(value) for value in different)
-            return f"--{option}: given twice with different values ({given}); give it once"
+            given = " and ".join(repr(value) for value in different[:2])
+            return f"{option}: given twice with different values ({given}); give it once"
     return None
 
 
@@ -1454,7 +1549,23 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> int:
     """Entry point of the ``alphaagent`` console script; returns the exit code. ``prog`` is how
-    the program was started (``alphaagent.program``), for the commands its help and demo print."""
+    the program was started (``alphaagent.program``), for the commands its help and demo print.
+
+    A reader that went away (``| head -1``) ends the command quietly with 141, as a Unix tool
+    killed by SIGPIPE, whenever it is noticed: while the command writes, or when what it wrote is
+    flushed at its end (help and usage errors included, whose ``SystemExit`` it then replaces)."""
+    try:
+        try:
+            return _main(argv, prog=prog)
+        finally:
+            sys.stdout.flush()  # here, not at the interpreter's exit, where a closed pipe is a traceback
+    except BrokenPipeError:
+        # Later flushes (the interpreter's own at exit) must not meet the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None, *, prog: str) -> int:
     _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser(prog)  # the help text shows where the data directory is
@@ -1466,6 +1577,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> i
         args = parser.parse_args(_ARGV)
         if args.command is None and not args.version_asked:
             parser.error("name a command")
+        if args.command is not None and args.version_asked:
+            # One rule for whatever follows --version: `--version extra` is refused, so is a command.
+            name = getattr(args, "command_name", args.command)
+            parser.error(f"--version: goes alone, not with a command; give {prog} --version, or {name} without it")
         twice = _given_twice()
         if twice is not None:
             return _fail(twice, as_json=bool(getattr(args, "json", False)))
@@ -1512,9 +1627,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> i
     except (PathRuleError, ValidationError) as exc:
         return fail(str(exc).splitlines()[0])
     except BrokenPipeError:
-        # The reader went away (| head): stop quietly, as other command-line tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
+        raise  # the reader went away (| head): main ends quietly with 141
     except (OSError, ValueError, RecursionError, OverflowError, UnicodeError) as exc:
         # Input this code did not foresee: one line, never a traceback (DESIGN: bad input gets a
         # clear error). Set ALPHAAGENT_DEBUG=1 to see the traceback.

@@ -27,7 +27,7 @@ import hmac
 import json
 import secrets
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -36,8 +36,10 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from alphaagent import connectors
 from alphaagent.client import Client, parse_scope
@@ -102,6 +104,111 @@ LimitArg = Annotated[
         {"type": "integer", "minimum": 1, "maximum": MAX_TEXT_PAGE_CHARS, "description": "characters"}
     ),
 ]
+TurnLimitArg = Annotated[
+    int | None,
+    WithJsonSchema(
+        {"type": ["integer", "null"], "minimum": 1, "description": "only the N newest turns (default: all)"}
+    ),
+]
+
+
+# ----------------------------------------------------------------------------- tool arguments
+
+
+class _ToolArguments(BaseModel):
+    """A tool's arguments as the server checks them before the SDK calls the tool: an argument the
+    tool does not have is refused (the SDK's own check drops it silently: ``list_turns(scope,
+    lmit=1)`` would list every turn), and a refusal is one line naming the argument."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunAnalysisArguments(_ToolArguments):
+    """``run_analysis``: the spec object (checked in full by ``parse_spec``)."""
+
+    spec: dict[str, Any]
+
+
+class ListArtifactsArguments(_ToolArguments):
+    """``list_artifacts``: the scope (checked by ``parse_scope``)."""
+
+    scope: dict[str, Any]
+
+
+class ReadArtifactArguments(_ToolArguments):
+    """``read_artifact``: the ranges are checked by the tool, with their own wording."""
+
+    scope: dict[str, Any]
+    name: str
+    version: int | None = None
+    offset: int = 0
+    limit: int = TEXT_PAGE_CHARS
+
+
+class ListTurnsArguments(_ToolArguments):
+    """``list_turns``: ``limit`` as the CLI's ``turns --limit`` (the N newest)."""
+
+    scope: dict[str, Any]
+    limit: int | None = None
+
+
+TOOL_ARGUMENTS: dict[str, type[_ToolArguments]] = {
+    "run_analysis": RunAnalysisArguments,
+    "list_artifacts": ListArtifactsArguments,
+    "read_artifact": ReadArtifactArguments,
+    "list_turns": ListTurnsArguments,
+}
+"""The arguments model of each tool, which ``call_tool`` checks a call's arguments against."""
+
+
+def describe_arguments_error(exc: ValidationError, known: Iterable[str]) -> str:
+    """One line naming the first offending argument and its rule (an unknown argument first, with
+    the closest known name: a misspelt one is reported by pydantic as missing, too)."""
+    from alphaagent.suggest import did_you_mean
+
+    names = list(known)
+    errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "arguments"
+    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
+        guess = did_you_mean(where, names) or " (arguments: " + ", ".join(names) + ")"
+        return f"{where}: unknown argument{guess}"
+    return f"{where}: {str(first['msg']).splitlines()[0]}"
+
+
+class _Server(MCPServer[Any]):
+    """``MCPServer`` that checks a call's arguments against the tool's ``TOOL_ARGUMENTS`` model
+    before the SDK does: its check keeps pydantic's multi-line text (with a documentation URL) and
+    ignores unknown arguments. ``call_tool`` is the SDK's public entry of every ``tools/call``; a
+    ``ToolError`` raised there is the call's ``isError`` result, its message the text."""
+
+    def __init__(self, name: str, *, tools: list[Tool], **options: Any) -> None:
+        super().__init__(name, tools=tools, **options)
+        self._tools_by_name = {tool.name: tool for tool in tools}
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> Any:
+        model, tool = TOOL_ARGUMENTS.get(name), self._tools_by_name.get(name)
+        if model is not None and tool is not None:
+            try:
+                # As the SDK reads them: an object sent as a JSON string (Claude Desktop) is that object.
+                model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
+            except ValidationError as exc:
+                raise ToolError(describe_arguments_error(exc, model.model_fields)) from None
+        return await super().call_tool(name, arguments, context)
+
+
+def _package_version() -> str:
+    """The installed package's version (what ``alphaagent --version`` prints), for ``initialize``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("alphaagent")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from alphaagent import __version__
+
+        return __version__
 
 RUN_ANALYSIS_DESCRIPTION = """\
 Run an analysis: a coder writes and runs Python in an isolated environment for you, and registers \
@@ -154,7 +261,8 @@ offset to continue from. PNG, JPEG, GIF and WebP charts come back as an image (u
 
 LIST_TURNS_DESCRIPTION = """\
 List the turns (analyses) run in a scope, newest first (the one just run is the first): \
-turn_id, status, goal, start and end times, and the summary of each ended turn.\
+turn_id, status, goal, start and end times, and the summary of each ended turn. `limit` keeps \
+the N newest (default: all).\
 """
 
 
@@ -291,13 +399,6 @@ async def _guarded(call: Callable[[], Awaitable[CallToolResult]]) -> CallToolRes
 
 def build_server(client: Client) -> MCPServer:
     """The MCP server of ``client``'s user, with the four tools registered (see the module doc)."""
-    server: MCPServer = MCPServer(
-        SERVER_NAME,
-        instructions=(
-            "alphaagent runs data analyses for you: call run_analysis with a spec (a goal, inputs,"
-            " outputs) and read the artifacts it registers with list_artifacts and read_artifact."
-        ),
-    )
 
     async def run_analysis(spec: SpecArg, ctx: Context) -> Annotated[CallToolResult, AnalysisResult]:
         token = anyio.lowlevel.current_token()
@@ -382,8 +483,10 @@ def build_server(client: Client) -> MCPServer:
 
         return await _guarded(body)
 
-    async def list_turns(scope: ScopeArg) -> Annotated[CallToolResult, TurnList]:
+    async def list_turns(scope: ScopeArg, limit: TurnLimitArg = None) -> Annotated[CallToolResult, TurnList]:
         async def body() -> CallToolResult:
+            if limit is not None and limit < 1:
+                raise InvalidRequestError("limit: a positive number of turns (leave it out for all)")
             turns = await anyio.to_thread.run_sync(client.turns, parse_scope(scope))
             # Newest first, as every list of past work (the CLI's turns, the viewer): the question
             # an orchestrator asks is "what did the turn I just ran do". The client keeps the
@@ -397,9 +500,11 @@ def build_server(client: Client) -> MCPServer:
                     finished_at=t.finished_at,
                     summary=t.result.summary if t.result is not None else "",
                 )
-                for t in reversed(turns)
+                for t in list(reversed(turns))[:limit]
             ]
-            lines = [f"{len(entries)} turn(s), newest first:"] + [
+            left = len(turns) - len(entries)
+            older = f" ({left} older not shown: limit {limit})" if left else ""
+            lines = [f"{len(entries)} turn(s), newest first{older}:"] + [
                 f"  {e.turn_id} {e.status}: {e.goal[:200]}" for e in entries
             ]
             return _structured(TurnList(turns=entries), "\n".join(lines))
@@ -407,15 +512,27 @@ def build_server(client: Client) -> MCPServer:
         return await _guarded(body)
 
     reading = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-    server.add_tool(
-        run_analysis,
-        description=run_analysis_description(),
-        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True),
+    tools = [
+        Tool.from_function(
+            run_analysis,
+            description=run_analysis_description(),
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True),
+        ),
+        Tool.from_function(list_artifacts, description=LIST_ARTIFACTS_DESCRIPTION, annotations=reading),
+        Tool.from_function(read_artifact, description=READ_ARTIFACT_DESCRIPTION, annotations=reading),
+        Tool.from_function(list_turns, description=LIST_TURNS_DESCRIPTION, annotations=reading),
+    ]
+    for tool in tools:
+        tool.parameters["additionalProperties"] = False  # what call_tool enforces, published
+    return _Server(
+        SERVER_NAME,
+        version=_package_version(),
+        instructions=(
+            "alphaagent runs data analyses for you: call run_analysis with a spec (a goal, inputs,"
+            " outputs) and read the artifacts it registers with list_artifacts and read_artifact."
+        ),
+        tools=tools,
     )
-    server.add_tool(list_artifacts, description=LIST_ARTIFACTS_DESCRIPTION, annotations=reading)
-    server.add_tool(read_artifact, description=READ_ARTIFACT_DESCRIPTION, annotations=reading)
-    server.add_tool(list_turns, description=LIST_TURNS_DESCRIPTION, annotations=reading)
-    return server
 
 
 # ----------------------------------------------------------------------------- HTTP

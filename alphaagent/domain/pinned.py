@@ -50,12 +50,12 @@ def run_steps(ctx: TurnContext, deadline: float) -> str:
         try:
             ref = register_artifact(ctx, output.kind, path, name=output.name, description=output.description)
         except AlphaAgentError as exc:
-            raise StepFailed(
-                f"outputs[{i}]", RunError(name=type(exc).__name__, value=f"outputs[{i}]: {exc}", traceback="")
-            ) from None
+            # The output is the failed step, which every reader shows before the error: not twice.
+            raise StepFailed(f"outputs[{i}]", RunError(name=type(exc).__name__, value=str(exc), traceback="")) from None
         ctx.progress(f"registered {ref.kind} {ref.name} v{ref.version} ({ref.path})")
     for path, origin in ctx.origins.items():
-        emit_citation(ctx, path, claim=f"input of this turn's pinned steps ({origin})")
+        # `cites PATH (CLAIM)` is how every reader shows a citation: no brackets inside the claim.
+        emit_citation(ctx, path, claim=f"input of this turn's pinned steps; {origin}")
     registered = ", ".join(f"{a.name} v{a.version}" for a in ctx.artifacts) or "nothing"
     return f"{len(steps)} step(s) ran; registered {registered}."
 
@@ -73,10 +73,7 @@ def default_output_path(ctx: TurnContext, index: int, output: SpecOutput) -> str
             f"outputs[{index}]",
             RunError(
                 name="ArtifactError",
-                value=(
-                    f"outputs[{index}].path: not given, and no single file named"
-                    f" {output.name}.* in {folder}/ (found {found})"
-                ),
+                value=f"path: not given, and no single file named {output.name}.* in {folder}/ (found {found})",
                 traceback="",
             ),
         )

@@ -200,7 +200,7 @@ ARTIFACT_FOLDERS = ("datasets", "charts", "reports", "work")
 def unknown_field(stray: str, known: list[str] | tuple[str, ...]) -> str:
     """The one wording for a field a model refuses: ``unknown field``, with ``(did you mean
     'path'?)`` when one of the ``known`` field names is close to ``stray`` (``difflib`` ratio at
-    least 0.5), used by the spec and the connector requests alike."""
+    least ``CLOSE_MATCH_CUTOFF``), used by the spec and the connector requests alike."""
     from alphaagent.suggest import did_you_mean
 
     return "unknown field" + did_you_mean(stray, known)

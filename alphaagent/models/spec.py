@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, get_args
 
@@ -213,15 +214,21 @@ def _errors_of_meant_branch(errors: list[Any]) -> list[Any]:
     return [*min(by_branch.values(), key=len), *rest]
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming the first offending field and its rule, e.g. ``inputs[2].path: ...``."""
+def describe_validation_error(exc: ValidationError, missing: Mapping[str, str] | None = None) -> str:
+    """One line naming the first offending field and its rule, e.g. ``inputs[2].path: ...``.
+    ``missing`` says, for a top-level field, how to supply it when it is left out (the CLI's
+    ``--conversation`` for ``scope``) instead of pydantic's ``Field required``."""
     errors = _errors_of_meant_branch(list(exc.errors()))
     first = errors[0]
     message = str(first["msg"]).removeprefix("Value error, ")
     location = _location(tuple(first["loc"]))
     if first["type"] == "extra_forbidden":
         if len(first["loc"]) == 1:
-            message = f"unknown field (expected one of: {', '.join(Spec.model_fields)})"
+            # The closest field when one is close (`outpts`), as nested fields get; else the list.
+            from alphaagent.suggest import did_you_mean
+
+            guess = did_you_mean(str(first["loc"][0]), Spec.model_fields)
+            message = "unknown field" + (guess or f" (expected one of: {', '.join(Spec.model_fields)})")
         else:
             # The same help as for a top-level typo, from the field names of the model it is in.
             message = unknown_field(str(first["loc"][-1]), _fields_at(tuple(first["loc"][:-1])))
@@ -240,19 +247,26 @@ def describe_validation_error(exc: ValidationError) -> str:
         guess = difflib.get_close_matches(wanted, strays, n=1, cutoff=0.5)
         if guess:
             return f"{_location((*parent, guess[0]))}: unknown field (did you mean {wanted!r}?)"
+        if not parent and wanted in (missing or {}):
+            message = (missing or {})[wanted]
         if strays:
             message += f" (the object also has the unknown field {strays[0]!r})"
     return f"{location}: {message}"
 
 
 def parse_spec(
-    raw: bytes | str, overrides: dict[str, Any] | None = None, *, defaults: dict[str, Any] | None = None
+    raw: bytes | str,
+    overrides: dict[str, Any] | None = None,
+    *,
+    defaults: dict[str, Any] | None = None,
+    missing: Mapping[str, str] | None = None,
 ) -> Spec:
     """Parse and validate a spec's JSON. Raises ``InvalidSpecError`` with one line naming the field.
 
     Checks, in order: size (at most 64 KiB of UTF-8), UTF-8, JSON, then the model. ``overrides``
     (e.g. the CLI's ``--user`` and ``--conversation``) replace or supply top-level fields first;
-    ``defaults`` (e.g. the user a client is bound to) supply top-level fields the spec leaves out.
+    ``defaults`` (e.g. the user a client is bound to) supply top-level fields the spec leaves out;
+    ``missing`` says how to supply a required top-level field left out (``describe_validation_error``).
     """
     data = raw.encode("utf-8") if isinstance(raw, str) else raw
     if len(data) > MAX_SPEC_BYTES:
@@ -275,7 +289,7 @@ def parse_spec(
     try:
         spec = Spec.model_validate(document)
     except ValidationError as exc:
-        raise InvalidSpecError(describe_validation_error(exc)) from None
+        raise InvalidSpecError(describe_validation_error(exc, missing)) from None
     check_spec_rules(spec)
     return spec
 

@@ -394,7 +394,7 @@ def test_an_output_without_path_needs_exactly_one_matching_file(agent: AlphaAgen
     # Then it fails naming the output and both candidates, and registers nothing
     assert_status(result, "failed")
     assert result.error is not None
-    assert "outputs[0].path" in result.error.value
+    assert result.failed_step == "outputs[0]" and result.error.value.startswith("path: not given")
     assert "reports/summary.md" in result.error.value and "reports/summary.txt" in result.error.value
     assert agent.artifacts(USER, _scope(spec)) == []
 
@@ -596,7 +596,9 @@ def test_a_registration_breaking_a_rule_fails_naming_the_path(
     # Then the turn fails with an error naming the output and the path, and nothing is registered
     assert_status(result, "failed")
     assert result.error is not None
-    assert result.error.value.startswith("outputs[0]") and message in result.error.value, result.error.value
+    # (the output named once, as the failed step, which every reader shows before the error)
+    assert result.failed_step == "outputs[0]", result.failed_step
+    assert message in result.error.value and "outputs[0]" not in result.error.value, result.error.value
     assert agent.artifacts(USER, _scope(spec)) == []
 
 
