@@ -146,7 +146,9 @@ class _Parser(argparse.ArgumentParser):
         name = next((word for word in words if word in action.choices), None)
         if name is None:
             return []
-        inner = next((a for a in action.choices[name]._actions if isinstance(a, argparse._SubParsersAction)), None)
+        inner = next(
+            (a for a in action.choices[name]._actions if isinstance(a, argparse._SubParsersAction)), None
+        )
         deeper = [] if inner is None else _Parser._command_in(words[list(words).index(name) + 1 :], inner)
         return [name, *deeper]
 
@@ -1580,7 +1582,9 @@ def _main(argv: Sequence[str] | None, *, prog: str) -> int:
         if args.command is not None and args.version_asked:
             # One rule for whatever follows --version: `--version extra` is refused, so is a command.
             name = getattr(args, "command_name", args.command)
-            parser.error(f"--version: goes alone, not with a command; give {prog} --version, or {name} without it")
+            parser.error(
+                f"--version: goes alone, not with a command; give {prog} --version, or {name} without it"
+            )
         twice = _given_twice()
         if twice is not None:
             return _fail(twice, as_json=bool(getattr(args, "json", False)))

@@ -210,6 +210,7 @@ def _package_version() -> str:
 
         return __version__
 
+
 RUN_ANALYSIS_DESCRIPTION = """\
 Run an analysis: a coder writes and runs Python in an isolated environment for you, and registers \
 the files it produces (datasets, charts, reports) as versioned artifacts of a scope. Call this \

@@ -51,7 +51,9 @@ def run_steps(ctx: TurnContext, deadline: float) -> str:
             ref = register_artifact(ctx, output.kind, path, name=output.name, description=output.description)
         except AlphaAgentError as exc:
             # The output is the failed step, which every reader shows before the error: not twice.
-            raise StepFailed(f"outputs[{i}]", RunError(name=type(exc).__name__, value=str(exc), traceback="")) from None
+            raise StepFailed(
+                f"outputs[{i}]", RunError(name=type(exc).__name__, value=str(exc), traceback="")
+            ) from None
         ctx.progress(f"registered {ref.kind} {ref.name} v{ref.version} ({ref.path})")
     for path, origin in ctx.origins.items():
         # `cites PATH (CLAIM)` is how every reader shows a citation: no brackets inside the claim.
@@ -73,7 +75,8 @@ def default_output_path(ctx: TurnContext, index: int, output: SpecOutput) -> str
             f"outputs[{index}]",
             RunError(
                 name="ArtifactError",
-                value=f"path: not given, and no single file named {output.name}.* in {folder}/ (found {found})",
+                value=f"path: not given, and no single file named {output.name}.* in {folder}/"
+                f" (found {found})",
                 traceback="",
             ),
         )

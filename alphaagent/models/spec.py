@@ -227,8 +227,8 @@ def describe_validation_error(exc: ValidationError, missing: Mapping[str, str] |
             # The closest field when one is close (`outpts`), as nested fields get; else the list.
             from alphaagent.suggest import did_you_mean
 
-            guess = did_you_mean(str(first["loc"][0]), Spec.model_fields)
-            message = "unknown field" + (guess or f" (expected one of: {', '.join(Spec.model_fields)})")
+            closest = did_you_mean(str(first["loc"][0]), Spec.model_fields)
+            message = "unknown field" + (closest or f" (expected one of: {', '.join(Spec.model_fields)})")
         else:
             # The same help as for a top-level typo, from the field names of the model it is in.
             message = unknown_field(str(first["loc"][-1]), _fields_at(tuple(first["loc"][:-1])))

@@ -84,7 +84,15 @@ def test_every_option_that_takes_one_value_is_refused_given_twice_with_different
     table = _single_valued()
     names = {"/".join(action.option_strings) for _, action in table}
     # (the table is every such option: the ones the review named are in it)
-    assert {"--conversation", "--workflow", "--node", "-o/--output", "--limit", "--turn", "--version"} <= names
+    assert {
+        "--conversation",
+        "--workflow",
+        "--node",
+        "-o/--output",
+        "--limit",
+        "--turn",
+        "--version",
+    } <= names
     assert {"--timeout", "--home", "--user", "--port", "--network", "--backend", "--python"} <= names
     for command, action in table:
         first, second = _two_values(action)
@@ -129,7 +137,9 @@ def test_run_with_a_conversation_given_twice_runs_nothing_and_once_runs_there(tm
     home = tmp_path / "home"
     spec = tmp_path / "tiny.json"
     spec.write_text(json.dumps(_spec("tiny")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")} | {"ALPHAAGENT_HOME": str(home)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")} | {
+        "ALPHAAGENT_HOME": str(home)
+    }
     # When run is given two conversations
     done = run_cli(["run", str(spec), "--conversation", "dupA", "--conversation", "dupB"], env=env, text=True)
     # Then it is refused in one line, and no turn ran anywhere (no data directory at all)
@@ -157,7 +167,10 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[i
     ("argv", "line"),
     [
         # a mistyped global option is named, not its value as a command
-        (["--hmoe", "/tmp/x", "turns"], "--hmoe: unknown option (did you mean '--home'?) (see alphaagent --help)"),
+        (
+            ["--hmoe", "/tmp/x", "turns"],
+            "--hmoe: unknown option (did you mean '--home'?) (see alphaagent --help)",
+        ),
         (["--usr", "bob", "turns"], "--usr: unknown option (did you mean '--user'?) (see alphaagent --help)"),
         (["--zzzzz", "bob", "turns"], "--zzzzz: unknown option (see alphaagent --help)"),
         # a command's own option before the command: where it goes
@@ -208,7 +221,10 @@ def test_a_misplaced_or_mistyped_option_is_named_first_with_where_it_goes(
 
 def test_help_for_a_mistyped_command_names_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["help", "histroy"]) == 2
-    assert capsys.readouterr() == ("", "alphaagent: error: help: no command 'histroy' (did you mean 'history'?)\n")
+    assert capsys.readouterr() == (
+        "",
+        "alphaagent: error: help: no command 'histroy' (did you mean 'history'?)\n",
+    )
 
 
 @pytest.mark.parametrize(
@@ -216,7 +232,10 @@ def test_help_for_a_mistyped_command_names_the_closest(capsys: pytest.CaptureFix
     [
         ({"outpts": []}, "outpts: unknown field (did you mean 'outputs'?)"),
         ({"qqqqqq": []}, "qqqqqq: unknown field (expected one of: "),
-        ({"outputs": [{"kind": "dataset", "nmae": "x"}]}, "outputs[0].nmae: unknown field (did you mean 'name'?)"),
+        (
+            {"outputs": [{"kind": "dataset", "nmae": "x"}]},
+            "outputs[0].nmae: unknown field (did you mean 'name'?)",
+        ),
     ],
 )
 def test_a_spec_typo_names_the_closest_field_at_the_top_as_below(fields: dict[str, Any], line: str) -> None:
@@ -320,7 +339,9 @@ def _out(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_what_a_limit_or_a_cut_leaves_out_is_counted_in_good_english(past_work: tuple[Path, dict[str, str]]) -> None:
+def test_what_a_limit_or_a_cut_leaves_out_is_counted_in_good_english(
+    past_work: tuple[Path, dict[str, str]],
+) -> None:
     home, ids = past_work
     scope = ["--home", str(home), "--conversation", "a"]
     # When one of two turns (and runs) is shown, Then "1 older turn", not "1 older turns"
@@ -350,8 +371,11 @@ def test_conversations_take_a_limit_newest_first(past_work: tuple[Path, dict[str
 def test_a_failed_output_is_named_once(past_work: tuple[Path, dict[str, str]]) -> None:
     home, _ = past_work
     code, out, _ = _out("turns", "--home", str(home), "--conversation", "b")
+    assert code == 0
     error = next(line for line in out.splitlines() if line.startswith("  ! "))
-    assert error.startswith("  ! outputs[0]: ArtifactError: path: not given") and error.count("outputs[0]") == 1
+    assert (
+        error.startswith("  ! outputs[0]: ArtifactError: path: not given") and error.count("outputs[0]") == 1
+    )
 
 
 def test_history_of_a_turn_needs_no_scope_and_another_users_turn_is_missing(
@@ -375,6 +399,7 @@ def test_a_citation_of_a_fetched_input_says_where_from_without_brackets_in_brack
 ) -> None:
     home, ids = past_work
     code, out, _ = _out("turns", "--home", str(home), "--conversation", "a", "--json")
+    assert code == 0
     (turn,) = [t for t in json.loads(out) if t["turn_id"] == ids["a2"]]
     (citation,) = turn["result"]["citations"]
     # `cites docs/sales.csv (CLAIM)` is how it is shown: the claim itself has no brackets

@@ -64,13 +64,27 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> list[Any]:
         ("run_analysis", {"spec": {}, "user": "x"}, "user: unknown argument (arguments: spec)"),
         ("list_artifacts", {"scop": SCOPE}, "scop: unknown argument (did you mean 'scope'?)"),
         ("read_artifact", {"scope": SCOPE, "name": 5}, "name: Input should be a valid string"),
-        ("read_artifact", {"scope": SCOPE, "name": "n", "verison": 2}, "verison: unknown argument (did you mean 'version'?)"),
+        (
+            "read_artifact",
+            {"scope": SCOPE, "name": "n", "verison": 2},
+            "verison: unknown argument (did you mean 'version'?)",
+        ),
         ("list_turns", {"scope": SCOPE, "lmit": 1}, "lmit: unknown argument (did you mean 'limit'?)"),
-        ("list_turns", {"scope": SCOPE, "limit": 0}, "limit: a positive number of turns (leave it out for all)"),
-        ("list_turns", {"scope": SCOPE, "limit": "x"}, "limit: Input should be a valid integer, unable to parse string as an integer"),
+        (
+            "list_turns",
+            {"scope": SCOPE, "limit": 0},
+            "limit: a positive number of turns (leave it out for all)",
+        ),
+        (
+            "list_turns",
+            {"scope": SCOPE, "limit": "x"},
+            "limit: Input should be a valid integer, unable to parse string as an integer",
+        ),
     ],
 )
-def test_a_bad_argument_is_one_line_naming_it_and_the_rule(tool: str, arguments: dict[str, Any], line: str) -> None:
+def test_a_bad_argument_is_one_line_naming_it_and_the_rule(
+    tool: str, arguments: dict[str, Any], line: str
+) -> None:
     # When a tool is called with an argument missing, of the wrong type or that it does not have
     (result,) = _calls((tool, arguments))
     # Then the call is an error result whose text is that one line (no pydantic URL, no dump)
