@@ -1560,7 +1560,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> i
         try:
             return _main(argv, prog=prog)
         finally:
-            sys.stdout.flush()  # here, not at the interpreter's exit, where a closed pipe is a traceback
+            if sys.stdout is not None:  # None when started with standard output closed (>&-)
+                sys.stdout.flush()  # here, not at the interpreter's exit, where a closed pipe is a traceback
     except BrokenPipeError:
         # Later flushes (the interpreter's own at exit) must not meet the closed pipe again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
