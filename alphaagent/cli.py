@@ -179,12 +179,29 @@ class _Parser(argparse.ArgumentParser):
 
                 put = " ".join([self.prog, *command, shlex.join(moved)])
                 return f"{option}: an option of the command; put it after the command: {put}"
+            if not command and option in self._commands_options():
+                # `alphaagent --conversation penguins`: no guess among the program's own options
+                # (--version is "close" to --conversation), but where it goes.
+                after = f"{self.prog} COMMAND {option} ..."
+                return f"{option}: an option of a command; give it after the command ({after})"
             if option == "--version" and self.command_path:
                 return f"{option}: unknown option{where} (the program's version: {self.program} --version)"
             # Only the options the help lists: a hidden global one would be refused anyway.
             known = [o for a in self._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
             return f"{option}: unknown option{where}{did_you_mean(option, known)}"
         return f"{word!r}: unexpected argument{where}"
+
+    def _commands_options(self) -> set[str]:
+        """The options of the commands under this one (their help lists), at any depth."""
+        found: set[str] = set()
+        for sub in (a for a in self._actions if isinstance(a, argparse._SubParsersAction)):
+            for command in sub.choices.values():
+                found.update(
+                    o for a in command._actions if a.help != argparse.SUPPRESS for o in a.option_strings
+                )
+                if isinstance(command, _Parser):
+                    found |= command._commands_options()
+        return found
 
     def _leaf(self, command: Sequence[str]) -> argparse.ArgumentParser:
         """The parser of ``command`` (words under this one)."""

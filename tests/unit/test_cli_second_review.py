@@ -185,6 +185,11 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[i
             " alphaagent turns --conversation=penguins (see alphaagent --help)",
         ),
         (
+            ["--conversation", "penguins"],
+            "--conversation: an option of a command; give it after the command"
+            " (alphaagent COMMAND --conversation ...) (see alphaagent --help)",
+        ),
+        (
             ["--wait", "submit", "s.json"],
             "--wait: an option of the command; put it after the command: alphaagent submit --wait"
             " (see alphaagent --help)",
