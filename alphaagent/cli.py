@@ -420,25 +420,29 @@ def _agent(args: argparse.Namespace, *, with_coder: bool = False, writes: bool =
     """The local backend on the data directory (``--home``, else ``$ALPHAAGENT_HOME``, else the
     per-user default). Only commands that ``writes`` may create it: a read of a missing data
     directory answers like a read of an empty one, and leaves nothing behind."""
-    from alphaagent.api import AlphaAgent, alphaagent_home
+    from alphaagent.api import AlphaAgent
 
-    home = alphaagent_home(getattr(args, "home", None))
-    if home.exists() and not home.is_dir():  # named as the user gave it, not as an OSError of a file
-        raise InvalidRequestError(f"{_home_source(args)}: {home} is not a directory")
     return AlphaAgent(
-        home,
+        _home(args),
         coder=_coder() if with_coder else None,
         read_only=not writes,
     )
 
 
-def _home_source(args: argparse.Namespace) -> str:
-    """Where the data directory's path came from, as an error names it."""
-    from alphaagent.local.settings import local_settings
+def _home(args: argparse.Namespace) -> Path:
+    """The data directory (``--home``, else ``$ALPHAAGENT_HOME``, else the per-user default);
+    ``InvalidRequestError`` naming where it came from when it is a file, before any command uses
+    it (not an ``OSError`` of the file half-way through a turn)."""
+    from alphaagent.local.settings import alphaagent_home, local_settings
 
-    if getattr(args, "home", None):
-        return "--home"
-    return "$ALPHAAGENT_HOME" if local_settings().ALPHAAGENT_HOME else "the data directory"
+    home = alphaagent_home(getattr(args, "home", None))
+    if home.exists() and not home.is_dir():
+        if getattr(args, "home", None):
+            source = "--home"
+        else:
+            source = "$ALPHAAGENT_HOME" if local_settings().ALPHAAGENT_HOME else "the data directory"
+        raise InvalidRequestError(f"{source}: {home} is not a directory")
+    return home
 
 
 def _coder() -> Coder | None:
@@ -626,7 +630,6 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo analysis on the embedded default, in the data directory, as the command's user."""
-    from alphaagent.api import alphaagent_home
     from alphaagent.demo import run_demo
     from alphaagent.local.settings import local_settings
 
@@ -635,7 +638,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     moved = args.home is not None or local_settings().home() is not None
     return run_demo(
         json_output=args.json,
-        home=alphaagent_home(args.home),
+        home=_home(args),
         user_id=args.user,
         program=args.prog,
         name_home=moved,
@@ -656,9 +659,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if args.backend == "local" and any(aws.values()):
         raise InvalidRequestError("--queue-url, --table and --bucket go with --backend aws")
     if args.backend == "local":
-        from alphaagent.api import alphaagent_home
-
-        options: dict[str, Any] = {"home": alphaagent_home(args.home)}
+        options: dict[str, Any] = {"home": _home(args)}
     else:
         options = aws
     if args.timeout is not None:
@@ -919,9 +920,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         if args.table or args.bucket or args.region:
             raise InvalidRequestError("--table, --bucket and --region go with --backend aws")
-        from alphaagent.api import alphaagent_home
 
-        reader = local_reader(alphaagent_home(args.home), args.user)
+        reader = local_reader(_home(args), args.user)
     try:
         serve(reader, host=args.host, port=args.port, open_browser=args.open)
     except OSError as exc:

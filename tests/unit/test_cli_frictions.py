@@ -273,6 +273,8 @@ def test_a_users_own_scope_is_offered_to_them(home: LocalHome, capsys: pytest.Ca
         ),
         (["env", "remove", "builtin"], "ID: 'builtin' is built in and cannot be removed"),
         (["--home", "afile", "env", "list"], "--home: {tmp}/afile is not a directory"),
+        (["--home", "afile", "demo"], "--home: {tmp}/afile is not a directory"),
+        (["--home", "afile", "serve", "--port", "0"], "--home: {tmp}/afile is not a directory"),
     ],
 )
 def test_an_error_names_the_command_lines_argument_not_the_models_field(
