@@ -23,7 +23,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -44,6 +43,8 @@ from alphaagent.suggest import did_you_mean, did_you_mean_name
 # usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
 # command imports what it uses.
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from pydantic import BaseModel
 
     from alphaagent.api import AlphaAgent
