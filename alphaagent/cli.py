@@ -29,19 +29,23 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from alphaagent.errors import (
     AlphaAgentError,
+    InvalidArgumentError,
     InvalidRequestError,
     InvalidSettingError,
     InvalidSpecError,
     NotFoundError,
     PathRuleError,
 )
+from alphaagent.models.bounds import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB
 from alphaagent.program import DEFAULT_PROGRAM
-from alphaagent.suggest import did_you_mean
+from alphaagent.suggest import did_you_mean, did_you_mean_name
 
 # Only the standard library and the error classes at import: `--version`, `COMMAND --help` and a
 # usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
 # command imports what it uses.
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from pydantic import BaseModel
 
     from alphaagent.api import AlphaAgent
@@ -78,6 +82,61 @@ class _RecordedStore(argparse._StoreAction):
 _GIVEN: dict[str, list[Any]] = {}
 """Each value (as converted: ``--limit 03`` is 3) given to each option that takes one while
 ``main`` parses, in order, under the option's names (``-o/--output``)."""
+
+
+class _Number:
+    """The type of every numeric option, with its range. A value that is not such a number, or is
+    out of range, is refused by ``_Parser`` in the one line every option's value gets, naming the
+    option and the rule: ``--limit: must be a whole number ≥ 1, got 'abc'`` (new-user review:
+    argparse said "argument --limit: invalid int value: 'abc'"). ``low``/``high`` are inclusive;
+    ``above`` is an exclusive lower bound (a timeout must be > 0 seconds); ``unit`` is what a number
+    of that option counts (``seconds``)."""
+
+    def __init__(
+        self,
+        kind: type[int] | type[float],
+        *,
+        low: float | None = None,
+        high: float | None = None,
+        above: float | None = None,
+        unit: str = "",
+    ) -> None:
+        self.kind, self.low, self.high, self.above = kind, low, high, above
+        noun = ("a whole number" if kind is int else "a number") + (f" of {unit}" if unit else "")
+        if low is not None and high is not None:
+            self.rule = f"{noun} from {low:g} to {high:g}"
+        else:
+            bounds = [f"> {above:g}" if above is not None else "", f"≥ {low:g}" if low is not None else ""]
+            bounds.append(f"≤ {high:g}" if high is not None else "")
+            self.rule = " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
+        self.__name__ = self.rule  # what argparse would name the type with
+
+    def __call__(self, text: str) -> int | float:
+        """The number ``text`` says; ``ValueError`` when it is none or out of range."""
+        value = self.kind(text.strip())  # int("2.5") and float("x") raise ValueError
+        if not value == value or value in (float("inf"), float("-inf")):  # nan, inf
+            raise ValueError(text)
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            raise ValueError(text)
+        if self.above is not None and value <= self.above:
+            raise ValueError(text)
+        return value
+
+
+def _option_name(action: argparse.Action) -> str:
+    """How a usage error names an option: its long flag (``--output`` for ``-o/--output``), or a
+    positional argument's metavar (``ID``)."""
+    if action.option_strings:
+        return max(action.option_strings, key=len)
+    return str(action.metavar or action.dest)
+
+
+_COUNT = _Number(int, low=1)
+"""``--limit N`` and ``--version N``: 1, 2, ..."""
+_SECONDS = _Number(float, above=0, unit="seconds")
+_RUN_SECONDS = _Number(float, above=0, high=MAX_TIMEOUT_S, unit="seconds")
+_MEMORY_MB = _Number(int, low=MIN_MEMORY_MB, high=MAX_MEMORY_MB, unit="MiB")
+_PORT = _Number(int, low=0, high=65535)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,6 +182,11 @@ class _Parser(argparse.ArgumentParser):
             where = f" for {self.command_path}" if self.command_path else ""
             guess = did_you_mean(value, action.choices)
             raise argparse.ArgumentError(None, f"{value}: unknown command{where}{guess}")
+        if action.choices is not None and value not in action.choices:
+            # The one rule of an option's value (_Number), for a choice: not argparse's own words.
+            known = ", ".join(map(str, action.choices))
+            name = _option_name(action)
+            raise argparse.ArgumentError(None, f"{name}: must be one of {known}, got {value!r}")
         super()._check_value(action, value)
 
     def _unknown_option_before(self, value: str) -> str | None:
@@ -151,6 +215,33 @@ class _Parser(argparse.ArgumentParser):
         )
         deeper = [] if inner is None else _Parser._command_in(words[list(words).index(name) + 1 :], inner)
         return [name, *deeper]
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        if isinstance(action.type, _Number):
+            try:
+                return action.type(arg_string)
+            except ValueError:
+                rule = action.type.rule
+                raise argparse.ArgumentError(
+                    None, f"{_option_name(action)}: must be {rule}, got {arg_string!r}"
+                ) from None
+        return super()._get_value(action, arg_string)
+
+    def _match_argument(self, action: argparse.Action, arg_strings_pattern: str) -> int:
+        try:
+            return super()._match_argument(action, arg_strings_pattern)
+        except argparse.ArgumentError:
+            if not action.option_strings or action.nargs is not None:
+                raise
+            # `turns --limit` with nothing after it: argparse said "argument --limit: expected one
+            # argument"; the one rule names the option and what it takes.
+            if isinstance(action.type, _Number):
+                rule = action.type.rule
+            elif action.choices is not None:
+                rule = "one of " + ", ".join(map(str, action.choices))
+            else:
+                rule = f"a value ({action.metavar or action.dest.upper()})"
+            raise argparse.ArgumentError(None, f"{_option_name(action)}: needs {rule}") from None
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -330,6 +421,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     from alphaagent.models.common import printable_path
     from alphaagent.sandbox.scratch import remove_path
     from alphaagent.sandbox.supervisor import Sandbox, _validate_code, _validate_workdir, iter_result_lines
+    from alphaagent.sandbox.waiting import waits_told_to
     from alphaagent.terminal import LiveOutput
 
     limits = _limits_from(args)
@@ -347,8 +439,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
             stack.callback(remove_path, folder)
             workdir = _validate_workdir(folder)
         else:
-            workdir = _validate_workdir(Path(args.workdir))
-        sandbox = stack.enter_context(Sandbox(config))
+            try:
+                workdir = _validate_workdir(Path(args.workdir))
+            except InvalidRequestError as exc:  # the rule's words, under the flag the user gave
+                raise InvalidRequestError(f"--workdir: {str(exc).removeprefix('workdir: ')}") from None
+        # A start of more than a second is said on stderr, never in --json's standard output.
+        stack.enter_context(waits_told_to(lambda line: print(line, file=sys.stderr, flush=True)))
+        sandbox = stack.enter_context(Sandbox(config, label=args.env or "builtin"))
         result = sandbox.run(code, cwd=workdir, limits=limits, network=network, on_output=live)
     live.end_lines()
     if temporary:
@@ -409,13 +506,29 @@ def _agent(args: argparse.Namespace, *, with_coder: bool = False, writes: bool =
     """The local backend on the data directory (``--home``, else ``$ALPHAAGENT_HOME``, else the
     per-user default). Only commands that ``writes`` may create it: a read of a missing data
     directory answers like a read of an empty one, and leaves nothing behind."""
-    from alphaagent.api import AlphaAgent, alphaagent_home
+    from alphaagent.api import AlphaAgent
 
     return AlphaAgent(
-        alphaagent_home(getattr(args, "home", None)),
+        _home(args),
         coder=_coder() if with_coder else None,
         read_only=not writes,
     )
+
+
+def _home(args: argparse.Namespace) -> Path:
+    """The data directory (``--home``, else ``$ALPHAAGENT_HOME``, else the per-user default);
+    ``InvalidRequestError`` naming where it came from when it is a file, before any command uses
+    it (not an ``OSError`` of the file half-way through a turn)."""
+    from alphaagent.local.settings import alphaagent_home, local_settings
+
+    home = alphaagent_home(getattr(args, "home", None))
+    if home.exists() and not home.is_dir():
+        if getattr(args, "home", None):
+            source = "--home"
+        else:
+            source = "$ALPHAAGENT_HOME" if local_settings().ALPHAAGENT_HOME else "the data directory"
+        raise InvalidRequestError(f"{source}: {home} is not a directory")
+    return home
 
 
 def _coder() -> Coder | None:
@@ -495,6 +608,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     produced, on standard error (output lines prefixed ``  | `` and ``  stderr | ``); the result on
     standard output."""
     from alphaagent.models.common import printable_text
+    from alphaagent.sandbox.waiting import waits_told_to
     from alphaagent.terminal import LiveOutput
 
     spec = _spec_from(args)
@@ -504,7 +618,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         live.end_lines()  # a run's unfinished last line ends before the next progress line
         print(printable_text(message), file=sys.stderr, flush=True)
 
-    with _agent(args, with_coder=spec.steps is None, writes=True) as agent:
+    with _agent(args, with_coder=spec.steps is None, writes=True) as agent, waits_told_to(progress):
         result = agent.run_analysis(spec, progress=progress, on_output=live)
         scope_root = agent.home / spec.scope.key
     live.end_lines()
@@ -547,8 +661,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
             " give --table NAME or set ALPHAAGENT_STATE_TABLE"
         )
     timeout_s = _SUBMIT_TIMEOUT_S if args.timeout is None else args.timeout
-    if not 0 < timeout_s < float("inf"):
-        raise InvalidRequestError("--timeout: a positive number of seconds")
     spec = _spec_from(args)
     try:
         from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
@@ -610,7 +722,6 @@ def _submit(args: argparse.Namespace, spec: Spec, queue_url: str, table: str, ti
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo analysis on the embedded default, in the data directory, as the command's user."""
-    from alphaagent.api import alphaagent_home
     from alphaagent.demo import run_demo
     from alphaagent.local.settings import local_settings
 
@@ -619,7 +730,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     moved = args.home is not None or local_settings().home() is not None
     return run_demo(
         json_output=args.json,
-        home=alphaagent_home(args.home),
+        home=_home(args),
         user_id=args.user,
         program=args.prog,
         name_home=moved,
@@ -633,9 +744,6 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except ImportError:
         return _fail("mcp needs the MCP SDK (pip install 'alphaagent[mcp]')")
     from alphaagent.client import connect
-
-    if args.http is not None and not 0 < args.http < 65536:
-        raise InvalidRequestError("--http: a TCP port, 1-65535")
     from alphaagent.local.settings import local_settings
 
     token = http_token(local_settings().ALPHAAGENT_MCP_TOKEN or None) if args.http is not None else None
@@ -643,14 +751,17 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if args.backend == "local" and any(aws.values()):
         raise InvalidRequestError("--queue-url, --table and --bucket go with --backend aws")
     if args.backend == "local":
-        from alphaagent.api import alphaagent_home
-
-        options: dict[str, Any] = {"home": alphaagent_home(args.home)}
+        options: dict[str, Any] = {"home": _home(args)}
     else:
         options = aws
     if args.timeout is not None:
         options["timeout_s"] = args.timeout
-    with connect(backend=args.backend, user=args.user, **options) as client:
+    try:
+        client = connect(backend=args.backend, user=args.user, **options)
+    except InvalidArgumentError as exc:  # named as this command's flag, not the client's keyword
+        flag = {"timeout_s": "--timeout"}.get(exc.argument, "--" + exc.argument.replace("_", "-"))
+        raise InvalidRequestError(f"{flag}: {exc.detail}") from None
+    with client:
         serve(client, http_port=args.http, token=token)
     return EXIT_OK
 
@@ -661,7 +772,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def cmd_files(args: argparse.Namespace) -> int:
     scope = _required_scope(args)
     with _agent(args) as agent:
-        files = agent.files(args.user, scope, args.prefix or "")
+        try:
+            files = agent.files(args.user, scope, args.prefix or "")
+        except InvalidRequestError as exc:  # the prefix broke a path rule: named as the flag
+            raise InvalidRequestError(f"--prefix: {str(exc).removeprefix('path ')}") from None
     data = [
         {"path": f.path, "size_bytes": f.size_bytes, "modified_at": f.modified_at.isoformat()} for f in files
     ]
@@ -730,8 +844,6 @@ def _newest_first(items: Sequence[Any], args: argparse.Namespace, what: str) -> 
 
 def _limited(newest: list[Any], args: argparse.Namespace, what: str) -> tuple[list[Any], list[str]]:
     """``newest`` (newest first) cut to ``--limit``, and the line saying how many it left out."""
-    if args.limit is not None and args.limit < 1:
-        raise InvalidRequestError("--limit: a positive number of items")
     shown = newest if args.limit is None else newest[: args.limit]
     left = len(newest) - len(shown)
     return shown, [f"({_count(left, f'older {what}')} not shown: --limit {args.limit})"] if left else []
@@ -758,14 +870,20 @@ def cmd_history(args: argparse.Namespace) -> int:
             except NotFoundError:
                 raise NotFoundError(f"--turn: no turn {printable_path(args.turn)!r} (see turns)") from None
         runs = agent.history(args.user, scope)
-        environments = {turn.turn_id: turn.environment_id for turn in agent.turns(args.user, scope)}
+        turns = agent.turns(args.user, scope)
+    environments = {turn.turn_id: turn.environment_id for turn in turns}
     if args.turn is not None:
-        if args.turn not in environments:
-            raise NotFoundError(f"--turn: no turn {printable_path(args.turn)!r} in this scope (see turns)")
+        if args.turn not in environments:  # the user's own turns of this scope: nobody else's ids
+            near = did_you_mean_name(args.turn, environments)
+            raise NotFoundError(
+                f"--turn: no turn {printable_path(args.turn)!r} in this scope{near} (see turns)"
+            )
         runs = [run for run in runs if run.turn_id == args.turn]
     runs, older = _newest_first(runs, args, "run")
     lines: list[str] = []
+    starts: list[tuple[datetime, int]] = []  # where each run's lines begin, for the notes below
     for run in runs:
+        starts.append((run.created_at, len(lines)))
         when = f"{run.created_at:%Y-%m-%d %H:%M:%S}"
         environment = environments.get(run.turn_id)
         env = f"  env {environment}" if environment else ""
@@ -792,9 +910,36 @@ def cmd_history(args: argparse.Namespace) -> int:
             lines.append(f"  ! {run.error.name}: {run.error.value}")
         if run.state is not None and (state := state_line(run.state)):
             lines.append(f"  # {state}")
+    # A turn ended by Ctrl-C has no record of the run it cut short (killed before it had a result):
+    # said where it happened, among the runs, rather than "no runs" (new-user review).
+    oldest_shown = runs[-1].created_at if older and runs else None
+    for turn in _interrupted(turns, args.turn):
+        assert turn.finished_at is not None  # a turn with a result has ended
+        if oldest_shown is not None and turn.finished_at < oldest_shown:
+            continue  # older than what --limit shows
+        at = next((i for when, i in starts if when <= turn.finished_at), len(lines))
+        lines.insert(
+            at,
+            f"turn {turn.turn_id}  interrupted (Ctrl-C) {turn.finished_at:%Y-%m-%d %H:%M:%S}:"
+            " a run it cut short is not recorded (see turns)",
+        )
+        starts = [(when, i + 1 if i >= at else i) for when, i in starts]
     data = [run.model_dump(mode="json") | {"environment_id": environments.get(run.turn_id)} for run in runs]
     _emit(args, data, [*lines, *older] or ["no runs"])
     return EXIT_OK
+
+
+def _interrupted(turns: Sequence[Turn], only: str | None) -> list[Turn]:
+    """The turns (of ``only``, when given) that Ctrl-C ended, oldest first (each note is then put
+    above the runs before it, and a newer note above an older one at the same place)."""
+    from alphaagent.domain.turns import TURN_CANCELLED
+
+    ended = [
+        t
+        for t in turns
+        if t.result is not None and t.result.error is not None and t.result.error.name == TURN_CANCELLED
+    ]
+    return [t for t in ended if only is None or t.turn_id == only]
 
 
 def _turn_row(turn: Turn) -> dict[str, Any]:
@@ -858,8 +1003,6 @@ def cmd_conversations(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The read-only workspace viewer of one user's work (local backend, or a stack with --backend aws)."""
-    if not 0 <= args.port <= 65535:
-        raise InvalidRequestError("--port: a port number from 0 to 65535")
     try:
         from alphaagent.viewer.serve import aws_reader, local_reader, serve
     except ImportError:  # pragma: no cover - the viewer's modules import no extra at import time
@@ -887,9 +1030,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         if args.table or args.bucket or args.region:
             raise InvalidRequestError("--table, --bucket and --region go with --backend aws")
-        from alphaagent.api import alphaagent_home
 
-        reader = local_reader(alphaagent_home(args.home), args.user)
+        reader = local_reader(_home(args), args.user)
     try:
         serve(reader, host=args.host, port=args.port, open_browser=args.open)
     except OSError as exc:
@@ -955,13 +1097,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- environments
 
 _ENV_FLAGS = {
+    "environment_id": "ID",
     "python": "--python",
     "preload": "--preload",
     "description": "--description",
     "timeout_s": "--timeout",
     "memory_mb": "--memory-mb",
 }
-"""The flag of ``env add`` that sets each field an ``InvalidEnvironmentError`` may name."""
+"""The argument of ``env add`` (and ``env remove``'s ``ID``) that sets each field an
+``InvalidEnvironmentError`` may name: a refusal names what the user typed, not the model's field."""
 
 
 def _environment_lines(environment: Environment, *, full: bool = False) -> list[str]:
@@ -1046,15 +1190,25 @@ def cmd_env_list(args: argparse.Namespace) -> int:
 def cmd_env_show(args: argparse.Namespace) -> int:
     with _agent(args) as agent:
         environment = agent.environments.get(args.environment_id)
+        known = [e.environment_id for e in agent.environments.list()] if environment is None else []
     if environment is None:
-        raise NotFoundError(f"environment {args.environment_id!r} is not registered")
+        near = did_you_mean_name(args.environment_id, known)
+        raise NotFoundError(f"environment {args.environment_id!r} is not registered{near}")
     _emit(args, environment, _environment_lines(environment, full=True))
     return EXIT_OK
 
 
 def cmd_env_remove(args: argparse.Namespace) -> int:
+    from alphaagent.errors import InvalidEnvironmentError
+
     with _agent(args, writes=True) as agent:
-        removed = agent.remove_environment(args.environment_id)
+        try:
+            removed = agent.remove_environment(args.environment_id)
+        except InvalidEnvironmentError as exc:
+            raise InvalidRequestError(f"{_ENV_FLAGS.get(exc.field, exc.field)}: {exc.detail}") from None
+        except NotFoundError as exc:
+            known = [e.environment_id for e in agent.environments.list()]
+            raise NotFoundError(f"{exc}{did_you_mean_name(args.environment_id, known)}") from None
     _emit(args, removed, [f"removed environment {removed.environment_id}; specs naming it are refused"])
     return EXIT_OK
 
@@ -1280,8 +1434,10 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
         help="working directory of the run, which the code may change (default: a new empty folder,"
         " removed afterwards)",
     )
-    run.add_argument("--timeout", type=float, metavar="SECONDS", help="wall-clock limit (default 60)")
-    run.add_argument("--memory-mb", type=int, metavar="N", help="address-space limit in MiB (default 2048)")
+    run.add_argument("--timeout", type=_RUN_SECONDS, metavar="SECONDS", help="wall-clock limit (default 60)")
+    run.add_argument(
+        "--memory-mb", type=_MEMORY_MB, metavar="N", help="address-space limit in MiB (default 2048)"
+    )
     run.add_argument("--network", choices=("on", "off"), default="off", help="network access (default off)")
     run.add_argument(
         "--env",
@@ -1319,7 +1475,7 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
         help="with --wait: the stack's StateTableName (default: $ALPHAAGENT_STATE_TABLE)",
     )
     submit.add_argument(
-        "--timeout", type=float, metavar="SECONDS", help="with --wait: how long to wait (default 3600)"
+        "--timeout", type=_SECONDS, metavar="SECONDS", help="with --wait: how long to wait (default 3600)"
     )
     submit.set_defaults(handler=cmd_submit)
 
@@ -1338,7 +1494,7 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     cat = scoped("cat", "print a file of a scope, or an artifact version's bytes", prints_json=False)
     cat.add_argument("path", nargs="?", metavar="PATH", help="workspace-relative path")
     cat.add_argument("--artifact", metavar="NAME", help="an artifact instead of a path")
-    cat.add_argument("--version", type=int, metavar="N", help="artifact version (default: latest)")
+    cat.add_argument("--version", type=_COUNT, metavar="N", help="artifact version (default: latest)")
     cat.add_argument(
         "-o", "--output", metavar="FILE", help="write the bytes to FILE (binary never goes to a terminal)"
     )
@@ -1349,21 +1505,21 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     history.add_argument(
         "--turn", metavar="TURN_ID", help="only this turn's runs (see turns); it names its scope"
     )
-    history.add_argument("--limit", type=int, metavar="N", help=limit_help)
+    history.add_argument("--limit", type=_COUNT, metavar="N", help=limit_help)
     history.set_defaults(handler=cmd_history)
     scoped("artifacts", "list a scope's artifacts and versions").set_defaults(handler=cmd_artifacts)
     scoped("sessions", "list your sessions in a scope").set_defaults(handler=cmd_sessions)
     turns = scoped(
         "turns", "list a scope's turns, newest first: id, status, start, duration, environment, goal, error"
     )
-    turns.add_argument("--limit", type=int, metavar="N", help=limit_help)
+    turns.add_argument("--limit", type=_COUNT, metavar="N", help=limit_help)
     turns.set_defaults(handler=cmd_turns)
 
     conversations = sub.add_parser("conversations", help="list your conversations and workflow nodes")
     conversations.add_argument(
         "--user", default=None, help=f"who is asking (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
-    conversations.add_argument("--limit", type=int, metavar="N", help=limit_help)
+    conversations.add_argument("--limit", type=_COUNT, metavar="N", help=limit_help)
     conversations.add_argument("--json", action="store_true", help="print JSON")
     conversations.set_defaults(handler=cmd_conversations)
 
@@ -1373,7 +1529,7 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
-    serve.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    serve.add_argument("--port", type=_PORT, default=8765, help="port (default 8765; 0 picks a free one)")
     serve.add_argument(
         "--user", default=None, help=f"whose work to show (default: ${USER_ENV}, else '{DEFAULT_USER}')"
     )
@@ -1404,7 +1560,7 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     )
     mcp.add_argument(
         "--http",
-        type=int,
+        type=_Number(int, low=1, high=65535),  # a TCP port to listen on: not 0
         metavar="PORT",
         help="streamable HTTP on 127.0.0.1:PORT/mcp with a bearer token"
         " ($ALPHAAGENT_MCP_TOKEN, else a new one printed on stderr) instead of stdio",
@@ -1417,7 +1573,7 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
         "--bucket", metavar="NAME", help="aws: WorkspacesBucketName (default $ALPHAAGENT_WORKSPACES_BUCKET)"
     )
     mcp.add_argument(
-        "--timeout", type=float, metavar="SECONDS", help="aws: how long a turn is waited for (3600)"
+        "--timeout", type=_SECONDS, metavar="SECONDS", help="aws: how long a turn is waited for (3600)"
     )
     mcp.set_defaults(handler=cmd_mcp)
 
@@ -1449,10 +1605,10 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
         "--network", choices=("on", "off"), default="off", help="network access of its runs (default off)"
     )
     env_add.add_argument(
-        "--timeout", type=float, metavar="SECONDS", help="the most a run may ask for (default 900)"
+        "--timeout", type=_RUN_SECONDS, metavar="SECONDS", help="the most a run may ask for (default 900)"
     )
     env_add.add_argument(
-        "--memory-mb", type=int, metavar="N", help="the most memory a run may ask for (default 2048)"
+        "--memory-mb", type=_MEMORY_MB, metavar="N", help="the most memory a run may ask for (default 2048)"
     )
     env_add.add_argument("--json", action="store_true", help="print the environment as JSON")
     env_add.set_defaults(handler=cmd_env_add)

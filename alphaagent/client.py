@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.reads import ScopeReads
 from alphaagent.domain.turns import check_spec_against, scope_label
-from alphaagent.errors import InvalidRequestError, InvalidSpecError, NotFoundError
+from alphaagent.errors import InvalidArgumentError, InvalidRequestError, InvalidSpecError, NotFoundError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, NodeScope, Scope, UserId
 from alphaagent.models.records import ArtifactVersion, Turn, TurnResult
@@ -444,13 +444,13 @@ def connect(
         ("bucket", bucket, "WorkspacesBucketName", "ALPHAAGENT_WORKSPACES_BUCKET"),
     ):
         if not value:
-            raise InvalidRequestError(f"{name}: give the stack's {output} output, or set {variable}")
+            raise InvalidArgumentError(name, f"give the stack's {output} output, or set {variable}")
     if not queue_url.startswith(("https://", "http://")):
-        raise InvalidRequestError(
-            f"queue_url: {queue_url!r} is not a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)"
+        raise InvalidArgumentError(
+            "queue_url", f"{queue_url!r} is not a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)"
         )
     if not 0 < timeout_s < float("inf"):
-        raise InvalidRequestError("timeout_s: a positive number of seconds")
+        raise InvalidArgumentError("timeout_s", "a positive number of seconds")
     return AwsClient(
         user_id,
         queue_url=queue_url,

@@ -37,6 +37,7 @@ from alphaagent.connectors.file import EXAMPLES_DIR
 from alphaagent.errors import InvalidRequestError
 from alphaagent.models.common import ConversationScope
 from alphaagent.program import DEFAULT_PROGRAM
+from alphaagent.sandbox.waiting import waits_told_to
 
 DEMO_IDLE_TIMEOUT_S = 1
 
@@ -76,7 +77,7 @@ def run_demo(
     def say(message: str) -> None:
         print(f"  {message}", file=sys.stderr, flush=True)
 
-    with AlphaAgent(home, connectors=connectors, turns=turns) as agent:
+    with AlphaAgent(home, connectors=connectors, turns=turns) as agent, waits_told_to(say):
         print(f"turn 1 in conversation {conversation_id}", file=sys.stderr)
         first = agent.run_analysis(_load("turn1.json", conversation_id, user_id), progress=say)
         time.sleep(DEMO_IDLE_TIMEOUT_S + 0.5)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.common import EnvironmentId
-from alphaagent.models.run import MAX_MEMORY_MB, MAX_TIMEOUT_S, RunLimits
+from alphaagent.models.run import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB, RunLimits
 from alphaagent.sandbox.config import BUILTIN_PRELOAD
 
 BUILTIN_ID = "builtin"
@@ -72,7 +72,7 @@ class EnvironmentLimits(_Strict):
     """
 
     timeout_s: float = Field(MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
-    memory_mb: int = Field(2048, ge=256, le=MAX_MEMORY_MB)
+    memory_mb: int = Field(2048, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
     network: bool = False
     state_mb: int = Field(DEFAULT_STATE_MB, ge=1, le=MAX_MEMORY_MB)
 

@@ -272,3 +272,14 @@ class DecodeRefusedError(ToolError):
     """A file a run wrote could not be decoded within the bounds of the child process that decodes
     untrusted compressed formats (``alphaagent.domain.decoding``): it needed more memory, CPU time or
     answer than allowed, or its decoder failed. The message says which, with the limit."""
+
+
+class InvalidArgumentError(InvalidRequestError):
+    """An argument of a Python call broke a rule: ``argument`` names the keyword (``queue_url``),
+    ``detail`` the rule, so a command line that passed its own flag's value names its flag
+    (``--queue-url``) instead of the keyword. The message is ``{argument}: {detail}``."""
+
+    def __init__(self, argument: str, detail: str) -> None:
+        super().__init__(f"{argument}: {detail}")
+        self.argument = argument
+        self.detail = detail

@@ -7,12 +7,13 @@ import difflib
 import io
 import json
 import zipfile
+from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO, Final
 from urllib.parse import unquote
 
 from alphaagent.domain.profiling import profile_dataset
-from alphaagent.errors import ArtifactError, PathRuleError
+from alphaagent.errors import ArtifactError, InvalidSpecError, PathRuleError
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ARTIFACT_FOLDERS as ARTIFACT_FOLDERS  # re-exported, as before
 from alphaagent.models.common import KIND_SUFFIXES as KIND_SUFFIXES  # re-exported, as before
@@ -23,6 +24,7 @@ from alphaagent.models.common import (
     utcnow,
 )
 from alphaagent.models.records import ArtifactVersion
+from alphaagent.models.spec import SpecOutput
 from alphaagent.ports import Store, Workspace
 from alphaagent.sandbox.session import is_session_state
 
@@ -53,29 +55,85 @@ def artifact_name_for(path: str) -> str:
     return (cleaned or "artifact")[:64]
 
 
-CLOSE_MATCH_CUTOFF: Final = 0.6
-"""``difflib`` similarity (0-1) a path or file name needs to be offered as the closest match."""
-
 MAX_MATCH_CANDIDATES: Final = 10_000
 """Files compared when suggesting a closest match (the first ones, in path order): bounded work."""
 
 
 def closest_file(path: str, existing: list[str]) -> str | None:
-    """The existing file ``path`` most likely meant, for a "missing file" error: one with the same
-    file name (the nearest path among them), else the most similar path or file name by ``difflib``
-    (similarity >= ``CLOSE_MATCH_CUTOFF``); None when nothing is close. ``work/out/report.pdf`` is
-    the answer for ``reports/report.pdf``."""
+    """The existing file ``path`` most likely meant, for a "missing file" error, or None: only a
+    file that is really close is offered (new-user review: a whole-path similarity offered an
+    unrelated file of the same folder). Close means, in this order of preference:
+
+    - the same file name in another folder (``work/out/report.pdf`` for ``reports/report.pdf``;
+      the nearest path among several);
+    - a file of the same suffix whose stem is a few edits away (``nearest_name``:
+      ``charts/revenu.png`` for ``charts/revenue.png``; not ``charts/b.png`` for ``charts/a.png``),
+      or the same stem with another suffix (``reports/summary.txt`` for ``reports/summary.md``);
+      the fewest edits first, then the same folder.
+
+    Both backends answer with this one function (``check_artifact_path``)."""
+    from alphaagent.suggest import edit_distance, nearest_name
+
     candidates = existing[:MAX_MATCH_CANDIDATES]
-    name = PurePosixPath(path).name
-    same_name = [p for p in candidates if PurePosixPath(p).name == name]
+    wanted = PurePosixPath(path)
+    same_name = [p for p in candidates if PurePosixPath(p).name == wanted.name]
     if same_name:
         return (difflib.get_close_matches(path, same_name, n=1, cutoff=0.0) or same_name)[0]
-    by_path = difflib.get_close_matches(path, candidates, n=1, cutoff=CLOSE_MATCH_CUTOFF)
-    if by_path:
-        return by_path[0]
-    names = {PurePosixPath(p).name: p for p in reversed(candidates)}
-    by_name = difflib.get_close_matches(name, list(names), n=1, cutoff=CLOSE_MATCH_CUTOFF)
-    return names[by_name[0]] if by_name else None
+    # Stems are compared (the suffix would make any two short names look alike: a.png, b.png).
+    by_stem: dict[str, list[str]] = {}
+    for p in candidates:
+        if PurePosixPath(p).suffix == wanted.suffix:
+            by_stem.setdefault(PurePosixPath(p).stem, []).append(p)
+    near = nearest_name(wanted.stem, by_stem)
+    same_stem = [p for p in candidates if PurePosixPath(p).stem == wanted.stem]
+    close = (by_stem[near] if near is not None else []) + same_stem
+    if not close:
+        return None
+    # The fewest edits of the file name first, then a file of the same folder, then path order.
+    return min(
+        close,
+        key=lambda p: (
+            edit_distance(wanted.name, PurePosixPath(p).name),
+            PurePosixPath(p).parent != wanted.parent,
+        ),
+    )
+
+
+_INSIDE: Final = "path must stay inside this scope's datasets/, charts/, reports/ or work/"
+
+
+def check_path_words(scope: Scope, path: str) -> str:
+    """The rules of an artifact's path that need no file, only its words and the scope (the key's
+    length): no percent-encoding, the §4.2 path rules, inside an artifact folder. Returns the path
+    normalised; raises ``ArtifactError`` naming it. ``check_artifact_path`` applies them when a file
+    is registered, and ``check_output_paths`` to a spec's outputs before any code runs."""
+    if unquote(path) != path:
+        raise ArtifactError(f"path {path!r}: percent-encoding is not decoded in paths; {_INSIDE}")
+    try:
+        normal = check_workspace_path(path, prefix=scope.key + "/")
+    except PathRuleError as exc:
+        raise ArtifactError(f"path {path!r}: {exc}; {_INSIDE}") from None
+    if normal.split("/", 1)[0] not in ARTIFACT_FOLDERS or "/" not in normal:
+        raise ArtifactError(f"path {normal!r}: {_INSIDE}")
+    return normal
+
+
+def check_output_paths(scope: Scope, outputs: Sequence[SpecOutput]) -> None:
+    """Refuse, before any code runs, a spec output whose ``path`` could never be registered, whatever
+    the code writes: a rule of ``check_path_words`` or the sessions' platform-owned folder (the
+    suffix of each kind: ``check_spec_rules``). Raises ``InvalidSpecError`` naming ``outputs[i].path``."""
+    for i, output in enumerate(outputs):
+        if output.path is None:
+            continue
+        try:
+            normal = check_path_words(scope, output.path)
+        except ArtifactError as exc:
+            raise InvalidSpecError(f"outputs[{i}].{exc}") from None
+        if is_session_state(normal):
+            raise InvalidSpecError(
+                f"outputs[{i}].path: {normal!r} is in work/sessions/, the platform's folder of the"
+                " sessions' live state; choose another folder"
+            )
 
 
 def check_artifact_path(workspace: Workspace, scope: Scope, kind: ArtifactKind, path: str) -> str:
@@ -84,20 +142,12 @@ def check_artifact_path(workspace: Workspace, scope: Scope, kind: ArtifactKind, 
     Raises ``ArtifactError`` naming the path: breaks a §4.2 rule, is missing, is a directory, a
     symlink or another non-regular file, or its type does not fit ``kind``.
     """
-    inside = "path must stay inside this scope's datasets/, charts/, reports/ or work/"
-    if unquote(path) != path:
-        raise ArtifactError(f"path {path!r}: percent-encoding is not decoded in paths; {inside}")
-    try:
-        normal = check_workspace_path(path, prefix=scope.key + "/")
-    except PathRuleError as exc:
-        raise ArtifactError(f"path {path!r}: {exc}; {inside}") from None
-    if normal.split("/", 1)[0] not in ARTIFACT_FOLDERS or "/" not in normal:
-        raise ArtifactError(f"path {normal!r}: {inside}")
+    normal = check_path_words(scope, path)
     # The sessions' state (platform-owned) is answered as a missing file, and never offered.
     if is_session_state(normal) or workspace.stat(scope, normal) is None:
         listed = [f.path for f in workspace.list_files(scope) if not is_session_state(f.path)]
         near = closest_file(normal, listed)
-        hint = f"; the closest existing file is {near!r}" if near else "; the scope has no file like it"
+        hint = f"; the closest existing file is {near!r}" if near else ""  # no guess when none is close
         raise ArtifactError(
             f"path {normal!r}: no regular file there (missing, a directory or a symlink){hint}"
         )

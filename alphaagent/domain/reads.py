@@ -17,10 +17,11 @@ from typing import Literal
 from alphaagent.domain.audit import ForeignKind, ProbeAudit, audit_foreign, audit_scope, discard_audit
 from alphaagent.domain.turns import scope_label
 from alphaagent.errors import InvalidRequestError, NotFoundError, PathRuleError
-from alphaagent.models.common import Scope, check_workspace_path
+from alphaagent.models.common import ConversationScope, NodeScope, Scope, check_workspace_path, scope_from_key
 from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Session, Turn
 from alphaagent.ports import FileInfo, Store, Workspace
 from alphaagent.sandbox.session import is_session_state
+from alphaagent.suggest import did_you_mean_name
 
 
 class ScopeReads:
@@ -37,8 +38,25 @@ class ScopeReads:
         if owner != user_id or not self.workspace.scope_exists(scope):
             if owner is not None and owner != user_id:
                 audit_scope(self.audit, user_id, scope, kind)
-            raise NotFoundError(f"{scope_label(scope)} not found")
+            raise NotFoundError(f"{scope_label(scope)} not found{self._near_scope(user_id, scope)}")
         return scope
+
+    def _near_scope(self, user_id: str, scope: Scope) -> str:
+        """`` (did you mean 'penguins'?)`` when one of the user's own scopes is a typo away from
+        ``scope``, else ``""``. Only the user's own scopes are compared (``list_scopes`` never lists
+        another user's), and with the same one lookup whether ``scope`` is missing or another
+        user's: the answer says nothing of anyone else (DESIGN §4.7)."""
+        own = [scope_from_key(summary.scope_key) for summary in self.store.list_scopes(user_id)]
+        if isinstance(scope, ConversationScope):
+            ids = [s.conversation_id for s in own if isinstance(s, ConversationScope)]
+            return did_you_mean_name(scope.conversation_id, ids)
+        nodes = [s for s in own if isinstance(s, NodeScope)]
+        same_run = [s.node_id for s in nodes if s.workflow_execution_id == scope.workflow_execution_id]
+        if same_run:
+            return did_you_mean_name(scope.node_id, same_run)
+        return did_you_mean_name(
+            scope.workflow_execution_id, dict.fromkeys(s.workflow_execution_id for s in nodes)
+        )
 
     def files(self, user_id: str, scope: Scope, prefix: str = "") -> list[FileInfo]:
         """The scope's regular files under ``prefix``; the sessions' state (platform-owned) is never
@@ -102,8 +120,19 @@ class ScopeReads:
         found = self.store.get_artifact(user_id, scope.key, name, version)
         if found is None:
             wanted = f"{name} v{version}" if version else name
-            raise NotFoundError(f"artifact {wanted} not found in {scope_label(scope)}")
+            near = self._near_artifact(user_id, scope, name)
+            raise NotFoundError(f"artifact {wanted} not found in {scope_label(scope)}{near}")
         return found, self.workspace.read_blob(found.sha256)
+
+    def _near_artifact(self, user_id: str, scope: Scope, name: str) -> str:
+        """What the user may have meant by an artifact ``name`` that was not found in their own
+        ``scope``: the latest version when the name exists (the version asked for does not), else
+        `` (did you mean 'revenue'?)`` for a name of the scope a typo away."""
+        versions = self.store.list_artifacts(user_id, scope.key)
+        latest = max((v.version for v in versions if v.name == name), default=None)
+        if latest is not None:
+            return f" (its latest is v{latest})"
+        return did_you_mean_name(name, dict.fromkeys(v.name for v in versions))
 
     def sessions(self, user_id: str, scope: Scope) -> list[Session]:
         """The user's sessions in the scope, oldest first (expired ones included)."""

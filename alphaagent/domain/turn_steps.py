@@ -23,6 +23,7 @@ from alphaagent.domain.backend import Backend
 from alphaagent.domain.inputs import resolve_inputs, write_inputs
 from alphaagent.domain.turns import (
     abandon_turn,
+    check_output_names,
     check_same_spec,
     check_spec_against,
     claim_scope_and_session,
@@ -216,6 +217,8 @@ def prepare_turn(backend: Backend, turn_input: TurnInput) -> PreparedTurn:
     if owner is not None and owner != user_id:
         audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
+    if owner is not None:
+        check_output_names(backend, spec)
     existing = store.get_turn(user_id, turn_id)
     if existing is None and store.turn_id_taken(turn_id):
         raise InvalidSpecError("turn_id: already used; leave it out to get a fresh one")

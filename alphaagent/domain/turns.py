@@ -15,8 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Final
 
 from alphaagent import connectors
+from alphaagent.domain.artifacts import check_output_paths
 from alphaagent.domain.audit import audit_scope
 from alphaagent.domain.backend import Backend
 from alphaagent.domain.inputs import (
@@ -59,6 +61,11 @@ Coder = Callable[[TurnContext], str]
 Progress = Callable[[str], None]
 
 
+TURN_CANCELLED: Final = "TurnCancelled"
+"""The error name of a turn that an interrupt (Ctrl-C) ended: its run was killed with no result, so
+``history`` says where it happened instead of showing nothing."""
+
+
 def scope_label(scope: Scope) -> str:
     """How a scope is named in messages: built only from what the caller gave."""
     if isinstance(scope, ConversationScope):
@@ -88,6 +95,7 @@ def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> Non
             " (or CLAUDE_CODE_USE_BEDROCK=1 with AWS_REGION) so the coder can write the code, or add steps"
         )
     check_spec_rules(spec)  # parse_spec checked them already; a Spec may have been built otherwise
+    check_output_paths(spec.scope, spec.outputs)
     for i, item in enumerate(spec.inputs):
         if isinstance(item, NodeArtifactInput) and not isinstance(spec.scope, NodeScope):
             raise InvalidSpecError(f"inputs[{i}]: node_artifact inputs need a workflow node scope")
@@ -99,6 +107,22 @@ def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> Non
                 connectors.check_request(item.connector, item.request)
             except ToolError as exc:
                 raise InvalidSpecError(f"inputs[{i}].{exc}") from None
+
+
+def check_output_names(backend: Backend, spec: Spec) -> None:
+    """Refuse, before anything is written or run, an output whose name is already an artifact of
+    another kind in the scope: its registration after the code would be refused (one name, one
+    kind: ``register_artifact``), so the turn could never finish. Only for the scope's owner (called
+    after the ownership check): another user's names are never looked at. Raises
+    ``InvalidSpecError`` naming ``outputs[i].name``; the registration checks again (a concurrent turn
+    may register the name meanwhile)."""
+    for i, output in enumerate(spec.outputs):
+        latest = backend.store.get_artifact(spec.user_id, spec.scope.key, output.name, None)
+        if latest is not None and latest.kind != output.kind:
+            raise InvalidSpecError(
+                f"outputs[{i}].name: {output.name!r} is already a {latest.kind} in this scope;"
+                f" give the {output.kind} another name"
+            )
 
 
 class _Lease:
@@ -203,6 +227,8 @@ def run_turn(
     if owner is not None and owner != user_id:
         audit_scope(backend.audit, user_id, scope)
         raise NotFoundError(f"{scope_label(scope)} not found")
+    if owner is not None:
+        check_output_names(backend, spec)
     turn_id = spec.turn_id or new_ulid()
     existing = backend.store.get_turn(user_id, turn_id)
     if existing is not None and existing.scope_key != scope.key:
@@ -361,7 +387,7 @@ def _locked_turn(
         # Ctrl-C: the sandbox has killed the run's processes; the turn ends as failed, never left
         # running, and the interrupt goes on to the caller (the CLI exits 130).
         cancelled = RunError(
-            name="TurnCancelled", value="interrupted (Ctrl-C) while the turn ran", traceback=""
+            name=TURN_CANCELLED, value="interrupted (Ctrl-C) while the turn ran", traceback=""
         )
         _finish_checked(backend, turn, _failed(ctx, cancelled, None), lease)
         raise

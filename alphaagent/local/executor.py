@@ -224,7 +224,8 @@ class SandboxExecutor:
                 stale = self._retire_locked(environment.environment_id)
                 warm = None
             if warm is None:
-                warm = _Warm(environment, Sandbox(self._config_for(environment)))
+                sandbox = Sandbox(self._config_for(environment), label=environment.environment_id)
+                warm = _Warm(environment, sandbox)
                 self._warm[environment.environment_id] = warm
                 self._start_reaper()
             warm.in_flight += 1

@@ -9,15 +9,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The bounds of the per-run limits (Lambda's quotas) live where the command line reads them
+# without pydantic; re-exported here, where they always were.
+from alphaagent.models.bounds import MAX_MEMORY_MB as MAX_MEMORY_MB
+from alphaagent.models.bounds import MAX_TIMEOUT_S as MAX_TIMEOUT_S
+from alphaagent.models.bounds import MIN_MEMORY_MB as MIN_MEMORY_MB
 from alphaagent.models.common import ConversationScope, NodeScope
 
 RunStatus = Literal["ok", "error", "timeout", "killed"]
 IsolationLevel = Literal["namespaces", "process"]
 
-# Bounds of the per-run limits. The timeout's upper bound is Lambda's 900 s maximum function
-# timeout (the env function runs one run per invocation); the memory bound is Lambda's 10,240 MB.
-MAX_TIMEOUT_S = 900
-MAX_MEMORY_MB = 10_240
 DEFAULT_DISK_MB = 10_240
 """A run's default write budget for its scope: 10 GiB, Lambda's largest ephemeral storage (where the
 env function's working copy lives), so a run that passes locally also fits there."""
@@ -41,7 +42,7 @@ class RunLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
-    memory_mb: int = Field(2048, ge=256, le=MAX_MEMORY_MB)
+    memory_mb: int = Field(2048, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
     cpu_s: int | None = Field(None, ge=1, le=MAX_TIMEOUT_S * 4)
     file_size_mb: int = Field(1024, ge=1, le=10 * 1024)
     open_files: int = Field(1024, ge=16, le=65_536)

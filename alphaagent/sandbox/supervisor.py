@@ -81,6 +81,7 @@ from alphaagent.sandbox.scratch import (
 from alphaagent.sandbox.session import SESSIONS_DIR, StateRequest
 from alphaagent.sandbox.snapshot import FileChanges, HashCache, TreeSnapshot, diff_snapshots, take_snapshot
 from alphaagent.sandbox.treestate import TreeState, TreeStates
+from alphaagent.sandbox.waiting import announced
 
 ZYGOTE_PATH = Path(__file__).with_name("zygote.py")
 MAX_CODE_BYTES = 4 * 2**20
@@ -113,8 +114,10 @@ class Sandbox:
     a working directory that breaks the rules of ``run``.
     """
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, *, label: str = "builtin") -> None:
         self.config = config or SandboxConfig()
+        self.label = label
+        """The environment's id, as a wait for it is told (``alphaagent.sandbox.waiting``)."""
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._channels: dict[str, _RunChannel] = {}
@@ -168,7 +171,8 @@ class Sandbox:
                 return False
             self._teardown()  # a zygote that died: remove what it left before starting anew
             try:
-                self._start_zygote()
+                with announced(f"starting the environment {self.label} …"):
+                    self._start_zygote()
             except BaseException:
                 self._teardown()
                 raise
@@ -452,7 +456,8 @@ class Sandbox:
                 for _, w in pipes:
                     os.close(w)
                 os.close(code_fd)
-            pid, cgroup, memory_cgroup, took_at = self._await_spawn(channel, run_id)
+            with announced(f"waiting for a free process of the environment {self.label} …"):
+                pid, cgroup, memory_cgroup, took_at = self._await_spawn(channel, run_id)
             # The run started when a spare took it (the spare's own clock: CLOCK_MONOTONIC is the
             # machine's); the wait for one is not the code's time, nor is the relay of the news.
             started = min(max(took_at, asked), time.monotonic())

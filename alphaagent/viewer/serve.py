@@ -101,7 +101,7 @@ def serve(
 ) -> None:
     """Serve the viewer until interrupted. Prints the URL (with a fresh random token unless
     ``token`` is given) once the port is bound, or hands it to ``announce``; with ``open_browser``,
-    opens it too.
+    opens it too, or says on standard error that no browser could be opened (and the URL to open).
 
     Raises:
         OSError: the address cannot be bound (taken, or not an address of this machine).
@@ -129,8 +129,9 @@ def serve(
             f"alphaagent: warning: listening on {host}, not only this machine; the token is the only guard",
             file=sys.stderr,
         )
-    if open_browser:
-        webbrowser.open(url)
+    if open_browser and not webbrowser.open(url):
+        # A headless machine (no display, no browser): said, with what to open elsewhere, never silence.
+        print(f"alphaagent: no browser could be opened here; open {url}", file=sys.stderr, flush=True)
     try:
         uvicorn.Server(config).run(sockets=[listener])
     finally:

@@ -75,17 +75,29 @@ def test_timeout_exits_1_and_says_so(tmp_path: Path) -> None:
         (["-"], b"", "code: must not be empty"),
         (["-"], b"print('caf\xe9')\n", "code: not valid UTF-8"),
         (["missing.py"], None, "missing.py: no such file"),
-        (["--workdir", "nowhere", "-"], b"print(1)", "workdir: nowhere does not exist"),
-        (["--workdir", "afile", "-"], b"print(1)", "workdir: afile is not a directory"),
-        (["--timeout", "0", "-"], b"print(1)", "--timeout: input should be greater than 0"),
-        (["--timeout", "5000", "-"], b"print(1)", "--timeout: input should be less than or equal to 900"),
+        (["--workdir", "nowhere", "-"], b"print(1)", "--workdir: nowhere does not exist"),
+        (["--workdir", "afile", "-"], b"print(1)", "--workdir: afile is not a directory"),
+        (
+            ["--timeout", "0", "-"],
+            b"print(1)",
+            "--timeout: must be a number of seconds > 0 and ≤ 900, got '0'",
+        ),
+        (
+            ["--timeout", "5000", "-"],
+            b"print(1)",
+            "--timeout: must be a number of seconds > 0 and ≤ 900, got '5000'",
+        ),
         (
             ["--memory-mb", "10", "-"],
             b"print(1)",
-            "--memory-mb: input should be greater than or equal to 256",
+            "--memory-mb: must be a whole number of MiB from 256 to 10240, got '10'",
         ),
-        (["--network", "maybe", "-"], b"print(1)", "argument --network: invalid choice"),
-        (["--timeout", "soon", "-"], b"print(1)", "argument --timeout: invalid float value"),
+        (["--network", "maybe", "-"], b"print(1)", "--network: must be one of on, off, got 'maybe'"),
+        (
+            ["--timeout", "soon", "-"],
+            b"print(1)",
+            "--timeout: must be a number of seconds > 0 and ≤ 900, got 'soon'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(

@@ -272,7 +272,7 @@ def test_turns_and_history_list_newest_first_and_select_with_limit_and_turn(
 @pytest.mark.parametrize(
     ("extra", "code", "line"),
     [
-        (["--limit", "0"], 2, "--limit: a positive number of items"),
+        (["--limit", "0"], 2, "--limit: must be a whole number ≥ 1, got '0' (see alphaagent history --help)"),
         (
             ["--turn", "01JZZZZZZZZZZZZZZZZZZZZZZZ"],
             1,
@@ -288,7 +288,11 @@ def test_a_bad_selection_is_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     home, _ = log_home
-    assert main(["history", "--home", str(home), "--conversation", "log", *extra]) == code
+    try:
+        got = main(["history", "--home", str(home), "--conversation", "log", *extra])
+    except SystemExit as exited:  # a bad option value is refused by the parser
+        got = exited.code
+    assert got == code
     assert capsys.readouterr().err == f"alphaagent: error: {line}\n"
 
 

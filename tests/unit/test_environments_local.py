@@ -85,7 +85,10 @@ def agent(home: Path, bare_python: str) -> Iterator[AlphaAgent]:
 
 def _cli(home: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     capsys.readouterr()
-    code = main(["--home", str(home), *args])
+    try:
+        code = main(["--home", str(home), *args])
+    except SystemExit as exited:  # a bad option value is refused by the parser
+        code = int(exited.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -354,10 +357,7 @@ def test_builtin_cannot_be_removed_and_an_unknown_one_is_not_found(
 ) -> None:
     home = tmp_path / "home"
     code, _, err = _cli(home, "env", "remove", "builtin", capsys=capsys)
-    assert (
-        code == 2
-        and err == "alphaagent: error: environment_id: 'builtin' is built in and cannot be removed\n"
-    )
+    assert code == 2 and err == "alphaagent: error: ID: 'builtin' is built in and cannot be removed\n"
     code, _, err = _cli(home, "env", "remove", "nowhere", capsys=capsys)
     assert code == 1 and err == "alphaagent: error: environment 'nowhere' is not registered\n"
     # Neither refusal made the data directory
@@ -379,12 +379,12 @@ def test_builtin_cannot_be_removed_and_an_unknown_one_is_not_found(
         ("preload-not-a-name", "--preload: 'os path' is not a module name"),
         (
             "bad-id",
-            "environment_id: 'Not_Valid': 1-32 characters of a-z, 0-9 and '-', starting with a letter",
+            "ID: 'Not_Valid': 1-32 characters of a-z, 0-9 and '-', starting with a letter",
         ),
-        ("builtin-id", "environment_id: 'builtin' is built in and always registered"),
-        ("taken-id", "environment_id: 'taken' is registered already (alphaagent env remove taken first)"),
+        ("builtin-id", "ID: 'builtin' is built in and always registered"),
+        ("taken-id", "ID: 'taken' is registered already (alphaagent env remove taken first)"),
         ("long-description", "--description: String should have at most 1000 characters"),
-        ("timeout-above-lambda", "--timeout: input should be less than or equal to 900"),
+        ("timeout-above-lambda", "--timeout: must be a number of seconds > 0 and ≤ 900, got '901'"),
     ],
 )
 def test_each_bad_env_add_gets_its_one_line_error_and_registers_nothing(

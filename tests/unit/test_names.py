@@ -151,6 +151,22 @@ def test_a_missing_output_names_the_closest_existing_file(agent: AlphaAgent) -> 
     assert "the closest existing file is 'work/out/report.pdf'" in result.error.value, result.error.value
 
 
+def test_a_missing_output_with_no_close_file_names_none(agent: AlphaAgent) -> None:
+    # Given code that wrote an unrelated file in the output's folder
+    conversation = "c-" + new_ulid().lower()
+    code = "import os\nos.makedirs('reports', exist_ok=True)\nopen('reports/survey.md', 'w').write('# s')\n"
+    outputs = [{"kind": "report", "name": "summary", "path": "reports/summary.md"}]
+    # When the turn runs
+    result = agent.run_analysis(_spec(conversation, code, outputs=outputs))
+    # Then it fails naming the missing path, and offers no file as a near match
+    assert_status(result, "failed")
+    assert result.error is not None
+    assert (result.failed_step, result.error.value) == (
+        "outputs[0]",
+        "path 'reports/summary.md': no regular file there (missing, a directory or a symlink)",
+    ), result.error.value
+
+
 @pytest.mark.parametrize(
     ("wanted", "existing", "closest"),
     [
@@ -158,6 +174,13 @@ def test_a_missing_output_names_the_closest_existing_file(agent: AlphaAgent) -> 
         ("charts/revenue.png", ["charts/revenu.png", "charts/other.png"], "charts/revenu.png"),
         ("datasets/sales.csv", ["reports/notes.md"], None),
         ("reports/summary.md", ["work/a/summary.md", "reports/x/summary.md"], "reports/x/summary.md"),
+        # Only a file that is really close (new-user review: an unrelated file of the same folder
+        # was offered, its path being similar through the folder alone)
+        ("reports/summary.md", ["reports/survey.md", "reports/notes.md"], None),
+        ("datasets/revenue.csv", ["datasets/regions.csv"], None),
+        ("charts/a.png", ["charts/b.png"], None),
+        ("reports/summary.md", ["reports/summary.txt", "work/summary.html"], "reports/summary.txt"),
+        ("datasets/sales.csv", ["work/sales.csv.bak", "datasets/scales.csv"], "datasets/scales.csv"),
     ],
 )
 def test_closest_file_prefers_the_same_name_then_the_most_similar_path(

@@ -64,3 +64,22 @@ def test_every_alphaagent_command_in_a_code_block_parses() -> None:
         assert _refused_option(args, "alphaagent") is None, f"README line {number}: {line}"
         checked += 1
     assert checked >= 20, "the README's commands were not found"
+
+
+def test_every_alphaagent_command_in_a_code_block_works_from_any_directory() -> None:
+    # A block that starts `.venv/bin/alphaagent` or reads `examples/...` worked only from the
+    # checkout (new-user review): the README puts alphaagent on PATH once, in "Run a spec", and
+    # names the checkout's files through $CHECKOUT, which that same line sets.
+    setup = [line.split(" #")[0].strip() for _, line in _shell_lines() if line.startswith("export PATH=")]
+    assert setup == ['export PATH="$PWD/.venv/bin:$PATH" CHECKOUT="$PWD"'], setup
+    checked = 0
+    for number, line in _shell_lines():
+        command = line.split(" | ")[-1].split("<<")[0].strip()
+        if not re.match(r"(\S*/)?alphaagent\s", command):
+            continue
+        words = shlex.split(command, comments=True)
+        assert words[0] == "alphaagent", f"README line {number}: the program as found on PATH: {line}"
+        relative = [w for w in words if w.startswith(("examples/", "./examples/", ".venv/"))]
+        assert relative == [], f"README line {number}: a path that exists only in the checkout: {line}"
+        checked += 1
+    assert checked >= 20

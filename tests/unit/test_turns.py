@@ -679,19 +679,38 @@ def test_an_artifact_name_keeps_its_kind(agent: AlphaAgent) -> None:
         )
     )
     assert_status(first, "completed")
-    # When a later turn registers a report under the same name
-    second = agent.run_analysis(
-        _spec(
-            conversation,
-            "open('reports/tiny.md', 'w').write('# not a dataset')",
-            outputs=[{"kind": "report", "name": "tiny", "path": "reports/tiny.md"}],
+    scope = ConversationScope(conversation_id=conversation)
+    # When a later spec declares a report under the same name
+    with pytest.raises(InvalidSpecError) as refused:
+        agent.run_analysis(
+            _spec(
+                conversation,
+                "open('reports/tiny.md', 'w').write('# not a dataset')",
+                outputs=[{"kind": "report", "name": "tiny", "path": "reports/tiny.md"}],
+            )
         )
+    # Then it is refused before its code runs, naming the output and the name's kind
+    assert str(refused.value) == (
+        "outputs[0].name: 'tiny' is already a dataset in this scope; give the report another name"
     )
-    # Then it is refused, naming the name and its kind, and the latest "tiny" is still the dataset
-    assert_status(second, "failed")
-    assert second.error is not None
-    assert "name 'tiny': already a dataset" in second.error.value
-    latest, _data = agent.artifact(USER, ConversationScope(conversation_id=conversation), "tiny")
+    assert not (agent.home / scope.key / "reports/tiny.md").exists()
+    # And a registration under that name at run time (the coder's register_artifact) is refused too
+    from alphaagent.domain.artifacts import register_artifact
+
+    agent.workspace.write_bytes(scope, "reports/tiny.md", b"# not a dataset")
+    with pytest.raises(ArtifactError, match=r"^name 'tiny': already a dataset in this scope"):
+        register_artifact(
+            agent.store,
+            agent.workspace,
+            scope=scope,
+            user_id=USER,
+            turn_id=first.turn_id,
+            kind="report",
+            path="reports/tiny.md",
+            name="tiny",
+        )
+    # And the latest "tiny" is still the dataset
+    latest, _data = agent.artifact(USER, scope, "tiny")
     assert (latest.kind, latest.version) == ("dataset", 1)
 
 
