@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from clocks import FakeClock
-from moto_account import FAKE_CREDENTIALS, MotoAccount, share_sdk_data
+from moto_account import FAKE_CREDENTIALS, MotoAccount, serialise_conditional_writes, share_sdk_data
 
 
 def _serialise_moto_dynamodb() -> None:
@@ -38,6 +38,7 @@ def _serialise_moto_dynamodb() -> None:
 
 
 _serialise_moto_dynamodb()
+serialise_conditional_writes()  # moto's check-then-write of a conditional S3 write, atomic as in S3
 
 
 def _take_ctrl_c_as_a_terminal_does() -> None:

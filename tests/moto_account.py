@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Any, ClassVar
 
 import boto3
@@ -43,6 +44,20 @@ class MotoAccount:
         if versioned:
             s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
         return s3
+
+    def seed_objects(self, bucket: str, objects: dict[str, bytes]) -> None:
+        """Put ``objects`` (key -> bytes) into ``bucket`` through moto's S3 backend, as its PutObject
+        stores them (a new version in a versioned bucket), without one API round trip each.
+
+        For a test's Given only, when it needs many objects (a listing past one page): each PutObject
+        through boto3 and moto's request parsing costs ~10 ms of CPU, and what the test proves is how
+        the product reads them back, which still goes through the API."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+        for key, data in objects.items():
+            backend.put_object(bucket, key, data)
 
     def state_table(self, name: str) -> Any:
         """Create the state table ``name`` as the stack defines it; return the DynamoDB client."""
@@ -124,3 +139,41 @@ def remember_valid_state_machines(monkeypatch: Any) -> None:
             _VALID_DEFINITIONS.add(definition)
 
     monkeypatch.setattr(StepFunctionsParserBackend, "_validate_definition", staticmethod(validate_once))
+
+
+# -- S3's conditional writes, atomic as in S3 --------------------------------------------------------
+
+_CONDITIONAL_WRITE_HEADERS = ("If-None-Match", "If-Match")
+
+
+def serialise_conditional_writes() -> None:
+    """Make moto's conditional S3 writes atomic, as S3's are.
+
+    S3 checks a write's condition (``IfNoneMatch="*"``: no object has the key; ``IfMatch``: its ETag)
+    and writes in one step, so of two concurrent conditional PutObjects of one key at most one
+    succeeds (the other gets 412 PreconditionFailed or 409 ConditionalRequestConflict; S3 User Guide,
+    "How to prevent object overwrites with conditional writes"). moto looks the key up, then stores
+    the object, with nothing between: two threads could both find the key missing and both write,
+    so the env function's two concurrent deliveries of one run both claimed it and both ran the code
+    (seen under load as one delivery's ``FileExistsError`` on the run's scratch folder). One lock
+    around moto's handling of a conditional PutObject or CompleteMultipartUpload closes that gap; an
+    S3 request calls no other service, so it cannot deadlock. Idempotent."""
+    from moto.s3.responses import S3Response
+
+    if getattr(S3Response._key_response_put, "_serialised", False):
+        return
+    lock = threading.RLock()
+
+    def conditional(method: Any) -> Any:
+        @functools.wraps(method)
+        def handle(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not any(self.headers.get(name) for name in _CONDITIONAL_WRITE_HEADERS):
+                return method(self, *args, **kwargs)
+            with lock:
+                return method(self, *args, **kwargs)
+
+        handle._serialised = True  # type: ignore[attr-defined]
+        return handle
+
+    S3Response._key_response_put = conditional(S3Response._key_response_put)  # type: ignore[method-assign]
+    S3Response._key_response_post = conditional(S3Response._key_response_post)  # type: ignore[method-assign]

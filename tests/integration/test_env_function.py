@@ -23,6 +23,8 @@ from assertions import assert_status
 from botocore.exceptions import ClientError
 from clocks import FakeClock
 from iam import Iam, Physical
+from moto.s3.models import S3Backend
+from moto.s3.responses import S3Response
 from moto_account import MotoAccount
 from pydantic import ValidationError
 
@@ -1074,6 +1076,11 @@ class PauseRecordingClock(SystemClock):
         super().sleep(seconds)
 
 
+CLAIMS_MEET_S = 2.0
+"""Seconds the first claim's condition check waits for the second claim's to reach it too (S3 makes
+the second one wait for the first claim's write instead; without that, it arrives in milliseconds)."""
+
+
 def test_two_deliveries_at_the_same_time_run_the_code_once(
     aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1084,6 +1091,34 @@ def test_two_deliveries_at_the_same_time_run_the_code_once(
     answers: list[EnvPointer] = []
     errors: list[BaseException] = []
     start = threading.Barrier(2)
+    # And S3 deciding both claims at once: a claim that finds no marker in PutObject's condition
+    # check waits there (up to CLAIMS_MEET_S) for the other claim's check to find none either
+    claim = f"{SCOPE.key}/{CLAIM_KEY}"
+    checks = threading.Barrier(2, timeout=CLAIMS_MEET_S)
+    checking = threading.local()
+    put_object, looked_up = S3Response.put_object, S3Backend.get_object
+    met: list[bool] = []
+
+    def conditional_put(response: Any) -> Any:
+        checking.claim = response.headers.get("If-None-Match") == "*"
+        try:
+            return put_object(response)
+        finally:
+            checking.claim = False
+
+    def get_object(backend: Any, bucket_name: str, key_name: str, *args: Any, **kwargs: Any) -> Any:
+        found = looked_up(backend, bucket_name, key_name, *args, **kwargs)
+        if getattr(checking, "claim", False) and key_name == claim:
+            checking.claim = False  # the condition's own lookup only, not the write's
+            try:
+                checks.wait()
+                met.append(True)
+            except threading.BrokenBarrierError:
+                met.append(False)
+        return found
+
+    monkeypatch.setattr(S3Response, "put_object", conditional_put)
+    monkeypatch.setattr(S3Backend, "get_object", get_object)
 
     def environment(number: int) -> None:
         workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / f"env{number}" / "working-copies")
@@ -1109,6 +1144,9 @@ def test_two_deliveries_at_the_same_time_run_the_code_once(
     assert clock.sleeps
     # And the claim marker is gone once the result exists
     assert CLAIM_KEY not in scope_objects(aws)
+    # And S3 checks and writes a conditional write in one step: the second claim was checked only
+    # after the first one had been decided, and found its marker
+    assert met == [False, False], "both claims were checked before either was written"
 
 
 def test_a_delivery_that_finds_the_run_claimed_waits_for_the_result_and_runs_nothing(

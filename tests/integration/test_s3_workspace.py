@@ -137,12 +137,14 @@ def test_each_write_is_one_put_of_one_object_version(
 
 
 def test_list_files_pages_through_more_than_one_thousand_keys(
-    s3: Any, workspace: S3Workspace, scope: ConversationScope
+    s3: Any, moto: MotoAccount, workspace: S3Workspace, scope: ConversationScope
 ) -> None:
-    # Given 1,005 files in one folder (ListObjectsV2 returns at most 1,000 keys a page)
+    # Given 1,005 files in one folder (ListObjectsV2 returns at most 1,000 keys a page), put straight
+    # into moto's bucket: the listing below is what goes through the API
     names = [f"work/f{index:04d}.txt" for index in range(1005)]
-    for name in names:
-        s3.put_object(Bucket=BUCKET, Key=f"conversations/c1/{name}", Body=b"x")
+    moto.seed_objects(BUCKET, {f"conversations/c1/{name}": b"x" for name in names})
+    pages = s3.list_objects_v2(Bucket=BUCKET, Prefix="conversations/c1/work/")
+    assert pages["KeyCount"] == 1000 and pages["IsTruncated"], "the folder must not fit one page"
 
     # When the folder is listed
     # Then every file comes back, in order

@@ -584,13 +584,23 @@ def asl_json(definition: str) -> str:
     return json.dumps(yaml.safe_load(definition))
 
 
+WAIT_FIRST_S = 0.05
+"""Seconds before ``wait_for`` looks again; each pause is twice the last, up to ``WAIT_MOST_S``."""
+WAIT_MOST_S = 0.8
+"""The longest pause between two looks of ``wait_for`` (s): a look is a moto round trip (~5 ms of CPU
+each, a third of all the calls of a turn when every look came 0.1 s after the last), and a turn takes
+seconds, so a growing pause costs a turn's wait at most this much more."""
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float, stack: Stack | None = None) -> None:
     deadline = time.monotonic() + timeout_s
+    pause = WAIT_FIRST_S
     while not condition():
         if time.monotonic() > deadline:
             detail = "\n".join(stack.errors()[-3:]) if stack is not None else ""
             raise AssertionError(f"timed out waiting for {what}\n{detail}")
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(pause * 2, WAIT_MOST_S)
 
 
 @pytest.fixture
