@@ -10,7 +10,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,16 @@ from alphaagent.sandbox.supervisor import Sandbox
 FAST = RunLimits(timeout_s=5)
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    with Sandbox() as box:
-        yield box
+@pytest.fixture
+def sandbox(builtin_sandbox: Sandbox) -> Sandbox:
+    """The default sandbox, the worker's warm one (tests/conftest.py)."""
+    return builtin_sandbox
 
 
-@pytest.fixture(scope="module")
-def process_sandbox() -> Iterator[Sandbox]:
-    with Sandbox(SandboxConfig(isolation="process")) as box:
-        yield box
+@pytest.fixture
+def process_sandbox(builtin_process_sandbox: Sandbox) -> Sandbox:
+    """The default sandbox at the process level, the worker's warm one."""
+    return builtin_process_sandbox
 
 
 @pytest.fixture(params=["default", "process"])
@@ -373,7 +372,9 @@ def test_child_environment_is_rebuilt_from_an_allowlist(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret-value-0123456789")
     monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")
     monkeypatch.setenv("MY_APP_SETTING", "not-for-user-code")
-    with Sandbox() as box:
+    # (a zygote started now, with them in its exec environment; the variables a run gets do not
+    # depend on the preload)
+    with Sandbox(light()) as box:
         code = "import os, json\nprint(json.dumps(dict(os.environ)))"
         result = box.run(code, cwd=tmp_path)
         leaked = box.run("print(open('/proc/self/environ','rb').read())", cwd=tmp_path)

@@ -3,7 +3,8 @@ charts, credentials, symlinks) run end to end through a real ``Sandbox``: a warm
 the supervisor's capture and file-change report. Each test asserts what the coder would notice in the
 run result (DESIGN §4.3, §4.4, §5).
 
-Sandboxes are module-scoped (starting one costs about a second); every test gets a fresh scope root.
+Sandboxes are module-scoped (starting one costs about a second), the builtin ones shared by the
+worker's modules (tests/conftest.py); every test gets a fresh scope root.
 Exclusive mode (the env Lambda's) runs only in a supervisor subprocess inside its own user and pid
 namespaces: after each run it kills every other process of its uid, which on a shared host would
 reach processes that have nothing to do with the test.
@@ -61,13 +62,13 @@ def started(config: SandboxConfig) -> Iterator[Sandbox]:
         sandbox.close()
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    """The local default: builtin preloads, namespaces where the kernel allows them."""
-    with started(SandboxConfig()) as box:
-        if box.isolation != "namespaces":
-            pytest.skip(f"namespaces unavailable here: {box.info.get('isolation_detail')}")
-        yield box
+@pytest.fixture
+def sandbox(builtin_sandbox: Sandbox) -> Sandbox:
+    """The local default: builtin preloads, namespaces where the kernel allows them (the worker's
+    warm one, tests/conftest.py)."""
+    if builtin_sandbox.isolation != "namespaces":
+        pytest.skip(f"namespaces unavailable here: {builtin_sandbox.info.get('isolation_detail')}")
+    return builtin_sandbox
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +81,10 @@ def light_sandbox() -> Iterator[Sandbox]:
         yield box
 
 
-@pytest.fixture(scope="module")
-def process_sandbox() -> Iterator[Sandbox]:
-    """The Lambda level of isolation (no namespaces), non-exclusive."""
-    with started(SandboxConfig(isolation="process")) as box:
-        yield box
+@pytest.fixture
+def process_sandbox(builtin_process_sandbox: Sandbox) -> Sandbox:
+    """The Lambda level of isolation (no namespaces), non-exclusive (the worker's warm one)."""
+    return builtin_process_sandbox
 
 
 @pytest.fixture(params=["namespaces", "process"])
