@@ -7,7 +7,7 @@ same with either, so it uses ``light()``. The tests about the preload itself kee
 code that imports the scientific stack (charts, DataFrames, a numpy memory hog), the clone path with
 pyarrow's jemalloc thread, the warm-up, the demo, the coder's turns. Those that need only a warm
 builtin zygote, not a fresh one, share one per worker and isolation level (``builtin_sandbox``,
-``builtin_process_sandbox``: session fixtures, registered by ``tests/conftest.py``).
+``builtin_process_sandbox``: session fixtures of ``tests/conftest.py``).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,12 @@ def sandbox(builtin_sandbox: Sandbox) -> Sandbox:
     return builtin_sandbox
 
 
-@pytest.fixture
-def process_sandbox(builtin_process_sandbox: Sandbox) -> Sandbox:
-    """The default sandbox at the process level, the worker's warm one."""
-    return builtin_process_sandbox
+@pytest.fixture(scope="module")
+def process_sandbox() -> Iterator[Sandbox]:
+    """The process level (the Lambda's), nothing preloaded: what these tests assert of results,
+    limits and cleanup there does not depend on the preload (tests/sandboxes.py)."""
+    with Sandbox(light(isolation="process")) as box:
+        yield box
 
 
 @pytest.fixture(params=["default", "process"])

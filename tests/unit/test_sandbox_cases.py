@@ -81,10 +81,12 @@ def light_sandbox() -> Iterator[Sandbox]:
         yield box
 
 
-@pytest.fixture
-def process_sandbox(builtin_process_sandbox: Sandbox) -> Sandbox:
-    """The Lambda level of isolation (no namespaces), non-exclusive (the worker's warm one)."""
-    return builtin_process_sandbox
+@pytest.fixture(scope="module")
+def process_sandbox() -> Iterator[Sandbox]:
+    """The Lambda level of isolation (no namespaces), non-exclusive, nothing preloaded: the cases
+    run there (output, limits, daemons, leakage between runs) do not depend on the preload."""
+    with started(light(isolation="process")) as box:
+        yield box
 
 
 @pytest.fixture(params=["namespaces", "process"])
@@ -1373,8 +1375,15 @@ def test_art_01_asking_for_a_gui_backend_fails_fast_with_a_traceback(
     assert result.duration_ms < 5000
 
 
+@pytest.fixture(params=["namespaces", "process"])
+def builtin_at_any_level(request: pytest.FixtureRequest) -> Sandbox:
+    """The builtin preload at both isolation levels, for charts (matplotlib and pandas imported in
+    the run would cost it seconds on a loaded machine)."""
+    return request.getfixturevalue("sandbox" if request.param == "namespaces" else "builtin_process_sandbox")
+
+
 def test_art_01_code_that_picks_no_backend_renders_headless_and_show_is_a_no_op(
-    any_sandbox: Sandbox, scope: Path
+    builtin_at_any_level: Sandbox, scope: Path
 ) -> None:
     # Given plotting code that picks no backend, shows (blocking, too), pauses and saves into charts/
     code = """
@@ -1393,7 +1402,7 @@ def test_art_01_code_that_picks_no_backend_renders_headless_and_show_is_a_no_op(
         print("saved")
     """
     # When it runs
-    result = run(any_sandbox, code, scope, timeout_s=10)
+    result = run(builtin_at_any_level, code, scope, timeout_s=10)
 
     # Then it just works: Agg is the backend, show() returns, both charts exist and are reported
     assert (result.status, result.stdout) == ("ok", "Agg agg\nsaved\n"), result.error
