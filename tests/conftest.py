@@ -68,6 +68,32 @@ def warm_cli() -> Iterator[Callable[..., Any]]:
     close_helper()
 
 
+# -- the builtin sandbox ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def builtin_sandbox() -> Iterator[Any]:
+    """The default ``Sandbox`` (``SandboxConfig()``: the builtin preload and warm-up, namespaces where
+    the kernel allows them), one per worker: a start costs ~2 CPU-s, and no run changes the zygote it
+    is forked from (``Sandbox.run`` starts another if one was killed). For tests that need the real
+    preload but not a zygote of their own (tests/sandboxes.py)."""
+    from alphaagent.sandbox.config import SandboxConfig
+    from alphaagent.sandbox.supervisor import Sandbox
+
+    with Sandbox(SandboxConfig()) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(scope="session")
+def builtin_process_sandbox() -> Iterator[Any]:
+    """``builtin_sandbox`` at the Lambda's level of isolation (``isolation="process"``)."""
+    from alphaagent.sandbox.config import SandboxConfig
+    from alphaagent.sandbox.supervisor import Sandbox
+
+    with Sandbox(SandboxConfig(isolation="process")) as sandbox:
+        yield sandbox
+
+
 # -- the clock ---------------------------------------------------------------------------------------
 
 

@@ -5,7 +5,9 @@ costs ~2 CPU-s to start and ~70 CPU-ms per run; with no preload ~0.2 CPU-s and ~
 (``bench/zygote_start.py``). A test about capture, limits, isolation or the file report asserts the
 same with either, so it uses ``light()``. The tests about the preload itself keep the builtin one:
 code that imports the scientific stack (charts, DataFrames, a numpy memory hog), the clone path with
-pyarrow's jemalloc thread, the warm-up, the demo, the coder's turns.
+pyarrow's jemalloc thread, the warm-up, the demo, the coder's turns. Those that need only a warm
+builtin zygote, not a fresh one, share one per worker and isolation level (``builtin_sandbox``,
+``builtin_process_sandbox``: session fixtures of ``tests/conftest.py``).
 """
 
 from __future__ import annotations

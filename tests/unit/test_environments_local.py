@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sandboxes import light_agent
 
 from alphaagent.api import AlphaAgent
 from alphaagent.cli import main
@@ -77,8 +79,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def agent(home: Path, bare_python: str) -> Iterator[AlphaAgent]:
-    """The local backend with `bare` registered beside builtin."""
-    with AlphaAgent(home) as shared:
+    """The local backend with `bare` registered beside builtin; builtin's zygote preloads nothing
+    (tests/sandboxes.py: which interpreter runs a step, and its libraries, do not depend on it)."""
+    with light_agent(home) as shared:
         shared.add_environment("bare", bare_python, description="the standard library only")
         yield shared
 
@@ -364,6 +367,15 @@ def test_builtin_cannot_be_removed_and_an_unknown_one_is_not_found(
     assert not home.exists()
 
 
+@pytest.fixture(scope="module")
+def home_with_taken(tmp_path_factory: pytest.TempPathFactory, bare_python: str) -> Path:
+    """A data directory where `taken` (bare's interpreter) was added through the command line, once
+    for the module: each case below starts from a copy (an add probes the interpreter twice)."""
+    home = tmp_path_factory.mktemp("taken") / "home"
+    assert main(["--home", str(home), "env", "add", "taken", "--python", bare_python]) == 0
+    return home
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -391,13 +403,14 @@ def test_each_bad_env_add_gets_its_one_line_error_and_registers_nothing(
     case: str,
     expected: str,
     tmp_path: Path,
+    home_with_taken: Path,
     bare_python: str,
     old_python: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given a data directory with one environment, `taken`
     home = tmp_path / "home"
-    assert _cli(home, "env", "add", "taken", "--python", bare_python, capsys=capsys)[0] == 0
+    shutil.copytree(home_with_taken, home)
     missing = str(tmp_path / "no" / "python3")
     args = {
         "missing-interpreter": ["fresh", "--python", missing],

@@ -25,15 +25,17 @@ from alphaagent.sandbox.supervisor import Sandbox
 FAST = RunLimits(timeout_s=5)
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    with Sandbox() as box:
-        yield box
+@pytest.fixture
+def sandbox(builtin_sandbox: Sandbox) -> Sandbox:
+    """The default sandbox, the worker's warm one (tests/conftest.py)."""
+    return builtin_sandbox
 
 
 @pytest.fixture(scope="module")
 def process_sandbox() -> Iterator[Sandbox]:
-    with Sandbox(SandboxConfig(isolation="process")) as box:
+    """The process level (the Lambda's), nothing preloaded: what these tests assert of results,
+    limits and cleanup there does not depend on the preload (tests/sandboxes.py)."""
+    with Sandbox(light(isolation="process")) as box:
         yield box
 
 
@@ -373,7 +375,9 @@ def test_child_environment_is_rebuilt_from_an_allowlist(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret-value-0123456789")
     monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001")
     monkeypatch.setenv("MY_APP_SETTING", "not-for-user-code")
-    with Sandbox() as box:
+    # (a zygote started now, with them in its exec environment; the variables a run gets do not
+    # depend on the preload)
+    with Sandbox(light()) as box:
         code = "import os, json\nprint(json.dumps(dict(os.environ)))"
         result = box.run(code, cwd=tmp_path)
         leaked = box.run("print(open('/proc/self/environ','rb').read())", cwd=tmp_path)

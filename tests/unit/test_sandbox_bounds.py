@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import selectors
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -35,63 +37,145 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 SUPERVISOR = """
-import json, os, pwd, shutil, socket, sys, tempfile
+import json, os, pwd, shutil, socket, sys, tempfile, traceback
 from pathlib import Path
 from alphaagent.models.run import RunLimits
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 import alphaagent.sandbox.capture, alphaagent.sandbox.pathsafe, alphaagent.sandbox.diskbudget  # noqa
 
-spec = json.loads(sys.stdin.read())
-if spec["user"]:
-    user = pwd.getpwnam(spec["user"])
+if sys.argv[1:]:
+    user = pwd.getpwnam(sys.argv[1])
     os.setgroups([])
     os.setgid(user.pw_gid)
     os.setuid(user.pw_uid)
     os.environ["HOME"] = user.pw_dir
-parent = Path(tempfile.mkdtemp(prefix="alphaagent-bounds-", dir="/tmp"))
-os.chmod(parent, 0o755)
-scope = parent / "scope"
-scope.mkdir()
-listeners, sockets, reachable = [], {}, {}
-for index, label in enumerate(spec["listen"]):
-    where = {"$HOME": os.environ["HOME"], "$PARENT": str(parent)}.get(label, label)
-    path = os.path.join(where, f"alphaagent-bounds-{os.getpid()}-{index}.sock")
+
+
+def serve(spec):
+    parent = Path(tempfile.mkdtemp(prefix="alphaagent-bounds-", dir="/tmp"))
+    os.chmod(parent, 0o755)
+    scope = parent / "scope"
+    scope.mkdir()
+    listeners, sockets, reachable = [], {}, {}
+    results = []
     try:
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(path)
-    except OSError:
-        continue  # not writable by this uid: no socket of its own there to reach
-    os.chmod(path, 0o777)
-    server.listen(8)
-    listeners.append((server, path))
-    sockets[label] = path
-if spec["listen"]:
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    name = f"\\0alphaagent-bounds-{os.getpid()}"
-    server.bind(name)
-    server.listen(8)
-    listeners.append((server, None))
-    sockets["abstract"] = name
-for where, path in sockets.items():
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        reachable[where] = probe.connect_ex(path) == 0
-results = []
-try:
-    config = {"python": sys.executable, "preload": [], "warmup": "", "pool_size": 1, **spec["config"]}
-    with Sandbox(SandboxConfig(**config)) as box:
-        for run in spec["runs"]:
-            code = f"SOCKETS = {sockets!r}\\n" + run["code"]
-            result = box.run(code, cwd=scope, limits=RunLimits(**run["limits"]), network=run["network"])
-            results.append(result.model_dump(mode="json"))
-finally:
-    for server, path in listeners:
-        server.close()
-        if path:
-            os.unlink(path)
-    shutil.rmtree(parent, ignore_errors=True)
-print(json.dumps({"uid": os.getuid(), "sockets": sockets, "host_reachable": reachable, "results": results}))
+        for index, label in enumerate(spec["listen"]):
+            where = {"$HOME": os.environ["HOME"], "$PARENT": str(parent)}.get(label, label)
+            path = os.path.join(where, f"alphaagent-bounds-{os.getpid()}-{spec['serial']}-{index}.sock")
+            try:
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.bind(path)
+            except OSError:
+                continue  # not writable by this uid: no socket of its own there to reach
+            os.chmod(path, 0o777)
+            server.listen(8)
+            listeners.append((server, path))
+            sockets[label] = path
+        if spec["listen"]:
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            name = f"\\0alphaagent-bounds-{os.getpid()}-{spec['serial']}"
+            server.bind(name)
+            server.listen(8)
+            listeners.append((server, None))
+            sockets["abstract"] = name
+        for where, path in sockets.items():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                reachable[where] = probe.connect_ex(path) == 0
+        config = {"python": sys.executable, "preload": [], "warmup": "", "pool_size": 1, **spec["config"]}
+        with Sandbox(SandboxConfig(**config)) as box:
+            for run in spec["runs"]:
+                code = f"SOCKETS = {sockets!r}\\n" + run["code"]
+                result = box.run(code, cwd=scope, limits=RunLimits(**run["limits"]), network=run["network"])
+                results.append(result.model_dump(mode="json"))
+    finally:
+        for server, path in listeners:
+            server.close()
+            if path:
+                os.unlink(path)
+        shutil.rmtree(parent, ignore_errors=True)
+    return {"uid": os.getuid(), "sockets": sockets, "host_reachable": reachable, "results": results}
+
+
+for line in sys.stdin:
+    try:
+        answer = serve(json.loads(line))
+    except BaseException:
+        answer = {"failed": traceback.format_exc()}
+    sys.stdout.write(json.dumps(answer) + "\\n")
+    sys.stdout.flush()
 """
+"""A supervisor serving one spec (a sandbox configuration, host sockets, runs) per line of stdin and
+answering each with one line; every spec gets a Sandbox (a zygote) of its own, started and closed for
+it, so only the interpreter and its imports are shared: one supervisor per user for the module
+(``_SUPERVISORS``), not one per test."""
+
+
+class _Supervisor:
+    """The supervisor process of one user (None: the suite's own), started on first use."""
+
+    def __init__(self, user: str | None) -> None:
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        self.serial = 0
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SUPERVISOR, *([user] if user else [])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            cwd=REPO_ROOT,
+            env={
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "PYTHONPATH": str(REPO_ROOT),
+                "HOME": "/root" if os.geteuid() == 0 else os.environ.get("HOME", "/"),
+            },
+        )
+
+    def ask(self, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """The supervisor's answer to ``spec``; raises ``AssertionError`` (with its stderr) when it
+        died or did not answer within ``timeout_s``."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.serial += 1
+        self.process.stdin.write(json.dumps({**spec, "serial": self.serial}).encode() + b"\n")
+        self.process.stdin.flush()
+        answer, deadline = b"", time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            while not answer.endswith(b"\n"):
+                if not selector.select(max(0.0, deadline - time.monotonic())):
+                    self.close()
+                    raise AssertionError(f"the supervisor did not answer in {timeout_s} s: {self.log()}")
+                chunk = os.read(self.process.stdout.fileno(), 1 << 20)
+                if not chunk:
+                    self.close()
+                    raise AssertionError(f"the supervisor exited: {self.log()}")
+                answer += chunk
+        return dict(json.loads(answer))
+
+    def log(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-3000:]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.stderr.close()
+
+
+_SUPERVISORS: dict[str | None, _Supervisor] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_supervisors() -> Iterator[None]:
+    yield
+    while _SUPERVISORS:
+        _SUPERVISORS.popitem()[1].close()
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +222,6 @@ def supervise(
         # stdlib-only, so the system interpreter serves for the runs.
         python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     spec = {
-        "user": user,
         "config": {"isolation": level, "python": python, **(config or {})},
         "listen": list(listen),
         "runs": [
@@ -151,24 +234,13 @@ def supervise(
             for run in runs
         ],
     }
-    completed = subprocess.run(
-        [sys.executable, "-c", SUPERVISOR],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO_ROOT,
-        env={
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "PYTHONPATH": str(REPO_ROOT),
-            "HOME": "/root" if os.geteuid() == 0 else os.environ.get("HOME", "/"),
-        },
-    )
-    if completed.returncode != 0 and "namespaces unavailable" in completed.stderr:
-        pytest.skip(f"the kernel refuses namespaces to this user: {completed.stderr.strip()[-300:]}")
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    report = json.loads(completed.stdout)
+    supervisor = _SUPERVISORS.get(user)
+    if supervisor is None or supervisor.process.poll() is not None:
+        supervisor = _SUPERVISORS[user] = _Supervisor(user)
+    report = supervisor.ask(spec, timeout_s=180)
+    if "failed" in report and "namespaces unavailable" in report["failed"]:
+        pytest.skip(f"the kernel refuses namespaces to this user: {report['failed'].strip()[-300:]}")
+    assert "failed" not in report, report["failed"][-3000:]
     report["results"] = [RunResult.model_validate(r) for r in report["results"]]
     return report
 

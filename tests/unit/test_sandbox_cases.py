@@ -3,7 +3,8 @@ charts, credentials, symlinks) run end to end through a real ``Sandbox``: a warm
 the supervisor's capture and file-change report. Each test asserts what the coder would notice in the
 run result (DESIGN §4.3, §4.4, §5).
 
-Sandboxes are module-scoped (starting one costs about a second); every test gets a fresh scope root.
+Sandboxes are module-scoped (starting one costs about a second), the builtin ones shared by the
+worker's modules (tests/conftest.py); every test gets a fresh scope root.
 Exclusive mode (the env Lambda's) runs only in a supervisor subprocess inside its own user and pid
 namespaces: after each run it kills every other process of its uid, which on a shared host would
 reach processes that have nothing to do with the test.
@@ -61,13 +62,13 @@ def started(config: SandboxConfig) -> Iterator[Sandbox]:
         sandbox.close()
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    """The local default: builtin preloads, namespaces where the kernel allows them."""
-    with started(SandboxConfig()) as box:
-        if box.isolation != "namespaces":
-            pytest.skip(f"namespaces unavailable here: {box.info.get('isolation_detail')}")
-        yield box
+@pytest.fixture
+def sandbox(builtin_sandbox: Sandbox) -> Sandbox:
+    """The local default: builtin preloads, namespaces where the kernel allows them (the worker's
+    warm one, tests/conftest.py)."""
+    if builtin_sandbox.isolation != "namespaces":
+        pytest.skip(f"namespaces unavailable here: {builtin_sandbox.info.get('isolation_detail')}")
+    return builtin_sandbox
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +83,9 @@ def light_sandbox() -> Iterator[Sandbox]:
 
 @pytest.fixture(scope="module")
 def process_sandbox() -> Iterator[Sandbox]:
-    """The Lambda level of isolation (no namespaces), non-exclusive."""
-    with started(SandboxConfig(isolation="process")) as box:
+    """The Lambda level of isolation (no namespaces), non-exclusive, nothing preloaded: the cases
+    run there (output, limits, daemons, leakage between runs) do not depend on the preload."""
+    with started(light(isolation="process")) as box:
         yield box
 
 
@@ -1373,8 +1375,15 @@ def test_art_01_asking_for_a_gui_backend_fails_fast_with_a_traceback(
     assert result.duration_ms < 5000
 
 
+@pytest.fixture(params=["namespaces", "process"])
+def builtin_at_any_level(request: pytest.FixtureRequest) -> Sandbox:
+    """The builtin preload at both isolation levels, for charts (matplotlib and pandas imported in
+    the run would cost it seconds on a loaded machine)."""
+    return request.getfixturevalue("sandbox" if request.param == "namespaces" else "builtin_process_sandbox")
+
+
 def test_art_01_code_that_picks_no_backend_renders_headless_and_show_is_a_no_op(
-    any_sandbox: Sandbox, scope: Path
+    builtin_at_any_level: Sandbox, scope: Path
 ) -> None:
     # Given plotting code that picks no backend, shows (blocking, too), pauses and saves into charts/
     code = """
@@ -1393,7 +1402,7 @@ def test_art_01_code_that_picks_no_backend_renders_headless_and_show_is_a_no_op(
         print("saved")
     """
     # When it runs
-    result = run(any_sandbox, code, scope, timeout_s=10)
+    result = run(builtin_at_any_level, code, scope, timeout_s=10)
 
     # Then it just works: Agg is the backend, show() returns, both charts exist and are reported
     assert (result.status, result.stdout) == ("ok", "Agg agg\nsaved\n"), result.error

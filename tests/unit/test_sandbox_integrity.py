@@ -19,6 +19,7 @@ import json
 import os
 import py_compile
 import secrets
+import select
 import shutil
 import subprocess
 import sys
@@ -311,14 +312,15 @@ from alphaagent.errors import SandboxError
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 
-spec = json.loads(sys.stdin.read())
-report = {"supervisor_pid": os.getpid(), "ancestor_pid": os.getppid()}
-try:
-    with Sandbox(SandboxConfig(**spec["config"])) as sandbox:
-        report["result"] = sandbox.run(spec["code"], cwd=Path(spec["cwd"])).model_dump(mode="json")
-except SandboxError as exc:
-    report["refused"] = str(exc)
-print(json.dumps(report))
+for line in sys.stdin:  # one spec a line (one alone for a single run), one report a line
+    spec = json.loads(line)
+    report = {"supervisor_pid": os.getpid(), "ancestor_pid": os.getppid()}
+    try:
+        with Sandbox(SandboxConfig(**spec["config"])) as sandbox:
+            report["result"] = sandbox.run(spec["code"], cwd=Path(spec["cwd"])).model_dump(mode="json")
+    except SandboxError as exc:
+        report["refused"] = str(exc)
+    print(json.dumps(report), flush=True)
 """
 
 # An unprivileged uid and a private /proc (see the module docstring).
@@ -345,29 +347,69 @@ print(json.dumps(report))
 """
 
 
+class _BehindAnAncestor:
+    """A supervisor whose parent process holds fake AWS credentials, serving one spec a line (each
+    gets a Sandbox, a zygote, of its own): one pair of processes per kind of uid for the module."""
+
+    def __init__(self, unprivileged: bool) -> None:
+        self.fake = {
+            "AWS_ACCESS_KEY_ID": f"ASIA{secrets.token_hex(8).upper()}",
+            "AWS_SECRET_ACCESS_KEY": f"fakeSecret{secrets.token_hex(16)}",
+            "AWS_SESSION_TOKEN": f"FakeSessionToken{secrets.token_hex(24)}",
+        }
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", **self.fake}
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        self.process = subprocess.Popen(
+            [*(UNPRIVILEGED if unprivileged else []), sys.executable, "-c", ANCESTOR, *SUPERVISING],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+
+    def ask(self, spec: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(spec) + "\n")
+        self.process.stdin.flush()
+        # One line a spec: nothing is buffered past it, so the descriptor says when the next is there.
+        ready, _, _ = select.select([self.process.stdout], [], [], 120)
+        if not ready:
+            self.process.kill()
+            raise AssertionError("the supervisor did not answer in 120 s")
+        line = self.process.stdout.readline()
+        assert line, f"the supervisor exited with {self.process.wait()}"
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+SUPERVISING = [sys.executable, "-c", SUPERVISOR]
+_ANCESTORS: dict[bool, _BehindAnAncestor] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_ancestors() -> Iterator[None]:
+    yield
+    while _ANCESTORS:
+        _ANCESTORS.popitem()[1].close()
+
+
 def run_behind_an_ancestor(config: dict[str, Any], scope: Path, *, unprivileged: bool) -> dict[str, Any]:
     """Run one probe in a supervisor whose parent process holds fake AWS credentials."""
-    fake = {
-        "AWS_ACCESS_KEY_ID": f"ASIA{secrets.token_hex(8).upper()}",
-        "AWS_SECRET_ACCESS_KEY": f"fakeSecret{secrets.token_hex(16)}",
-        "AWS_SESSION_TOKEN": f"FakeSessionToken{secrets.token_hex(24)}",
-    }
-    spec = {"config": config, "code": environ_probe(list(fake.values())), "cwd": str(scope)}
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(scope), **fake}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    prefix = UNPRIVILEGED if unprivileged else []
-    completed = subprocess.run(
-        [*prefix, sys.executable, "-c", ANCESTOR, sys.executable, "-c", SUPERVISOR],
-        input=json.dumps(spec),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    out: dict[str, Any] = json.loads(completed.stdout)
-    out["fake"] = fake
+    server = _ANCESTORS.get(unprivileged)
+    if server is None or server.process.poll() is not None:
+        server = _ANCESTORS[unprivileged] = _BehindAnAncestor(unprivileged)
+    out = server.ask({"config": config, "code": environ_probe(list(server.fake.values())), "cwd": str(scope)})
+    out["fake"] = server.fake
     return out
 
 

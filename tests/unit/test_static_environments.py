@@ -241,12 +241,21 @@ def _tool(name: str) -> Path:
     return tool
 
 
-LINT_ENV = {**os.environ, "SAM_CLI_TELEMETRY": "0", "AWS_DEFAULT_REGION": "us-east-1"}
+LINT_ENV = {
+    **os.environ,
+    "SAM_CLI_TELEMETRY": "0",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+}
 
 
 @pytest.mark.slow
 def test_the_environment_template_lints_clean() -> None:
-    # As `make lint` runs them: cfn-lint with the serverless rules, then SAM's own validation.
+    # As `make lint` runs them: cfn-lint with the serverless rules. `make lint` then runs `sam validate
+    # --lint`, which is cfnlint's default rules (cfnlint.api.lint) over the same text in the same region
+    # (AWS_REGION / AWS_DEFAULT_REGION) with the same cfnlint of the tools virtualenv: a subset of this
+    # pass, which runs the default rules and appends the serverless ones. A second process would load
+    # SAM CLI and every rule again (~5 CPU-s and half a minute under load) to find nothing new.
     linted = subprocess.run(
         [str(_tool("cfn-lint")), "--append-rules", "cfn_lint_serverless.rules", "--", str(ENV_TEMPLATE)],
         capture_output=True,
@@ -256,15 +265,6 @@ def test_the_environment_template_lints_clean() -> None:
         check=False,
     )
     assert linted.returncode == 0, linted.stdout + linted.stderr
-    validated = subprocess.run(
-        [str(_tool("sam")), "validate", "--lint", "--template", str(ENV_TEMPLATE)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=LINT_ENV,
-        check=False,
-    )
-    assert validated.returncode == 0, validated.stdout + validated.stderr
 
 
 def _make(*args: str) -> subprocess.CompletedProcess[str]:
