@@ -1,7 +1,9 @@
 """What decoding parquet in the bounded child costs (alphaagent/domain/decoding.py), side by side in
-one run: a 50-row page of a small parquet decoded in this process (what ``read_table`` did before)
-against the same page from the child (what it does now), and a csv page at an offset past the end
-skipped line by line (before) against block by block (now).
+one run: a 50-row page of a small parquet decoded in this process (what ``read_table`` did before
+the child), from a child forked by the decoding server (what it does now) and from a new
+interpreter of its own (what each decode did before the server, and does where no server can
+start); and a csv page at an offset past the end skipped line by line (before) against block by
+block (now). The server's start (its imports, paid once per backend process) is measured apart.
 
 Usage, from the repository root::
 
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine import machine
 
+from alphaagent.domain import decode_server, decoding
 from alphaagent.domain.decoding import decode_in_child
 
 
@@ -59,6 +62,20 @@ def main() -> None:
             with parquet.open("rb") as reader:
                 return decode_in_child("parquet_page", reader, {"offset": 0, "limit": 50, "max_columns": 50})
 
+        def in_spawned_child() -> object:
+            def no_server(*_args: object) -> decode_server.ForkServer:
+                raise decode_server.ServerUnavailableError(0, "measuring the spawned child")
+
+            forked, decoding.shared_server = decoding.shared_server, no_server  # type: ignore[assignment]
+            try:
+                return in_child()
+            finally:
+                decoding.shared_server = forked
+
+        started = time.perf_counter()
+        decode_server.shared_server(decoding._PACKAGE_ROOT, decoding._CHILD_ENV)
+        server_start_s = time.perf_counter() - started
+
         csv = Path(folder) / "long.csv"
         csv.write_bytes(b"n\n" + b"".join(b"%d\n" % n for n in range(2_000_000)))
 
@@ -77,12 +94,17 @@ def main() -> None:
 
         figures = {
             "parquet_page_in_process_s": _median(in_process, args.repeat),
-            "parquet_page_in_child_s": _median(in_child, args.repeat),
+            "parquet_page_in_forked_child_s": _median(in_child, args.repeat),
+            "parquet_page_in_spawned_child_s": _median(in_spawned_child, args.repeat),
+            "decoding_server_start_s": server_start_s,
             "csv_skip_2M_rows_by_line_s": _median(lines, args.repeat),
             "csv_skip_2M_rows_by_block_s": _median(blocks, args.repeat),
         }
-    figures["child_over_in_process"] = round(
-        figures["parquet_page_in_child_s"] / figures["parquet_page_in_process_s"], 1
+    figures["forked_child_over_in_process"] = round(
+        figures["parquet_page_in_forked_child_s"] / figures["parquet_page_in_process_s"], 1
+    )
+    figures["spawned_over_forked_child"] = round(
+        figures["parquet_page_in_spawned_child_s"] / figures["parquet_page_in_forked_child_s"], 1
     )
     figures["line_over_block"] = round(
         figures["csv_skip_2M_rows_by_line_s"] / figures["csv_skip_2M_rows_by_block_s"], 1

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 import alphaagent
+from alphaagent.domain.decode_server import ServerUnavailableError, shared_server
 from alphaagent.errors import DecodeRefusedError
 
 CHILD_MEMORY_BYTES: Final = 2 * 2**30
@@ -72,9 +73,11 @@ _TURNS: Final = threading.BoundedSemaphore(MAX_CHILDREN)
 MAX_CELL_CHARS: Final = 200
 """A cell of a page is clipped to this many characters in the child, before it is serialised."""
 
+# A spawned child ends with os._exit: no interpreter shutdown after the answer (see
+# decode_server._child for why).
 _BOOT: Final = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from alphaagent.domain.decoding import _main;"
-    " raise SystemExit(_main(sys.argv[2:]))"
+    "import os, sys; sys.path.insert(0, sys.argv[1]); from alphaagent.domain.decoding import _main;"
+    " os._exit(_main(sys.argv[2:]))"
 )
 # The parent's own package root, so the child runs this code and not whatever else is installed.
 _PACKAGE_ROOT: Final = str(Path(alphaagent.__file__).resolve().parent.parent)
@@ -100,6 +103,15 @@ def decode_in_child(
         _TURNS.release()
 
 
+_CHILD_ENV: Final = {
+    "PATH": os.defpath,
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
+"""The whole environment of the decoding children (the backend's holds credentials and the model key)."""
+
+
 def _decode(
     job: str, source: BinaryIO | bytes, args: dict[str, Any], spool_bytes: int | None
 ) -> dict[str, Any]:
@@ -109,36 +121,61 @@ def _decode(
         _descriptor(source, spool_bytes) as fd,
     ):
         os.lseek(fd, 0, os.SEEK_SET)
+        timeout_s = CHILD_TIMEOUT_S
         try:
-            done = subprocess.run(
-                [sys.executable, "-I", "-c", _BOOT, _PACKAGE_ROOT, job, str(fd), json.dumps(args)],
-                pass_fds=(fd,),
-                env={
-                    "PATH": os.defpath,
-                    "LANG": "C.UTF-8",
-                    "OPENBLAS_NUM_THREADS": "1",
-                    "OMP_NUM_THREADS": "1",
-                },
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=answer,
-                stderr=errors,
-                timeout=CHILD_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise DecodeRefusedError(f"decoding took more than {CHILD_TIMEOUT_S:g} s") from None
+            code, timed_out = _run_forked(job, args, fd, answer.fileno(), errors.fileno(), timeout_s)
+        except ServerUnavailableError:
+            for output in (answer, errors):  # what a child of a server that died wrote is not the answer
+                output.seek(0)
+                output.truncate()
+            os.lseek(fd, 0, os.SEEK_SET)
+            code, timed_out = _run_spawned(job, args, fd, answer, errors, timeout_s)
         except OSError as exc:
             raise DecodeRefusedError(f"the decoding process could not start: {exc}"[:500]) from None
-        if done.returncode != 0:
+        if timed_out:
+            raise DecodeRefusedError(f"decoding took more than {timeout_s:g} s")
+        if code != 0:
             errors.seek(max(os.fstat(errors.fileno()).st_size - 4096, 0))
-            raise DecodeRefusedError(_failure(done.returncode, errors.read().decode("utf-8", "replace")))
+            raise DecodeRefusedError(_failure(code, errors.read().decode("utf-8", "replace")))
         answer.seek(0)
         try:
             result: dict[str, Any] = json.loads(answer.read(CHILD_ANSWER_BYTES))
         except ValueError:
             raise DecodeRefusedError("decoding failed: unreadable answer") from None
     return result
+
+
+def _run_forked(
+    job: str, args: dict[str, Any], fd: int, answer_fd: int, errors_fd: int, timeout_s: float
+) -> tuple[int, bool]:
+    """The job in a fresh child forked from this process's decoding server (started on first use,
+    ``alphaagent.domain.decode_server``): its exit code and whether it ran out of wall time."""
+    server = shared_server(_PACKAGE_ROOT, _CHILD_ENV)
+    return server.run(job, args, fd, answer_fd, errors_fd, timeout_s)
+
+
+def _run_spawned(
+    job: str, args: dict[str, Any], fd: int, answer: BinaryIO, errors: BinaryIO, timeout_s: float
+) -> tuple[int, bool]:
+    """The job in a new interpreter of its own (when no decoding server can run here): its exit
+    code and whether it ran out of wall time."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _BOOT, _PACKAGE_ROOT, job, str(fd), json.dumps(args)],
+            pass_fds=(fd,),
+            env=_CHILD_ENV,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=answer,
+            stderr=errors,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return -signal.SIGKILL, True
+    except OSError as exc:
+        raise DecodeRefusedError(f"the decoding process could not start: {exc}"[:500]) from None
+    return done.returncode, False
 
 
 def _failure(code: int, stderr: str) -> str:
@@ -183,8 +220,15 @@ def _descriptor(source: BinaryIO | bytes, limit: int | None) -> Iterator[int]:
 
 
 def _main(argv: list[str]) -> int:
-    """Child side: run job ``argv[0]`` on the file open at descriptor ``argv[1]`` with the JSON
-    arguments ``argv[2]``; print the JSON answer. The limits come first, before any import."""
+    """Child side of a spawned decode: job ``argv[0]`` on the file open at descriptor ``argv[1]``
+    with the JSON arguments ``argv[2]``."""
+    return run_job(argv[0], int(argv[1]), json.loads(argv[2]))
+
+
+def run_job(job: str, fd: int, args: dict[str, Any]) -> int:
+    """In a decoding child: set the limits, run ``job`` on the file open at descriptor ``fd``, write
+    the JSON answer on descriptor 1; the exit code (0). The limits come first, before any import a
+    spawned child makes (a forked one has the server's imports already)."""
     for limit, value in (
         (resource.RLIMIT_AS, CHILD_MEMORY_BYTES),
         (resource.RLIMIT_CPU, CHILD_CPU_S),
@@ -192,10 +236,12 @@ def _main(argv: list[str]) -> int:
         (resource.RLIMIT_CORE, 0),
     ):
         resource.setrlimit(limit, (value, value))
-    job, args = argv[0], json.loads(argv[2])
-    with os.fdopen(int(argv[1]), "rb") as reader:
+    with os.fdopen(fd, "rb") as reader:
         answer = _JOBS[job](reader, args)
-    sys.stdout.write(json.dumps(answer, default=str))
+    data = json.dumps(answer, default=str).encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
     return 0
 
 

@@ -22,8 +22,8 @@ Rules, in the order a user would ask about them:
   at the end, so a failure leaves no half-written zip (and an older ``out`` untouched).
 * **Streaming and ZIP64.** Contents are copied in 1 MiB blocks (constant memory); ZIP64 records are
   written when the archive passes 4 GiB or 65,535 entries. Entries are in sorted path order; the two
-  manifests come last. Already-compressed formats (``.png``, ``.parquet``, ``.zip``, ...) are stored,
-  everything else deflated.
+  manifests come last. Already-compressed formats (``.png``, ``.parquet``, ``.zip``, ...) and files
+  of at most ``STORED_MAX_BYTES`` are stored, everything else deflated.
 
 Example::
 
@@ -86,6 +86,12 @@ _STORED_SUFFIXES: Final = frozenset(
     {".png", ".jpg", ".jpeg", ".gif", ".webp", ".zip", ".gz", ".tgz", ".bz2", ".xz", ".zst", ".7z"}
     | {".parquet", ".feather", ".arrow", ".npz", ".mp3", ".mp4", ".woff2"}
 )
+
+STORED_MAX_BYTES: Final = 64
+"""Files of at most this many bytes are stored, not deflated: deflate cannot save more than a few of
+their bytes (an entry's own headers are 76 bytes plus twice its name), and each deflated entry
+starts a compressor of its own (``bench/export.py``, 10,000 files of 12 bytes: 2.46 s of CPU
+stored against 2.91 s deflated, an archive 2% larger; load 16-19 on 2 shared cores)."""
 
 
 class IncludedFile(NamedTuple):
@@ -294,7 +300,7 @@ def _copy_file(
             return OmittedFile(info.path, size, REASON_TOO_LARGE)
         entry_info = _entry_info(name, info.modified_at)
         entry_info.file_size = size  # lets zipfile choose ZIP64 headers up front if the entry needs them
-        if os.path.splitext(name)[1].lower() in _STORED_SUFFIXES:
+        if size <= STORED_MAX_BYTES or os.path.splitext(name)[1].lower() in _STORED_SUFFIXES:
             entry_info.compress_type = zipfile.ZIP_STORED
         remaining = size
         with archive.open(entry_info, "w") as entry:

@@ -19,7 +19,7 @@ import pytest
 from alphaagent.domain import tools
 from alphaagent.domain.decoding import CHILD_MEMORY_BYTES
 from alphaagent.domain.profiling import profile_dataset
-from alphaagent.errors import ToolError
+from alphaagent.errors import DecodeRefusedError, ToolError
 from alphaagent.local.workspace import LocalWorkspace
 from alphaagent.models.common import ConversationScope
 from coder import seeing
@@ -282,3 +282,95 @@ def test_decoding_children_are_bounded_in_number(ctx: Any, monkeypatch: pytest.M
     turns.release()
     monkeypatch.setattr(decoding, "CHILD_TIMEOUT_S", 30.0)
     assert "| 1 |" in seeing.read_table(ctx, "datasets/one.parquet", 0, 5)
+
+
+def _small_parquet() -> bytes:
+    out = io.BytesIO()
+    pd.DataFrame({"n": [7, 8]}).to_parquet(out)
+    return out.getvalue()
+
+
+PAGE_ARGS = {"offset": 0, "limit": 5, "max_columns": 5}
+
+
+def test_each_decode_is_a_fresh_child_of_one_server_with_an_environment_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from alphaagent.domain import decode_server, decoding
+
+    # Given a secret in the backend's environment
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "backend-secret")
+    data = _small_parquet()
+    # When two pages are decoded
+    first = decoding.decode_in_child("parquet_page", data, PAGE_ARGS)
+    server = decode_server.shared_server(decoding._PACKAGE_ROOT, decoding._CHILD_ENV)
+    second = decoding.decode_in_child("parquet_page", data, PAGE_ARGS)
+    # Then both come from the same server (no interpreter start per decode), each from its own child
+    assert first["rows"] == second["rows"] == [[7], [8]]
+    assert decode_server.shared_server(decoding._PACKAGE_ROOT, decoding._CHILD_ENV) is server
+    children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text()
+    assert children.split() == []  # every decode's child is gone once it answered
+    # And the server (so each child it forks) holds none of the backend's environment
+    environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().split(b"\0")
+    assert b"AWS_SECRET_ACCESS_KEY=backend-secret" not in environ
+    assert sorted(e.split(b"=")[0].decode() for e in environ if e) == sorted(decoding._CHILD_ENV)
+
+
+def test_a_decode_out_of_time_is_killed_and_the_next_decode_is_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from alphaagent.domain import decoding
+
+    # Given a wall budget no decode can meet
+    monkeypatch.setattr(decoding, "CHILD_TIMEOUT_S", 0.001)
+    # When a page is decoded, Then it is refused saying so
+    with pytest.raises(DecodeRefusedError, match=r"decoding took more than 0\.001 s"):
+        decoding.decode_in_child("parquet_page", _small_parquet(), PAGE_ARGS)
+    # And with the budget back, the next page is decoded by the same server
+    monkeypatch.setattr(decoding, "CHILD_TIMEOUT_S", 30.0)
+    assert decoding.decode_in_child("parquet_page", _small_parquet(), PAGE_ARGS)["rows"] == [[7], [8]]
+
+
+def test_a_dead_server_is_replaced_and_without_one_a_decode_starts_its_own_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from alphaagent.domain import decode_server, decoding
+
+    # Given the server killed (by the OOM killer, say)
+    server = decode_server.shared_server(decoding._PACKAGE_ROOT, decoding._CHILD_ENV)
+    server.process.kill()
+    server.process.wait(timeout=10)
+    # When a page is decoded, Then a new server answers it
+    assert decoding.decode_in_child("parquet_page", _small_parquet(), PAGE_ARGS)["rows"] == [[7], [8]]
+    replacement = decode_server.shared_server(decoding._PACKAGE_ROOT, decoding._CHILD_ENV)
+    assert replacement.process.pid != server.process.pid and replacement.alive
+
+    # And where no server can start, the decode runs in an interpreter of its own (with the same
+    # limits: ``run_job`` sets them in both)
+    def no_server(*_args: object) -> decode_server.ForkServer:
+        raise decode_server.ServerUnavailableError(0, "no server here")
+
+    monkeypatch.setattr(decode_server.ForkServer, "start", no_server)
+    monkeypatch.setattr(decode_server, "_server", None)
+    assert decoding.decode_in_child("parquet_page", _small_parquet(), PAGE_ARGS)["rows"] == [[7], [8]]
+
+
+def test_a_decode_that_answered_is_not_refused_for_how_its_interpreter_would_have_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from alphaagent.domain import decode_server, decoding
+
+    # Given decoding children whose interpreter aborts at shutdown (seen under load: pyarrow's thread
+    # pool torn down while its threads still ran; the abort came after a complete answer, which was
+    # then refused as "needed more than 2 GiB of memory", and the viewer's table came back empty)
+    monkeypatch.setattr(decode_server, "PRELOAD", (*decode_server.PRELOAD, "tests.abort_at_exit"))
+    monkeypatch.setattr(decode_server, "_server", None)
+    try:
+        # When a page is decoded, Then it is answered: a child ends once its answer is written
+        page = decoding.decode_in_child("parquet_page", _small_parquet(), PAGE_ARGS)
+        server = decode_server._server
+        assert server is not None and server.preload_errors == []  # the abort was armed
+        assert page["rows"] == [[7], [8]]
+    finally:
+        if decode_server._server is not None:
+            decode_server._server.close()  # not one for the tests after this one

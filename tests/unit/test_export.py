@@ -408,6 +408,30 @@ def test_an_archive_of_more_than_65535_entries_is_valid_zip64(out: Path) -> None
         assert archive.read("work/f65599.txt") == b"x"
 
 
+def test_small_files_and_compressed_formats_are_stored_and_the_rest_deflated(
+    workspace: LocalWorkspace, scope: ConversationScope, out: Path
+) -> None:
+    # Given a file of 64 bytes, one of 65, and a larger picture (already compressed)
+    files = {
+        "work/small.csv": b"a," * 32,
+        "work/larger.csv": b"a," * 32 + b"b",
+        "charts/p.png": b"\x89PNG" + b"p" * 4000,
+    }
+    for path, data in files.items():
+        workspace.write_bytes(scope, path, data)
+    # When the scope is exported
+    export_scope(workspace, scope, out)
+    # Then the small file and the picture are stored, the larger text is deflated, all byte for byte
+    with zipfile.ZipFile(out) as archive:
+        kinds = {path: archive.getinfo(path).compress_type for path in files}
+        assert all(archive.read(path) == data for path, data in files.items())
+    assert kinds == {
+        "work/small.csv": zipfile.ZIP_STORED,
+        "work/larger.csv": zipfile.ZIP_DEFLATED,
+        "charts/p.png": zipfile.ZIP_STORED,
+    }
+
+
 def test_an_empty_scope_exports_just_the_manifests(
     workspace: LocalWorkspace, scope: ConversationScope, out: Path
 ) -> None:

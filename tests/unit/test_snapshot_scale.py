@@ -3,15 +3,15 @@ deleted file reported at any scale, nothing else's writes passed off as a run's,
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trees import make_empty_files, tmpfs_dir
 
 from alphaagent.models.run import RunResult
 from alphaagent.sandbox.config import SandboxConfig
@@ -33,13 +33,9 @@ def _write(path: Path, data: bytes = b"x") -> None:
 
 def _make(root: Path, files: int) -> list[str]:
     paths = []
-    for index in range(files):
-        directory = f"datasets/d{index // PER_DIR:04d}"
-        if index % PER_DIR == 0:
-            (root / directory).mkdir(parents=True)
-        path = f"{directory}/f{index:06d}.csv"
-        os.mknod(root / path, 0o644 | stat.S_IFREG)  # one system call: 120,000 files in about a second
-        paths.append(path)
+    for start in range(0, files, PER_DIR):
+        names = (f"f{index:06d}.csv" for index in range(start, min(start + PER_DIR, files)))
+        paths += make_empty_files(root, f"datasets/d{start // PER_DIR:04d}", names)
     return paths
 
 
@@ -47,14 +43,42 @@ def _make(root: Path, files: int) -> list[str]:
 def big_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory on tmpfs when /dev/shm is writable: creating 120,000 files there takes ~1 s, on
     this machine's ext4 under load ~50 s. The walk does the same system calls on both."""
-    if not os.access("/dev/shm", os.W_OK):
-        yield tmp_path
-        return
-    path = Path(tempfile.mkdtemp(prefix="alphaagent-scale-", dir="/dev/shm"))
-    try:
+    with tmpfs_dir(tmp_path) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def scope_of_120000(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[str]]]:
+    """One scope of ``FILES`` empty files, built once for the module (~1 s of system calls); a test
+    that changes it puts it back (``pristine_120000``)."""
+    with tmpfs_dir(tmp_path_factory.mktemp("scale")) as root:
+        yield root, _make(root, FILES)
+
+
+def _the_runs_changes(paths: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What the run of the 120,000-file test does, spread over the tree and past the 100,000th
+    entry: the files it creates, rewrites with one byte, rewrites longer, and deletes."""
+    created = [f"datasets/d{d:04d}/new.csv" for d in range(0, FILES // PER_DIR, 7)] + ["reports/r.md"]
+    return created, [*paths[5::9973], paths[-1]], [paths[-2]], [*paths[11::10007], paths[-3]]
+
+
+@pytest.fixture
+def pristine_120000(scope_of_120000: tuple[Path, list[str]]) -> Iterator[tuple[Path, list[str]]]:
+    """The module's 120,000-file scope as ``_make`` left it, and put back so after the test."""
+    root, paths = scope_of_120000
+    yield root, paths
+    created, same_size, longer, deleted = _the_runs_changes(paths)
+    for path in created:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(root / path)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(root / "reports")
+    for path in [*same_size, *longer]:
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(root / path, 0)
+    for path in deleted:
+        with contextlib.suppress(FileExistsError):
+            os.mknod(root / path, 0o644 | stat.S_IFREG)
 
 
 def _changed(result: RunResult) -> list[str]:
@@ -67,14 +91,16 @@ def _past_racy() -> None:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("trust_events", [False, True], ids=["walk", "events"])
-def test_every_change_in_a_120000_file_scope_is_reported(big_dir: Path, trust_events: bool) -> None:
-    tmp_path = big_dir
+def test_every_change_in_a_120000_file_scope_is_reported(
+    pristine_120000: tuple[Path, list[str]], trust_events: bool
+) -> None:
+    tmp_path, paths = pristine_120000
     # Given a scope of 120,000 files (more than the old 100,000-entry cap), its state kept (found
     # by the walk, as at the process level, or from inotify's events, as at the namespaces level)
-    paths = _make(tmp_path, FILES)
     states = TreeStates()
     state = states.checkout(tmp_path, exclude=["work/runs"])
     state.prepare()
+    assert len(state.entries) == FILES + FILES // PER_DIR + 1  # the files, their folders, datasets/
     _past_racy()
     state.update(report=False, trust_events=trust_events)
     state.prepare()
@@ -82,16 +108,15 @@ def test_every_change_in_a_120000_file_scope_is_reported(big_dir: Path, trust_ev
 
     # When a run creates, modifies (same size, and another size) and deletes files spread over the
     # tree, among them the entries past the 100,000th
-    created = [f"datasets/d{d:04d}/new.csv" for d in range(0, FILES // PER_DIR, 7)] + ["reports/r.md"]
+    created, modified, longer, deleted = _the_runs_changes(paths)
     (tmp_path / "reports").mkdir()
     for path in created:
         _write(tmp_path / path, b"new")
-    modified = [*paths[5::9973], paths[-1]]
     for path in modified:
         _write(tmp_path / path, b"y")  # same size: only the timestamps say so
-    _write(tmp_path / paths[-2], b"longer")
-    modified.append(paths[-2])
-    deleted = [*paths[11::10007], paths[-3]]
+    for path in longer:
+        _write(tmp_path / path, b"longer")
+    modified += longer
     for path in deleted:
         os.unlink(tmp_path / path)
     changes = state.update(

@@ -33,6 +33,7 @@ from assertions import assert_status
 from cli_runner import run_cli
 
 from alphaagent.api import AlphaAgent
+from alphaagent.domain.artifacts import MAX_XLSX_UNPACKED_BYTES
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext, register_artifact, run_in_env
 from alphaagent.errors import ArtifactError, InvalidSpecError, NotFoundError, ScopeBusyError
@@ -441,8 +442,9 @@ def test_a_100_kb_output_is_stored_truncated_with_the_full_output_in_a_spill_fil
 # ----------------------------------------------------------------------------- artifacts (item 9)
 
 
-def _xlsx_bytes() -> bytes:
-    """A minimal workbook (region, revenue; two rows), built with the standard library only."""
+def _xlsx_bytes(filler_rows: int = 0) -> bytes:
+    """A minimal workbook (region, revenue; two rows, then ``filler_rows`` identical rows of one
+    cell), built with the standard library only."""
     main = "http://schemas.openxmlformats.org"
     parts = {
         "[Content_Types].xml": (
@@ -475,11 +477,12 @@ def _xlsx_bytes() -> bytes:
             '<c r="B1" t="inlineStr"><is><t>revenue</t></is></c></row>'
             '<row r="2"><c r="A2" t="inlineStr"><is><t>north</t></is></c><c r="B2"><v>10</v></c></row>'
             '<row r="3"><c r="A3" t="inlineStr"><is><t>south</t></is></c><c r="B3"><v>20</v></c></row>'
-            "</sheetData></worksheet>"
+            + '<row><c t="inlineStr"><is><t>filler</t></is></c></row>' * filler_rows
+            + "</sheetData></worksheet>"
         ),
     }
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, text in parts.items():
             archive.writestr(name, '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>' + text)
     return buffer.getvalue()
@@ -715,10 +718,13 @@ def test_an_artifact_name_keeps_its_kind(agent: AlphaAgent) -> None:
 
 
 def test_an_xlsx_that_unpacks_to_megabytes_is_registered_without_parsing_it(agent: AlphaAgent) -> None:
-    # Given a small xlsx that unpacks to more than the profiling cap (a decompression bomb)
+    # Given a small xlsx that unpacks to more than the profiling cap (a decompression bomb: 200,000
+    # rows of one cell; built here, as pandas' to_excel took ~10 s of CPU to write as many)
+    bomb = _xlsx_bytes(filler_rows=200_000)
+    unpacked = sum(entry.file_size for entry in zipfile.ZipFile(io.BytesIO(bomb)).infolist())
+    assert len(bomb) < 256 * 2**10 and unpacked > MAX_XLSX_UNPACKED_BYTES
     code = (
-        "import pandas as pd\n"
-        "pd.DataFrame({'a': range(200_000)}).to_excel('datasets/bomb.xlsx', index=False)\n"
+        f"import base64\nopen('datasets/bomb.xlsx', 'wb').write(base64.b64decode({base64.b64encode(bomb)!r}))\n"
         "import os; print(os.path.getsize('datasets/bomb.xlsx'))\n"
     )
     output = [{"kind": "dataset", "name": "bomb", "path": "datasets/bomb.xlsx"}]

@@ -197,7 +197,7 @@ def test_parquet_and_xlsx_datasets_preview_as_tables() -> None:
     parquet = io.BytesIO()
     frame.to_parquet(parquet)
     page = dataset_page(parquet.getvalue(), ".parquet", page=2, page_rows=50)
-    assert page.columns == ["city", "n"] and page.total_rows == 75
+    assert page.columns == ["city", "n"] and page.total_rows == 75, page.note
     assert page.rows[0] == ["c50", "50"] and len(page.rows) == 25
     book = openpyxl.Workbook()
     sheet = book.active
@@ -207,9 +207,34 @@ def test_parquet_and_xlsx_datasets_preview_as_tables() -> None:
     xlsx = io.BytesIO()
     book.save(xlsx)
     page = dataset_page(xlsx.getvalue(), ".xlsx")
-    assert page.columns == ["city", "n"] and page.rows[2] == ["x2", "2"] and page.total_rows == 3
+    assert page.columns == ["city", "n"] and page.rows[2] == ["x2", "2"] and page.total_rows == 3, page.note
     broken = dataset_page(b"not a parquet file", ".parquet")
     assert broken.rows == [] and broken.note and broken.note.startswith("not previewed")
+
+
+def test_a_dataset_whose_decoding_runs_out_of_time_says_so_instead_of_an_empty_table(
+    alice: TestClient, home: LocalHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pandas as pd
+
+    from alphaagent.domain import decoding
+
+    # Given a parquet dataset, and a decoding budget no child can meet (as a loaded machine's was)
+    parquet = io.BytesIO()
+    pd.DataFrame({"city": ["north", "south"], "n": [1, 2]}).to_parquet(parquet)
+    turn = home.store.list_turns(ALICE, CONV.key)[0]
+    home.artifact(CONV, turn, "dataset", "cities", "datasets/cities.parquet", parquet.getvalue())
+    monkeypatch.setattr(decoding, "CHILD_TIMEOUT_S", 0.001)
+    # When its page is shown
+    shown = alice.get("/c/sales/artifacts/cities/1")
+    # Then the page says the decoding ran out of time, and shows no table (no empty one either)
+    assert shown.status_code == 200
+    assert "not previewed: decoding took more than 0.001 s" in shown.text
+    assert '<table class="dataset"' not in shown.text and "no rows on this page" not in shown.text
+    # And with the budget back, the same page is the table
+    monkeypatch.setattr(decoding, "CHILD_TIMEOUT_S", 30.0)
+    again = alice.get("/c/sales/artifacts/cities/1").text
+    assert "<td>north</td>" in again and "not previewed" not in again
 
 
 def test_the_run_history_shows_the_truncation_marker_and_links_the_full_spill(
