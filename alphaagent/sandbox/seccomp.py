@@ -30,9 +30,11 @@ Docker's default seccomp profile blocks the keyring calls too.
 without ``unix_sockets`` (the ``process`` level always; the ``namespaces`` level with the network
 off), with ``EACCES`` as a refused connect gives:
 
-- ``socket(AF_UNIX, ...)`` (pathname and abstract sockets alike), and ``socketpair(AF_UNIX,
-  SOCK_DGRAM)`` (a datagram socket can ``sendto`` any bound address); stream and seqpacket
-  ``socketpair`` stay (``multiprocessing`` pipes and pools, asyncio's self-pipe);
+- ``socket(AF_UNIX, ...)`` (pathname and abstract sockets alike), and ``socketpair(AF_UNIX, T)``
+  for every type ``T`` but ``SOCK_STREAM`` and ``SOCK_SEQPACKET`` (a datagram socket can
+  ``sendto`` any bound address, and the kernel makes a ``SOCK_RAW`` unix socket a datagram one);
+  stream and seqpacket ``socketpair`` stay (``multiprocessing`` pipes and pools, asyncio's
+  self-pipe);
 - ``io_uring_setup``: its requests (``IORING_OP_SOCKET``...) bypass seccomp;
 
 and at the ``process`` level only (with namespaces the run's pid namespace keeps these off the
@@ -232,7 +234,11 @@ def program(
         lines += ["socket", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, "eacces", "allow", socket.AF_UNIX)]
         lines += ["socketpair", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "allow", socket.AF_UNIX)]
         lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_AND_K, 0, 0, SOCK_TYPE_MASK)]
-        lines += [(BPF_JEQ_K, "eacces", "allow", socket.SOCK_DGRAM)]
+        # Only the two connected types pass: the kernel makes a SOCK_RAW (and any type it does not
+        # refuse) unix socket a datagram one, which can sendto any bound address (a red team sent a
+        # command to a same-uid datagram server with SOCK_RAW when only SOCK_DGRAM was refused).
+        lines += [(BPF_JEQ_K, "allow", 0, socket.SOCK_STREAM)]
+        lines += [(BPF_JEQ_K, "allow", "eacces", socket.SOCK_SEQPACKET)]
     lines += ["allow", (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
     lines += ["enosys", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)]
     lines += ["eacces", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EACCES)]

@@ -332,12 +332,13 @@ for where, path in SOCKETS.items():
             connected[where] = "connect"
         except OSError:
             pass
-    try:  # a datagram socketpair can sendto any bound address
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        a.sendto(b"x", path)
-        connected[where] = "sendto"
-    except OSError:
-        pass
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_RAW):  # a datagram pair (SOCK_RAW is made one)
+        try:  # can sendto any bound address
+            a, b = socket.socketpair(socket.AF_UNIX, kind)
+            a.sendto(b"x", path)
+            connected[where] = "sendto"
+        except OSError:
+            pass
 # What a program needs without network still works: stream socketpairs, a process pool.
 a, b = socket.socketpair()
 a.sendall(b"ping")

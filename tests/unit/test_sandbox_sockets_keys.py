@@ -77,12 +77,15 @@ for name, path in SOCKETS.items():
         answers[name] = "connected"
     except OSError as exc:
         answers[name] = errno.errorcode[exc.errno]
-try:  # a datagram socketpair can sendto any bound address
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    a.sendto(b"x", SOCKETS["file"])
-    answers["dgram sendto"] = "sent"
-except OSError as exc:
-    answers["dgram sendto"] = errno.errorcode[exc.errno]
+# a socketpair of any type but stream and seqpacket is a datagram socket (the kernel makes SOCK_RAW
+# one), which can sendto any bound address
+for kind in ("SOCK_DGRAM", "SOCK_RAW", "SOCK_RDM", "SOCK_PACKET"):
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, getattr(socket, kind, 10))
+        a.sendto(b"x", DGRAM)
+        answers[kind + " sendto"] = "sent"
+    except OSError as exc:
+        answers[kind + " sendto"] = errno.errorcode[exc.errno]
 print(json.dumps(answers))
 """
 
@@ -103,13 +106,26 @@ def test_a_process_level_run_reaches_no_unix_socket_of_its_uid(process_box: Sand
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             probe.connect(sockets["file"])
         # When a run at the process level connects to each, and sends to the file from a datagram pair
-        result = run(process_box, f"SOCKETS = {sockets!r}\n" + CONNECT, scope)
+        dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        servers.append(dgram)
+        dgram.bind(str(place / "dgram.sock"))
+        os.chmod(place / "dgram.sock", 0o777)
+        dgram.setblocking(False)
+        code = f"SOCKETS = {sockets!r}\nDGRAM = {str(place / 'dgram.sock')!r}\n" + CONNECT
+        result = run(process_box, code, scope)
+        try:
+            received: bytes | None = dgram.recv(16)
+        except BlockingIOError:
+            received = None
     finally:
         for server in servers:
             server.close()
-    # Then every attempt is refused as a refused connect is (EACCES), and the report says so
+    # Then every attempt is refused as a refused connect is (EACCES), nothing reached the datagram
+    # server, and the report says so
     assert_status(result, "ok")
-    assert json.loads(result.stdout) == {"file": "EACCES", "abstract": "EACCES", "dgram sendto": "EACCES"}
+    refused = {f"{kind} sendto": "EACCES" for kind in ("SOCK_DGRAM", "SOCK_RAW", "SOCK_RDM", "SOCK_PACKET")}
+    assert json.loads(result.stdout) == {"file": "EACCES", "abstract": "EACCES", **refused}
+    assert received is None
     assert (result.isolation.host_unix_sockets, result.isolation.process_calls) == ("blocked", "filtered")
 
 
