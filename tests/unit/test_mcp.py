@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from sandboxes import register_light
 
 pytest.importorskip("mcp")
 
@@ -254,8 +255,15 @@ def test_another_users_spec_or_scope_is_refused_exactly_like_a_missing_scope(
 ) -> None:
     # Given bob's conversation, with one turn in it
     monkeypatch.setenv("ALPHAAGENT_FILE_ROOTS", str(sources))
+    # (his outputs made without pandas, in an environment without the builtin preload: what alice
+    # is told, not the analysis, is the subject; a builtin zygote costs ~2 CPU-s)
+    light_steps = [
+        {"title": "table", "code": "open('datasets/mass-by-species.csv', 'w').write('species,mass_g\\n')"},
+        {"title": "chart", "code": "open('charts/mass.png', 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n')"},
+    ]
+    bobs = penguin_spec(sources, "bobs", environment_id=register_light(home), steps=light_steps)
     with connect(backend="local", user=BOB, home=home, coder=None) as bob:
-        assert_status(bob.run_analysis(penguin_spec(sources, "bobs")), "completed")
+        assert_status(bob.run_analysis(bobs), "completed")
 
     async def scenario() -> dict[str, CallToolResult]:
         async with mcp_session(home, sources, user=ALICE) as client:
