@@ -2,7 +2,8 @@
 imports only what the command needs (issue 16, the suite's CLI subprocesses), side by side in one run.
 
 Each command kind runs ``--runs`` times as a fresh ``python -m alphaagent.cli ...`` process, and the
-figures are the medians of the child's CPU seconds (user + system, ``RUSAGE_CHILDREN``) and wall
+figures are the medians of the child's CPU seconds (the two sides alternate run by run, so both
+see the same load) (user + system, ``RUSAGE_CHILDREN``) and wall
 seconds:
 
 - ``--version``;
@@ -75,18 +76,30 @@ def _once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float
     return cpu, wall, done.returncode
 
 
-def _measure(code_root: Path | None, kinds: dict[str, list[str]], runs: int, cwd: Path) -> dict[str, Any]:
+def _env_for(code_root: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
     if code_root is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(code_root), *filter(None, [env.get("PYTHONPATH")])])
-    figures: dict[str, Any] = {}
+    return env
+
+
+def _measure(
+    sides: dict[str, Path | None], kinds: dict[str, list[str]], runs: int, cwd: Path
+) -> dict[str, dict[str, Any]]:
+    """Each side's figures per kind, the sides alternating run by run (the same load for both)."""
+    envs = {side: _env_for(root) for side, root in sides.items()}
+    figures: dict[str, dict[str, Any]] = {side: {} for side in sides}
     for name, argv in kinds.items():
-        samples = [_once(argv, env, cwd) for _ in range(runs)]
-        figures[name] = {
-            "cpu_s": statistics.median(s[0] for s in samples),
-            "wall_s": statistics.median(s[1] for s in samples),
-            "exit": sorted({s[2] for s in samples}),
-        }
+        samples: dict[str, list[tuple[float, float, int]]] = {side: [] for side in sides}
+        for _ in range(runs):
+            for side in sides:
+                samples[side].append(_once(argv, envs[side], cwd))
+        for side, taken in samples.items():
+            figures[side][name] = {
+                "cpu_s": statistics.median(s[0] for s in taken),
+                "wall_s": statistics.median(s[1] for s in taken),
+                "exit": sorted({s[2] for s in taken}),
+            }
     return figures
 
 
@@ -107,10 +120,8 @@ def main() -> None:
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
         kinds = _kinds(folder)
-        # Interleaved per round would be fairer under load; one side after the other keeps each
-        # side's file cache warm, which is what a user's second command sees.
-        before = _measure(old, kinds, args.runs, folder)
-        after = _measure(None, kinds, args.runs, folder)
+        figures = _measure({"before": old, "after": None}, kinds, args.runs, folder)
+        before, after = figures["before"], figures["after"]
     print(f"alphaagent command start-up: median of {args.runs} fresh processes per kind")
     header = (
         f"{'command':22} {'before CPU s':>12} {'after CPU s':>12} {'before wall s':>14} {'after wall s':>13}"

@@ -44,3 +44,29 @@ def light_at(level: str, **fields: Any) -> Iterator[Sandbox]:
         if sandbox.isolation != level:
             pytest.skip(f"user namespaces unavailable: {sandbox.info.get('isolation_detail')}")
         yield sandbox
+
+
+LIGHT_ENVIRONMENT = "light"
+"""The environment ``register_light`` records: this interpreter, nothing preloaded."""
+
+
+def register_light(home: Path) -> str:
+    """Record environment ``light`` (this interpreter, no preload) in the data directory ``home``
+    and return its id, for the command-line tests whose subject is not the builtin preload: a
+    command (a fresh process) that runs code starts its environment's zygote, ~2 CPU-s for
+    builtin and ~0.2 CPU-s for this one. Written straight to the store, as ``env add`` would after
+    its checks (those have tests of their own in test_environments_local.py)."""
+    import sys
+
+    from alphaagent.environments import Environment, LocalStart
+    from alphaagent.local.store import SqliteStore
+
+    environment = Environment(
+        environment_id=LIGHT_ENVIRONMENT,
+        description="this interpreter, nothing preloaded (tests)",
+        start=LocalStart(python=sys.executable),
+    )
+    home.mkdir(parents=True, exist_ok=True)
+    with SqliteStore(home / "alphaagent.db") as store:
+        assert store.add_environment(environment)
+    return LIGHT_ENVIRONMENT

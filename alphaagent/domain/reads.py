@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Literal
 
 from alphaagent.domain.audit import ForeignKind, ProbeAudit, audit_foreign, audit_scope, discard_audit
-from alphaagent.domain.turns import scope_label
+from alphaagent.domain.labels import scope_label
 from alphaagent.errors import InvalidRequestError, NotFoundError, PathRuleError
 from alphaagent.models.common import ConversationScope, NodeScope, Scope, check_workspace_path, scope_from_key
 from alphaagent.models.records import ArtifactVersion, RunRecord, ScopeSummary, Session, Turn

@@ -27,6 +27,7 @@ from alphaagent.domain.inputs import (
     check_connector_inputs,
     resolve_inputs,
 )
+from alphaagent.domain.labels import scope_label as scope_label  # re-exported: named here before
 from alphaagent.domain.pinned import StepFailed, run_steps
 from alphaagent.domain.sessions import session_for_turn
 from alphaagent.domain.tools import (
@@ -42,7 +43,7 @@ from alphaagent.errors import (
     ToolError,
 )
 from alphaagent.ids import new_ulid
-from alphaagent.models.common import ConversationScope, NodeScope, Scope, utcnow
+from alphaagent.models.common import NodeScope, Scope, utcnow
 from alphaagent.models.events import Event, TurnCompleted, TurnFailed, TurnStarted
 from alphaagent.models.records import PreparedInput, Session, Turn, TurnResult
 from alphaagent.models.run import RunError
@@ -64,13 +65,6 @@ Progress = Callable[[str], None]
 TURN_CANCELLED: Final = "TurnCancelled"
 """The error name of a turn that an interrupt (Ctrl-C) ended: its run was killed with no result, so
 ``history`` says where it happened instead of showing nothing."""
-
-
-def scope_label(scope: Scope) -> str:
-    """How a scope is named in messages: built only from what the caller gave."""
-    if isinstance(scope, ConversationScope):
-        return f"conversation {scope.conversation_id}"
-    return f"workflow {scope.workflow_execution_id} node {scope.node_id}"
 
 
 def check_spec_against(backend: Backend, spec: Spec, coder: Coder | None) -> None:

@@ -9,11 +9,20 @@ from pathlib import Path
 import pytest
 from assertions import assert_status
 from cli_runner import run_cli
+from sandboxes import register_light
 
 
 def _exec(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
     done = run_cli(["exec", *args], cwd=cwd, input=stdin, timeout=120)
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+@pytest.fixture(scope="module")
+def light(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """``--env light --home DIR``: an environment that preloads nothing, for the tests whose
+    subject is exec's answer, not the builtin preload (each exec starts a zygote: ~0.2 CPU-s, not ~2)."""
+    home = tmp_path_factory.mktemp("light") / "home"
+    return ["--env", register_light(home), "--home", str(home)]
 
 
 def test_ok_run_prints_readably_and_exits_0(tmp_path: Path) -> None:
@@ -26,7 +35,9 @@ def test_ok_run_prints_readably_and_exits_0(tmp_path: Path) -> None:
     assert "created: out.txt" in done.stdout
 
 
-def test_names_the_code_created_cannot_drive_the_terminal_or_forge_lines(tmp_path: Path) -> None:
+def test_names_the_code_created_cannot_drive_the_terminal_or_forge_lines(
+    tmp_path: Path, light: list[str]
+) -> None:
     # Given code that creates files named with a title-setting escape, a forged status line and a
     # right-to-left override (PATH-01: names from code are untrusted text)
     (tmp_path / "job.py").write_text(
@@ -35,7 +46,7 @@ def test_names_the_code_created_cannot_drive_the_terminal_or_forge_lines(tmp_pat
         "open('rtl-\\u202egnp.exe', 'w').write('x')\n"
     )
     # When it runs
-    done = _exec("--workdir", str(tmp_path), "job.py", cwd=tmp_path)
+    done = _exec("--workdir", str(tmp_path), "job.py", *light, cwd=tmp_path)
     # Then the names are shown escaped: no escape byte, one status line, no override character
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout and "\u202e" not in done.stdout
@@ -45,8 +56,8 @@ def test_names_the_code_created_cannot_drive_the_terminal_or_forge_lines(tmp_pat
     assert "t\\x1b]0;pwned\\x07.txt" in done.stdout and "rtl-\\u202egnp.exe" in done.stdout
 
 
-def test_json_output_is_the_run_result(tmp_path: Path) -> None:
-    done = _exec("--json", "--workdir", str(tmp_path), "-", cwd=tmp_path, stdin=b"print('hi')\n1/0\n")
+def test_json_output_is_the_run_result(tmp_path: Path, light: list[str]) -> None:
+    done = _exec("--json", "--workdir", str(tmp_path), "-", *light, cwd=tmp_path, stdin=b"print('hi')\n1/0\n")
     assert done.returncode == 1
     result = json.loads(done.stdout)
     assert_status(result, "error")
@@ -63,8 +74,10 @@ def test_json_output_is_the_run_result(tmp_path: Path) -> None:
     } <= set(result)
 
 
-def test_timeout_exits_1_and_says_so(tmp_path: Path) -> None:
-    done = _exec("--timeout", "1", "--workdir", str(tmp_path), "-", cwd=tmp_path, stdin=b"while True: pass\n")
+def test_timeout_exits_1_and_says_so(tmp_path: Path, light: list[str]) -> None:
+    done = _exec(
+        "--timeout", "1", "--workdir", str(tmp_path), "-", *light, cwd=tmp_path, stdin=b"while True: pass\n"
+    )
     assert done.returncode == 1
     assert "[timeout]" in done.stdout and "wall-clock limit of 1 s exceeded" in done.stdout
 

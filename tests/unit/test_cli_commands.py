@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from assertions import assert_status
 from cli_runner import run_cli
+from sandboxes import light_agent, register_light
 
 from alphaagent.api import AlphaAgent, alphaagent_home
 from alphaagent.models.common import ConversationScope, printable_text
@@ -154,6 +155,7 @@ def test_a_spec_without_user_runs_as_alphaagent_user_and_history_finds_it(empty:
         "c-user",
         "print(open('docs/data.csv').read().splitlines()[1])",
         inputs=[{"kind": "connector", "connector": "file", "request": {"path": "data.csv"}}],
+        environment_id=register_light(home / ".local/share/alphaagent"),  # identity, not the preload
     )
     spec_file = _write(specs / "spec-without-user.json", spec)
     env = _env(HOME=str(home), ALPHAAGENT_USER="u", ALPHAAGENT_FILE_ROOTS=str(specs))
@@ -215,6 +217,8 @@ def _read_until(stream: Any, wanted: str, seen: list[str], limit: int = 400) -> 
     return False
 
 
+_CLI = [sys.executable, "-m", "alphaagent.cli"]
+
 _CLI_DUMPING = [sys.executable, "-X", "faulthandler", "-m", "alphaagent.cli"]
 """The CLI with faulthandler on: SIGABRT prints every thread's Python stack (``_rest`` on a hang)."""
 
@@ -266,7 +270,7 @@ def test_run_streams_each_run_output_as_it_is_produced(tmp_path: Path) -> None:
         "    time.sleep(0.05)\n"
         "print('gate seen' if os.path.exists('work/go') else 'gate never opened')\n"
     )
-    spec_file = _write(tmp_path / "spec.json", _spec("c-live", code))
+    spec_file = _write(tmp_path / "spec.json", _spec("c-live", code, environment_id=register_light(home)))
     process = subprocess.Popen(
         [sys.executable, "-m", "alphaagent.cli", "run", str(spec_file)],
         env=_env(ALPHAAGENT_HOME=str(home)),
@@ -307,8 +311,10 @@ def test_exec_streams_output_live_and_keeps_its_format(tmp_path: Path) -> None:
     )
     job = tmp_path / "job.py"
     job.write_text(code)
+    # an environment without the builtin preload: the streaming, not the preload, is the subject
+    light = ["--env", register_light(tmp_path / "data"), "--home", str(tmp_path / "data")]
     process = subprocess.Popen(
-        [sys.executable, "-m", "alphaagent.cli", "exec", "--workdir", str(tmp_path), str(job)],
+        [*_CLI, "exec", "--workdir", str(tmp_path), str(job), *light],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -369,7 +375,9 @@ def test_run_says_when_it_waits_for_a_busy_conversation(tmp_path: Path) -> None:
     home = tmp_path / "data"
     with AlphaAgent(home) as agent:
         assert agent.store.acquire_lock("conversations/c-busy", "other-turn", utcnow(), 600)
-    spec_file = _write(tmp_path / "spec.json", _spec("c-busy", "print('ran')"))
+    spec_file = _write(
+        tmp_path / "spec.json", _spec("c-busy", "print('ran')", environment_id=register_light(home))
+    )
     # When a turn is run there
     process = subprocess.Popen(
         [sys.executable, "-m", "alphaagent.cli", "run", str(spec_file)],
@@ -453,7 +461,7 @@ def test_a_dataset_input_has_one_stable_name_replaced_on_each_turn(tmp_path: Pat
     make = "open('datasets/sales.csv', 'w').write('n\\n' + '1\\n' * {n})"
     output = [{"kind": "dataset", "name": "sales", "path": "datasets/sales.csv"}]
     read = "print(len(open('docs/sales.csv').read().splitlines()) - 1)"
-    with AlphaAgent(tmp_path / "data") as agent:
+    with light_agent(tmp_path / "data") as agent:
         for n in (1, 2):
             spec = _spec(scope.conversation_id, make.format(n=n), user_id="me", outputs=output)
             assert_status(agent.run_analysis(spec), "completed")
@@ -495,7 +503,7 @@ def _registered_chart(tmp_path: Path) -> Path:
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
     code = f"open('charts/c.png', 'wb').write({png!r})\nopen('reports/r.md', 'w').write('# title\\n')"
     outputs = [{"kind": "chart", "name": "c", "path": "charts/c.png"}]
-    with AlphaAgent(home) as agent:
+    with light_agent(home) as agent:
         assert_status(agent.run_analysis(_spec("c-cat", code, user_id="local", outputs=outputs)), "completed")
     return home
 
@@ -708,7 +716,7 @@ def test_the_run_budget_still_binds_the_coder(tmp_path: Path) -> None:
     spec = _spec("c-budget", "x", user_id="me", constraints={"max_runs": 1})
     del spec["steps"]
     # When the turn runs
-    with AlphaAgent(tmp_path / "data", coder=coder) as agent:
+    with light_agent(tmp_path / "data", coder=coder) as agent:
         result = agent.run_analysis(spec)
     # Then the second run was refused, naming the budget, and only one ran
     assert_status(result, "completed")
@@ -722,7 +730,7 @@ def test_a_node_artifact_input_has_one_stable_name_too(tmp_path: Path) -> None:
 
     first = {"workflow_execution_id": "w-stable", "node_id": "n-1"}
     output = [{"kind": "dataset", "name": "table", "path": "datasets/table.csv"}]
-    with AlphaAgent(tmp_path / "data") as agent:
+    with light_agent(tmp_path / "data") as agent:
         made = agent.run_analysis(
             _spec("unused", "open('datasets/table.csv', 'w').write('a\\n1\\n')", user_id="me", outputs=output)
             | {"scope": first}
@@ -751,7 +759,8 @@ def test_a_spec_with_its_own_user_and_no_identity_given_runs_as_that_user_and_sa
     empty: tuple[Path, Path],
 ) -> None:
     home, cwd = empty
-    spec_file = _write(cwd / "spec.json", _spec("c-own", "print(1)", user_id="alice"))
+    light = register_light(home / ".local/share/alphaagent")  # the identity, not the preload, is the subject
+    spec_file = _write(cwd / "spec.json", _spec("c-own", "print(1)", user_id="alice", environment_id=light))
     done = _cli("run", str(spec_file), env=_env(HOME=str(home)), cwd=cwd)
     assert done.returncode == 0, done.stderr
     assert done.stderr.endswith(

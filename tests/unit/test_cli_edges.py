@@ -3,12 +3,15 @@ any moment (even while the CLI is still importing), and artifacts a failed turn 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
+import io
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from sandboxes import LIGHT_ENVIRONMENT, register_light
 
 from alphaagent import entry
 from alphaagent.cli import main
@@ -18,6 +21,15 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture(scope="module")
+def light(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """``--env light --home DIR``: a data directory (outside every test's own folder) with an
+    environment that preloads nothing, for the ``exec`` tests whose subject is the command's
+    answer, not the builtin preload (each ``exec`` starts a zygote: ~0.2 CPU-s, not ~2)."""
+    home = tmp_path_factory.mktemp("light") / "home"
+    return ["--env", register_light(home), "--home", str(home)]
 
 
 def test_an_error_under_json_is_also_a_json_object_on_stdout(
@@ -64,6 +76,7 @@ def test_artifacts_of_a_turn_that_failed_are_marked(
         "user_id": "local",
         "scope": {"conversation_id": "c-failed"},
         "goal": "register one output, then miss the second",
+        "environment_id": LIGHT_ENVIRONMENT,  # the marking, not the preload, is the subject
         "steps": [{"title": "write one", "code": "open('datasets/a.csv','w').write('x\\n1\\n')"}],
         "outputs": [
             {"kind": "dataset", "name": "a", "path": "datasets/a.csv"},
@@ -73,6 +86,7 @@ def test_artifacts_of_a_turn_that_failed_are_marked(
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
     home = str(tmp_path / "home")
+    register_light(Path(home))
     code, _, _ = _run(capsys, "run", str(spec_file), "--home", home)
     assert code == 1, "the turn fails on its missing second output"
 
@@ -130,13 +144,13 @@ def test_a_usage_error_under_json_is_json_too(capsys: pytest.CaptureFixture[str]
 
 
 def test_exec_without_a_workdir_runs_in_a_new_empty_folder_it_removes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], light: list[str]
 ) -> None:
     (tmp_path / "mine.txt").write_text("do not touch")
     monkeypatch.chdir(tmp_path)
     code_file = tmp_path / "job.py"
     code_file.write_text("import os; print(os.getcwd()); print(sorted(os.listdir())); open('x', 'w')")
-    assert main(["exec", str(code_file), "--json"]) == 0
+    assert main(["exec", str(code_file), "--json", *light]) == 0
     result = json.loads(capsys.readouterr().out)
     folder, listing = result["stdout"].splitlines()
     assert listing == "[]" and folder != str(tmp_path) and not Path(folder).exists()
@@ -274,25 +288,37 @@ def test_the_readme_lists_every_command_that_prints_no_json() -> None:
     assert all(f"`{name}`" in sentence for name in refused), sentence
 
 
-@pytest.mark.parametrize("where", ["before", "after"])
-def test_user_means_the_same_before_or_after_the_command_name(
-    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Given a conversation that only bob has
-    home = tmp_path / "home"
-    spec = tmp_path / "spec.json"
+@pytest.fixture(scope="module")
+def bobs_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data directory where only bob has a conversation (``sales``, one turn), which the tests
+    only read."""
+    root = tmp_path_factory.mktemp("bob")
+    home = root / "home"
+    spec = root / "spec.json"
     spec.write_text(
         json.dumps(
             {
                 "spec_version": 1,
                 "scope": {"conversation_id": "sales"},
                 "goal": "one step",
+                "environment_id": register_light(home),  # the identity, not the preload, is the subject
                 "steps": [{"title": "hi", "code": "print('hi')"}],
             }
         )
     )
-    code, _, err = _run(capsys, "run", str(spec), "--user", "bob", "--home", str(home))
-    assert code == 0, err
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["run", str(spec), "--user", "bob", "--home", str(home)])
+    assert code == 0, err.getvalue()
+    return home
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_user_means_the_same_before_or_after_the_command_name(
+    where: str, bobs_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a conversation that only bob has
+    home = bobs_home
     # When bob's turns are listed with --user before or after the command name
     words = ["turns", "--conversation", "sales", "--home", str(home), "--json"]
     argv = ["--user", "bob", *words] if where == "before" else [*words, "--user", "bob"]
@@ -311,12 +337,12 @@ def test_user_before_a_command_that_takes_none_is_named(capsys: pytest.CaptureFi
 
 
 def test_the_command_error_and_the_code_error_have_different_keys(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], light: list[str]
 ) -> None:
     # Given code that fails, and a command that fails
     code_file = tmp_path / "job.py"
     code_file.write_text("1/0\n")
-    code, out, _ = _run(capsys, "exec", str(code_file), "--json")
+    code, out, _ = _run(capsys, "exec", str(code_file), "--json", *light)
     run = json.loads(out)
     bad, out_bad, _ = _run(capsys, "exec", str(tmp_path / "missing.py"), "--json")
     # Then the code's error is "error" in the result, the command's is "cli_error" alone
@@ -325,23 +351,23 @@ def test_the_command_error_and_the_code_error_have_different_keys(
 
 
 def test_exec_names_no_spill_file_in_the_folder_it_removed_and_the_real_one_with_a_workdir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], light: list[str]
 ) -> None:
     # Given code that prints more than a result returns (1 MiB; spilled past 16 KiB)
     monkeypatch.chdir(tmp_path)
     code_file = tmp_path / "loud.py"
     code_file.write_text("print('x' * 1_200_000)\n")  # past the 1 MiB a result returns
     # When it runs in exec's own temporary folder, as JSON and as text
-    assert main(["exec", str(code_file), "--json"]) == 0
+    assert main(["exec", str(code_file), "--json", *light]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert main(["exec", str(code_file)]) == 0
+    assert main(["exec", str(code_file), *light]) == 0
     text = capsys.readouterr().out
     # Then no path points into the removed folder, and the text says the full output was not kept
     assert result["stdout_truncated"] and result["stdout_path"] is None
     assert "full output: not kept (the temporary folder is removed; give --workdir DIR to keep it)" in text
     # When it runs with --workdir; Then the path shown is one the user can open from here
     (tmp_path / "wd").mkdir()
-    assert main(["exec", str(code_file), "--workdir", "wd"]) == 0
+    assert main(["exec", str(code_file), "--workdir", "wd", *light]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("full output: ")]
     shown = line.removeprefix("full output: ").split()[0]
     assert shown.startswith("wd/work/runs/") and (tmp_path / shown).read_text().startswith("x" * 1000)

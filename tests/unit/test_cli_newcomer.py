@@ -10,13 +10,13 @@ import io
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_runner import run_cli
+from sandboxes import LIGHT_ENVIRONMENT, register_light
 
 from alphaagent.cli import build_parser, main
 
@@ -217,6 +217,7 @@ def _run_turn(home: Path, spec_file: Path, step: str) -> str:
                 "spec_version": 1,
                 "scope": {"conversation_id": "log"},
                 "goal": f"turn {step}",
+                "environment_id": LIGHT_ENVIRONMENT,  # the lists, not the preload, are the subject
                 "steps": [{"title": f"{step}-a", "code": f"print('{step}-a')"}]
                 + ([{"title": f"{step}-b", "code": f"print('{step}-b')"}] if step == "second" else []),
             }
@@ -236,6 +237,7 @@ def log_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
     path has a space; the tests only read it. Returns the directory and the turn ids, oldest first."""
     home = tmp_path_factory.mktemp("log") / "my data"
     spec_file = home.parent / "spec.json"
+    register_light(home)  # each `run` starts its environment's zygote: ~0.2 CPU-s, not builtin's ~2
     return home, [_run_turn(home, spec_file, step) for step in ("first", "second", "third")]
 
 
@@ -398,13 +400,7 @@ def test_help_run_as_a_module_shows_a_command_that_pastes(tmp_path: Path) -> Non
     # Given a shell whose PATH has neither alphaagent nor this interpreter
     env = {**os.environ, "PATH": str(tmp_path)}
     # When the help is asked for through python -m alphaagent.cli
-    done = subprocess.run(
-        [sys.executable, "-m", "alphaagent.cli", "help", "history"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli(["help", "history"], env=env, text=True, timeout=120)
     # Then its usage line and examples start with this interpreter, which runs them as they are
     assert done.returncode == 0, done.stderr
     program = f"{shlex.quote(sys.executable)} -m alphaagent.cli"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import command, run_cli
+from sandboxes import register_light
 
 
 def _fresh(args: list[str], **options: object) -> subprocess.CompletedProcess[bytes]:
@@ -22,13 +23,16 @@ def test_a_warm_call_answers_as_a_fresh_process(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
     env.update(ALPHAAGENT_HOME=str(tmp_path / "home"), ALPHAAGENT_USER="warm-user")
     (tmp_path / "job.py").write_text("import os, sys\nprint(os.getcwd())\nsys.exit(3)\n")
+    # The code runs in an environment without the builtin preload: the runner, not the zygote's
+    # imports, is what this compares (four zygotes of ~2 CPU-s each otherwise)
+    light = register_light(tmp_path / "home")
     calls: list[tuple[list[str], dict[str, object]]] = [
         (["--help"], {}),  # names the data directory: the environment was replaced
         (["--version"], {}),
         (["files", "--bogus"], {}),  # a usage error: exit 2
         (["files", "--conversation", "c1"], {}),  # not found: exit 1
-        (["exec", "job.py", "--workdir", "."], {}),  # relative to cwd; the code's exit 3
-        (["exec", "-"], {"input": b"print(input())\n"}),
+        (["exec", "job.py", "--workdir", ".", "--env", light], {}),  # relative to cwd; the code's exit 3
+        (["exec", "-", "--env", light], {"input": b"print(input())\n"}),
         (["--json", "files", "--conversation", "bad id!"], {"stdin": subprocess.DEVNULL}),
     ]
     for args, options in calls:

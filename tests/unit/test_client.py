@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from sandboxes import LIGHT_ENVIRONMENT, register_light
 
 from alphaagent.aws.client import client_settings
 from alphaagent.client import connect, parse_scope, resolve_user
@@ -30,10 +31,11 @@ def spec(conversation: str, **fields: Any) -> dict[str, Any]:
 
 
 def test_a_spec_without_user_id_runs_as_the_clients_user_and_can_be_waited_for(tmp_path: Path) -> None:
+    light = {"environment_id": register_light(tmp_path)}  # the client, not the preload, is the subject
     with connect(backend="local", user="ann", home=tmp_path, coder=None) as client:
         # When one spec is submitted without waiting and another run to its end
-        submitted = client.run_analysis(spec("c-later"), wait=False)
-        now = client.run_analysis(spec("c-now"))
+        submitted = client.run_analysis(spec("c-later", **light), wait=False)
+        now = client.run_analysis(spec("c-now", **light))
         later = client.result(submitted.turn_id)
 
         # Then both ran as ann, and their records say so
@@ -59,8 +61,9 @@ def test_a_bad_spec_is_refused_before_anything_runs_even_without_waiting(tmp_pat
 
 
 def test_another_users_spec_or_scope_is_a_missing_scope(tmp_path: Path) -> None:
+    register_light(tmp_path)  # the answers to ann, not the preload, are the subject
     with connect(backend="local", user="bob", home=tmp_path, coder=None) as bob:
-        assert_status(bob.run_analysis(spec("bobs")), "completed")
+        assert_status(bob.run_analysis(spec("bobs", environment_id=LIGHT_ENVIRONMENT)), "completed")
     with connect(backend="local", user="ann", home=tmp_path, coder=None) as ann:
         errors = []
         for attempt in (

@@ -5,18 +5,35 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from assertions import assert_status
 from cli_runner import run_cli
 
 
-def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
-    # Given an empty ALPHAAGENT_HOME
-    env = {**os.environ, "ALPHAAGENT_HOME": str(tmp_path / "home")}
-    # When the demo runs
-    done = run_cli(["demo", "--json"], env=env, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """One `alphaagent demo --json` (two turns of the real analysis, ~5 CPU-s), which both tests
+    read: run with no ALPHAAGENT_HOME, an empty HOME, ALPHAAGENT_USER set and another working
+    directory. Returns the finished command and where it ran (``home``, ``cwd``, ``env``)."""
+    root = tmp_path_factory.mktemp("demo")
+    home, cwd = root / "home", root / "elsewhere"
+    home.mkdir()
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("ALPHAAGENT_HOME", "XDG_DATA_HOME")}
+    env.update(HOME=str(home), ALPHAAGENT_USER="newcomer")
+    done = run_cli(["demo", "--json"], env=env, cwd=cwd, text=True, timeout=300)
+    return done, {"home": home, "cwd": cwd, "env": env, "root": root}
+
+
+def test_demo_runs_two_turns_that_outlive_a_session(
+    demo: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    # Given an empty data directory; When the demo runs
+    done, _ = demo
     # Then both turns complete, with the dataset, chart and report of the real analysis
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -50,23 +67,25 @@ def test_demo_runs_two_turns_that_outlive_a_session(tmp_path: Path) -> None:
     assert "step 1/3: aggregate body mass by species" in done.stderr
 
 
-def test_the_demo_uses_the_per_user_data_directory_and_the_identity_rule(tmp_path: Path) -> None:
+def test_the_demo_uses_the_per_user_data_directory_and_the_identity_rule(
+    demo: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
     # Given no ALPHAAGENT_HOME, an empty HOME, ALPHAAGENT_USER set, and another working directory
-    home, cwd = tmp_path / "home", tmp_path / "elsewhere"
-    home.mkdir()
-    cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("ALPHAAGENT_HOME", "XDG_DATA_HOME")}
-    env.update(HOME=str(home), ALPHAAGENT_USER="newcomer")
-    # When the demo runs there
-    done = run_cli(["demo", "--json"], env=env, cwd=cwd, text=True, timeout=300)
-    # Then its scope is under ~/.local/share/alphaagent, nothing was written where it ran
+    done, where = demo
+    home, cwd, env = where["home"], where["cwd"], where["env"]
+    # When the demo ran there: Then its scope is under ~/.local/share/alphaagent, nothing was
+    # written where it ran
     assert done.returncode == 0, done.stderr
     scope = Path(json.loads(done.stdout)["scope"])
     assert scope.parent.parent == home / ".local/share/alphaagent"
     assert list(cwd.iterdir()) == []
     # And a read command from anywhere, as the same user, finds its runs
     read = run_cli(
-        ["history", "--json", "--conversation", scope.name], env=env, cwd=tmp_path, text=True, timeout=120
+        ["history", "--json", "--conversation", scope.name],
+        env=env,
+        cwd=where["root"],
+        text=True,
+        timeout=120,
     )
     assert read.returncode == 0, read.stderr
     assert len(json.loads(read.stdout)) == 4

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from assertions import assert_status
-from sandboxes import light_agent
+from sandboxes import light, light_agent
 
 from alphaagent.cli import main
 from alphaagent.domain.recorder import history_view, run_record_from
@@ -111,7 +111,7 @@ def test_a_run_printing_an_image_as_base64_is_told_so_in_its_result(tmp_path: Pa
     root.mkdir(parents=True)
     code = "import base64, os\nprint(base64.b64encode(os.urandom(2 << 20)).decode())\n"
     origin = RunOrigin(turn_id=new_ulid(), session_id="s" * 32, user_id="u", scope=SCOPE)
-    executor = SandboxExecutor()
+    executor = SandboxExecutor(light())  # the marker and the label, not the preload, are the subject
     try:
         result = executor.run(root, code, limits=RunLimits(timeout_s=60), run_id=new_ulid(), origin=origin)
     finally:
@@ -166,7 +166,7 @@ def test_an_environment_that_cannot_start_is_labelled_not_blamed_on_the_code(tmp
 
 
 def test_the_second_run_of_an_environment_is_labelled_warm(tmp_path: Path) -> None:
-    executor = SandboxExecutor()
+    executor = SandboxExecutor(light())  # the marker and the label, not the preload, are the subject
     try:
         first, second = (
             executor.run(tmp_path, "print(1)", limits=RunLimits(timeout_s=30), run_id=new_ulid())

@@ -18,17 +18,20 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from assertions import assert_status
+from sandboxes import register_light
 
 pytest.importorskip("mcp")
 
 import anyio
+import anyio.from_thread
 import httpx2
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -94,6 +97,31 @@ async def mcp_session(home: Path, sources: Path, user: str = ALICE) -> AsyncIter
         yield client
 
 
+@dataclass
+class Alice:
+    """The module's one stdio server (``alphaagent mcp --user alice``, ~2.5 CPU-s to start) on a data
+    directory the tests share, and how a test talks to it: ``run(scenario)`` awaits
+    ``scenario(client)`` on the event loop that holds the server's session."""
+
+    home: Path
+    sources: Path
+    run: Callable[[Callable[[Client], Awaitable[Any]]], Any]
+
+
+@pytest.fixture(scope="module")
+def alice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alice]:
+    root = tmp_path_factory.mktemp("mcp")
+    sources = root / "sources"
+    sources.mkdir()
+    (sources / "penguins.csv").write_text(PENGUINS)
+    home = root / "home"
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(mcp_session(home, sources)) as client,
+    ):
+        yield Alice(home, sources, lambda scenario: portal.call(scenario, client))
+
+
 def penguin_spec(sources: Path, conversation: str, **fields: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "spec_version": 1,
@@ -116,39 +144,39 @@ def text_of(result: CallToolResult) -> str:
 # ----------------------------------------------------------------------------- the happy path
 
 
-def test_an_orchestrator_runs_a_spec_and_reads_its_artifacts_over_stdio(home: Path, sources: Path) -> None:
+def test_an_orchestrator_runs_a_spec_and_reads_its_artifacts_over_stdio(alice: Alice) -> None:
+    home, sources = alice.home, alice.sources
     progress: list[tuple[float, str | None]] = []
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append((value, message))
 
-    async def scenario() -> dict[str, Any]:
-        async with mcp_session(home, sources) as client:
-            # Given the server's tools
-            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-            # When the orchestrator runs a spec with pinned steps, asking for progress
-            result = await client.call_tool(
-                "run_analysis", {"spec": penguin_spec(sources, "penguins")}, progress_callback=on_progress
-            )
-            scope = {"conversation_id": "penguins"}
-            table = await client.call_tool("read_artifact", {"scope": scope, "name": "mass-by-species"})
-            page = await client.call_tool(
-                "read_artifact", {"scope": scope, "name": "mass-by-species", "offset": 8, "limit": 10}
-            )
-            chart = await client.call_tool("read_artifact", {"scope": scope, "name": "mass"})
-            listed = await client.call_tool("list_artifacts", {"scope": scope})
-            turns = await client.call_tool("list_turns", {"scope": scope})
-            return {
-                "tools": tools,
-                "result": result,
-                "table": table,
-                "page": page,
-                "chart": chart,
-                "listed": listed,
-                "turns": turns,
-            }
+    async def scenario(client: Client) -> dict[str, Any]:
+        # Given the server's tools
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        # When the orchestrator runs a spec with pinned steps, asking for progress
+        result = await client.call_tool(
+            "run_analysis", {"spec": penguin_spec(sources, "penguins")}, progress_callback=on_progress
+        )
+        scope = {"conversation_id": "penguins"}
+        table = await client.call_tool("read_artifact", {"scope": scope, "name": "mass-by-species"})
+        page = await client.call_tool(
+            "read_artifact", {"scope": scope, "name": "mass-by-species", "offset": 8, "limit": 10}
+        )
+        chart = await client.call_tool("read_artifact", {"scope": scope, "name": "mass"})
+        listed = await client.call_tool("list_artifacts", {"scope": scope})
+        turns = await client.call_tool("list_turns", {"scope": scope})
+        return {
+            "tools": tools,
+            "result": result,
+            "table": table,
+            "page": page,
+            "chart": chart,
+            "listed": listed,
+            "turns": turns,
+        }
 
-    got = anyio.run(scenario)
+    got = alice.run(scenario)
 
     # Then it sees exactly the four tools, described for a model, each with an output schema
     tools = got["tools"]
@@ -203,7 +231,8 @@ def test_an_orchestrator_runs_a_spec_and_reads_its_artifacts_over_stdio(home: Pa
 # ----------------------------------------------------------------------------- refusals
 
 
-def test_a_bad_spec_is_an_error_result_naming_the_field_and_writes_nothing(home: Path, sources: Path) -> None:
+def test_a_bad_spec_is_an_error_result_naming_the_field_and_writes_nothing(alice: Alice) -> None:
+    home, sources = alice.home, alice.sources
     bad = {
         "missing goal": (penguin_spec(sources, "bad-1", goal=None), "goal: Input should be a valid string"),
         "unknown field": (penguin_spec(sources, "bad-2", colour="red"), "colour: unknown field"),
@@ -223,21 +252,19 @@ def test_a_bad_spec_is_an_error_result_naming_the_field_and_writes_nothing(home:
     del bad["missing goal"][0]["goal"]
     bad["missing goal"] = (bad["missing goal"][0], "goal: Field required")
 
-    async def scenario() -> dict[str, CallToolResult]:
-        async with mcp_session(home, sources) as client:
-            answers = {
-                name: await client.call_tool("run_analysis", {"spec": spec})
-                for name, (spec, _) in bad.items()
-            }
-            answers["reader scope"] = await client.call_tool(
-                "list_artifacts", {"scope": {"conversation_id": "a b"}}
-            )
-            answers["reader version"] = await client.call_tool(
-                "read_artifact", {"scope": {"conversation_id": "x"}, "name": "n", "version": 0}
-            )
-            return answers
+    async def scenario(client: Client) -> dict[str, CallToolResult]:
+        answers = {
+            name: await client.call_tool("run_analysis", {"spec": spec}) for name, (spec, _) in bad.items()
+        }
+        answers["reader scope"] = await client.call_tool(
+            "list_artifacts", {"scope": {"conversation_id": "a b"}}
+        )
+        answers["reader version"] = await client.call_tool(
+            "read_artifact", {"scope": {"conversation_id": "x"}, "name": "n", "version": 0}
+        )
+        return answers
 
-    answers = anyio.run(scenario)
+    answers = alice.run(scenario)
     for name, (_spec, expected) in bad.items():
         assert answers[name].is_error, name
         assert text_of(answers[name]).startswith(expected), (name, text_of(answers[name]))
@@ -246,45 +273,50 @@ def test_a_bad_spec_is_an_error_result_naming_the_field_and_writes_nothing(home:
     assert text_of(answers["reader scope"]).startswith("scope.conversation_id: ")
     assert answers["reader version"].is_error
     assert text_of(answers["reader version"]) == "version: 1 or more (leave it out for the latest)"
-    assert not (home / "conversations").exists() or not any((home / "conversations").iterdir())
+    # (the server is shared: the other tests' conversations are there, none of these)
+    written = (
+        {p.name for p in (home / "conversations").iterdir()} if (home / "conversations").exists() else set()
+    )
+    assert not {name for name in written if name.startswith("bad")}, written
 
 
 def test_another_users_spec_or_scope_is_refused_exactly_like_a_missing_scope(
-    home: Path, sources: Path, monkeypatch: pytest.MonkeyPatch
+    alice: Alice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    home, sources = alice.home, alice.sources
     # Given bob's conversation, with one turn in it
     monkeypatch.setenv("ALPHAAGENT_FILE_ROOTS", str(sources))
+    # (his outputs made without pandas, in an environment without the builtin preload: what alice
+    # is told, not the analysis, is the subject; a builtin zygote costs ~2 CPU-s)
+    light_steps = [
+        {"title": "table", "code": "open('datasets/mass-by-species.csv', 'w').write('species,mass_g\\n')"},
+        {"title": "chart", "code": "open('charts/mass.png', 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n')"},
+    ]
+    bobs = penguin_spec(sources, "bobs", environment_id=register_light(home), steps=light_steps)
     with connect(backend="local", user=BOB, home=home, coder=None) as bob:
-        assert_status(bob.run_analysis(penguin_spec(sources, "bobs")), "completed")
+        assert_status(bob.run_analysis(bobs), "completed")
 
-    async def scenario() -> dict[str, CallToolResult]:
-        async with mcp_session(home, sources, user=ALICE) as client:
-            scope = {"conversation_id": "bobs"}
-            return {
-                # a spec that names bob, in a new conversation and in bob's
-                "names bob, new": await client.call_tool(
-                    "run_analysis", {"spec": penguin_spec(sources, "fresh", user_id=BOB)}
-                ),
-                "names bob, his": await client.call_tool(
-                    "run_analysis", {"spec": penguin_spec(sources, "bobs", user_id=BOB)}
-                ),
-                # alice's own spec aimed at bob's conversation
-                "alice in bobs": await client.call_tool(
-                    "run_analysis", {"spec": penguin_spec(sources, "bobs")}
-                ),
-                "list bobs": await client.call_tool("list_artifacts", {"scope": scope}),
-                "read bobs": await client.call_tool("read_artifact", {"scope": scope, "name": "mass"}),
-                "turns bobs": await client.call_tool("list_turns", {"scope": scope}),
-                # and the answers for conversations that do not exist
-                "list missing": await client.call_tool(
-                    "list_artifacts", {"scope": {"conversation_id": "fresh"}}
-                ),
-                "turns missing": await client.call_tool(
-                    "list_turns", {"scope": {"conversation_id": "bobs-x"}}
-                ),
-            }
+    async def scenario(client: Client) -> dict[str, CallToolResult]:
+        scope = {"conversation_id": "bobs"}
+        return {
+            # a spec that names bob, in a new conversation and in bob's
+            "names bob, new": await client.call_tool(
+                "run_analysis", {"spec": penguin_spec(sources, "fresh", user_id=BOB)}
+            ),
+            "names bob, his": await client.call_tool(
+                "run_analysis", {"spec": penguin_spec(sources, "bobs", user_id=BOB)}
+            ),
+            # alice's own spec aimed at bob's conversation
+            "alice in bobs": await client.call_tool("run_analysis", {"spec": penguin_spec(sources, "bobs")}),
+            "list bobs": await client.call_tool("list_artifacts", {"scope": scope}),
+            "read bobs": await client.call_tool("read_artifact", {"scope": scope, "name": "mass"}),
+            "turns bobs": await client.call_tool("list_turns", {"scope": scope}),
+            # and the answers for conversations that do not exist
+            "list missing": await client.call_tool("list_artifacts", {"scope": {"conversation_id": "fresh"}}),
+            "turns missing": await client.call_tool("list_turns", {"scope": {"conversation_id": "bobs-x"}}),
+        }
 
-    answers = anyio.run(scenario)
+    answers = alice.run(scenario)
 
     # Then every answer is an error, and bob's answers are the missing scope's, word for word
     assert all(answer.is_error for answer in answers.values())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from assertions import assert_status
-from sandboxes import light_agent
+from sandboxes import light, light_agent
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.names import settle_names
@@ -74,7 +74,7 @@ def _run(tmp_path: Path, code: str) -> FileChangeReport:
     root = tmp_path / scope.key
     (root / "reports").mkdir(parents=True)
     origin = RunOrigin(turn_id=new_ulid(), session_id="s" * 32, user_id=USER, scope=scope)
-    executor = SandboxExecutor()
+    executor = SandboxExecutor(light())  # the names rule, not the preload, is the subject
     try:
         result = executor.run(root, code, limits=RunLimits(timeout_s=30), run_id=new_ulid(), origin=origin)
     finally:
