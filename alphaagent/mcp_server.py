@@ -104,8 +104,10 @@ LimitArg = Annotated[
         {"type": "integer", "minimum": 1, "maximum": MAX_TEXT_PAGE_CHARS, "description": "characters"}
     ),
 ]
+# Any, checked in list_turns: pydantic's lax int would take "2" and true, and word a bad value in
+# its own text; the limit follows the CLI's one rule for --limit (cli._Number), in its words.
 TurnLimitArg = Annotated[
-    int | None,
+    Any,
     WithJsonSchema(
         {"type": ["integer", "null"], "minimum": 1, "description": "only the N newest turns (default: all)"}
     ),
@@ -149,7 +151,7 @@ class ListTurnsArguments(_ToolArguments):
     """``list_turns``: ``limit`` as the CLI's ``turns --limit`` (the N newest)."""
 
     scope: dict[str, Any]
-    limit: int | None = None
+    limit: Any = None  # checked by the tool, in the CLI's words (TurnLimitArg)
 
 
 TOOL_ARGUMENTS: dict[str, type[_ToolArguments]] = {
@@ -486,8 +488,9 @@ def build_server(client: Client) -> MCPServer:
 
     async def list_turns(scope: ScopeArg, limit: TurnLimitArg = None) -> Annotated[CallToolResult, TurnList]:
         async def body() -> CallToolResult:
-            if limit is not None and limit < 1:
-                raise InvalidRequestError("limit: a positive number of turns (leave it out for all)")
+            if limit is not None and (type(limit) is not int or limit < 1):
+                shown = repr(limit) if isinstance(limit, str) else json.dumps(limit)
+                raise InvalidRequestError(f"limit: must be a whole number ≥ 1, got {shown}")
             turns = await anyio.to_thread.run_sync(client.turns, parse_scope(scope))
             # Newest first, as every list of past work (the CLI's turns, the viewer): the question
             # an orchestrator asks is "what did the turn I just ran do". The client keeps the

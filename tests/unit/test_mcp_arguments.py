@@ -70,16 +70,13 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> list[Any]:
             "verison: unknown argument (did you mean 'version'?)",
         ),
         ("list_turns", {"scope": SCOPE, "lmit": 1}, "lmit: unknown argument (did you mean 'limit'?)"),
-        (
-            "list_turns",
-            {"scope": SCOPE, "limit": 0},
-            "limit: a positive number of turns (leave it out for all)",
-        ),
-        (
-            "list_turns",
-            {"scope": SCOPE, "limit": "x"},
-            "limit: Input should be a valid integer, unable to parse string as an integer",
-        ),
+        # list_turns' limit follows the CLI's one rule for --limit, in the CLI's words; a string
+        # or a boolean is not a number of turns even if pydantic's lax mode would take "2" or true.
+        ("list_turns", {"scope": SCOPE, "limit": 0}, "limit: must be a whole number ≥ 1, got 0"),
+        ("list_turns", {"scope": SCOPE, "limit": "abc"}, "limit: must be a whole number ≥ 1, got 'abc'"),
+        ("list_turns", {"scope": SCOPE, "limit": "2"}, "limit: must be a whole number ≥ 1, got '2'"),
+        ("list_turns", {"scope": SCOPE, "limit": True}, "limit: must be a whole number ≥ 1, got true"),
+        ("list_turns", {"scope": SCOPE, "limit": 1.5}, "limit: must be a whole number ≥ 1, got 1.5"),
     ],
 )
 def test_a_bad_argument_is_one_line_naming_it_and_the_rule(
