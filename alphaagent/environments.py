@@ -22,6 +22,7 @@ from alphaagent.errors import InvalidSpecError
 from alphaagent.models.common import EnvironmentId
 from alphaagent.models.run import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB, RunLimits
 from alphaagent.sandbox.config import BUILTIN_PRELOAD
+from alphaagent.suggest import did_you_mean_name
 
 BUILTIN_ID = "builtin"
 
@@ -191,6 +192,10 @@ def check_environment(registry: EnvironmentRegistry, environment_id: str) -> Env
     found = registry.get(environment_id)
     if found is not None and found.status == "ready":
         return found
-    available = ", ".join(e.environment_id for e in registry.list())
+    ids = [e.environment_id for e in registry.list()]
     state = "removed" if found is not None else "unknown"
-    raise InvalidSpecError(f"environment_id: {state} environment {environment_id!r} (available: {available})")
+    # Environments are the platform's, not a user's: every id may be suggested (as `env show`).
+    guess = did_you_mean_name(environment_id, ids) if found is None else ""
+    raise InvalidSpecError(
+        f"environment_id: {state} environment {environment_id!r}{guess} (available: {', '.join(ids)})"
+    )

@@ -514,15 +514,23 @@ def test_exec_runs_in_a_registered_environment_within_its_ceilings(
     assert result["limits"]["timeout_s"] == 5
 
 
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        ("nope", "--env: unknown environment 'nope' (available: builtin)"),
+        # A typo gets the same suggestion as `env show buitin`, and still the list
+        ("buitin", "--env: unknown environment 'buitin' (did you mean 'builtin'?) (available: builtin)"),
+    ],
+)
 def test_exec_in_an_unknown_environment_is_one_line_naming_the_flag_and_writes_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str, line: str
 ) -> None:
     home = tmp_path / "home"
     code_file = tmp_path / "job.py"
     code_file.write_text("print(1)\n")
-    code, out, err = _cli(home, "exec", str(code_file), "--env", "nope", capsys=capsys)
+    code, out, err = _cli(home, "exec", str(code_file), "--env", env, capsys=capsys)
     assert (code, out) == (2, "")
-    assert err == "alphaagent: error: --env: unknown environment 'nope' (available: builtin)\n"
+    assert err == f"alphaagent: error: {line}\n"
     assert not home.exists()
 
 
