@@ -851,7 +851,9 @@ def _limited(newest: list[Any], args: argparse.Namespace, what: str) -> tuple[li
 
 def _count(n: int, noun: str) -> str:
     """``1 older turn``, ``2 older turns``: what a line for people says of ``n`` things."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+    from alphaagent.wording import count
+
+    return count(n, noun)
 
 
 def cmd_history(args: argparse.Namespace) -> int:

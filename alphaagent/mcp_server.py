@@ -46,6 +46,7 @@ from alphaagent.client import Client, parse_scope
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, PathRuleError
 from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.records import ArtifactRef, TurnResult
+from alphaagent.wording import count
 
 SERVER_NAME = "alphaagent"
 
@@ -439,7 +440,7 @@ def build_server(client: Client) -> MCPServer:
                 for v in versions
             ]
             root = client.scope_root(parsed)
-            lines = [f"{len(entries)} artifact version(s) under {root}:"] + [
+            lines = [f"{count(len(entries), 'artifact version')} under {root}:"] + [
                 f"  {e.kind} {e.name} v{e.version}: {e.path} ({e.size_bytes} bytes, turn {e.turn_id})"
                 for e in entries
             ]
@@ -508,7 +509,7 @@ def build_server(client: Client) -> MCPServer:
             ]
             left = len(turns) - len(entries)
             older = f" ({left} older not shown: limit {limit})" if left else ""
-            lines = [f"{len(entries)} turn(s), newest first{older}:"] + [
+            lines = [f"{count(len(entries), 'turn')}, newest first{older}:"] + [
                 f"  {e.turn_id} {e.status}: {e.goal[:200]}" for e in entries
             ]
             return _structured(TurnList(turns=entries), "\n".join(lines))

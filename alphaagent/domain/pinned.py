@@ -21,6 +21,7 @@ from alphaagent.models.run import RunError
 from alphaagent.models.spec import (
     SpecOutput,
 )
+from alphaagent.wording import count
 
 
 class StepFailed(Exception):
@@ -59,7 +60,7 @@ def run_steps(ctx: TurnContext, deadline: float) -> str:
         # `cites PATH (CLAIM)` is how every reader shows a citation: no brackets inside the claim.
         emit_citation(ctx, path, claim=f"input of this turn's pinned steps; {origin}")
     registered = ", ".join(f"{a.name} v{a.version}" for a in ctx.artifacts) or "nothing"
-    return f"{len(steps)} step(s) ran; registered {registered}."
+    return f"{count(len(steps), 'step')} ran; registered {registered}."
 
 
 def default_output_path(ctx: TurnContext, index: int, output: SpecOutput) -> str:

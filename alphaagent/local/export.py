@@ -51,6 +51,7 @@ from alphaagent.errors import PathRuleError
 from alphaagent.models.common import Scope, printable_path, utcnow
 from alphaagent.ports import FileInfo, Workspace
 from alphaagent.sandbox.session import is_session_state
+from alphaagent.wording import count
 
 MiB: Final = 2**20
 DEFAULT_MAX_FILE_BYTES: Final = 25 * MiB
@@ -179,8 +180,8 @@ class ExportReport:
             f"per-file ceiling: {ceiling:,} bytes ({ceiling / MiB:g} MiB); a file of exactly this size is "
             "included, larger files are omitted and listed below",
             "",
-            f"included: {len(self.included)} file(s), {self.total_bytes:,} bytes",
-            f"omitted: {len(self.omitted)} file(s)",
+            f"included: {count(len(self.included), 'file')}, {self.total_bytes:,} bytes",
+            f"omitted: {count(len(self.omitted), 'file')}",
         ]
         for item in self.omitted:
             lines.append(

@@ -405,7 +405,7 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
     assert published(aws).count("TurnStarted") == 1
 
     # When the coder left its result and pointer, the turn is finalized, then once more with a late failure
-    coded = TurnResult(turn_id=TURN_ID, status="completed", summary="1 step(s) ran.", run_ids=[RUN_ID])
+    coded = TurnResult(turn_id=TURN_ID, status="completed", summary="1 step ran.", run_ids=[RUN_ID])
     aws["s3"].put_object(
         Bucket=BUCKET, Key=f"{SCOPE.key}/work/turns/{TURN_ID}/result.json", Body=coded.model_dump_json()
     )
@@ -420,7 +420,7 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
     assert finished is not None
     assert_status(finished, "completed")
     assert finished.result is not None
-    assert (finished.result.summary, finished.result.run_ids) == ("1 step(s) ran.", [RUN_ID])
+    assert (finished.result.summary, finished.result.run_ids) == ("1 step ran.", [RUN_ID])
     key = f"{SCOPE.key}/work/turns/{TURN_ID}/result.json"
     assert_status(json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=key)["Body"].read()), "completed")
     assert published(aws) == ["TurnCompleted"]

@@ -779,7 +779,7 @@ def assert_completed_turn(stack: Stack, spec: dict[str, Any]) -> None:
     assert turn is not None
     assert_status(turn, "completed")
     assert turn.result is not None
-    assert turn.result.summary.startswith("2 step(s) ran")
+    assert turn.result.summary.startswith("2 steps ran")
     assert len(turn.result.run_ids) == 2
 
     # One run record per run, recorded from the env function's destination

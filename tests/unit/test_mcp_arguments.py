@@ -93,7 +93,7 @@ def test_list_turns_keeps_the_n_newest_as_turns_limit_does() -> None:
     two, every = _calls(("list_turns", {"scope": SCOPE, "limit": 2}), ("list_turns", {"scope": SCOPE}))
     # Then the two newest, newest first; and the text says what the limit left out
     assert [t["turn_id"] for t in two.structured_content["turns"]] == ["T3", "T2"]
-    assert two.content[0].text.splitlines()[0] == "2 turn(s), newest first (1 older not shown: limit 2):"
+    assert two.content[0].text.splitlines()[0] == "2 turns, newest first (1 older not shown: limit 2):"
     assert [t["turn_id"] for t in every.structured_content["turns"]] == ["T3", "T2", "T1"]
 
 

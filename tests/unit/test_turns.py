@@ -1413,6 +1413,7 @@ def test_export_lists_files_over_the_ceiling_and_includes_the_rest(agent: AlphaA
     assert {o["path"]: o["size_bytes"] for o in manifest["omitted"]} == omitted
     assert all(o["max_file_bytes"] == 25 * MiB for o in manifest["omitted"])
     assert all(path in text for path in omitted)
+    assert "\nomitted: 2 files\n" in text  # a count in words, not "file(s)"
     # And with --json, the response lists them too
     as_json = _cli("export", *common, "--json", home=agent.home)
     assert as_json.returncode == 0, as_json.stderr
