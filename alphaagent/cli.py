@@ -870,7 +870,16 @@ def cmd_history(args: argparse.Namespace) -> int:
             try:
                 scope = scope_from_key(agent.turn(args.user, args.turn).scope_key)
             except NotFoundError:
-                raise NotFoundError(f"--turn: no turn {printable_path(args.turn)!r} (see turns)") from None
+                # The nearest of the user's own turn ids, all scopes: never another user's.
+                own = [
+                    turn.turn_id
+                    for summary in agent.conversations(args.user)
+                    for turn in agent.turns(args.user, scope_from_key(summary.scope_key))
+                ]
+                near = did_you_mean_name(args.turn, own)
+                raise NotFoundError(
+                    f"--turn: no turn {printable_path(args.turn)!r}{near} (see turns)"
+                ) from None
         runs = agent.history(args.user, scope)
         turns = agent.turns(args.user, scope)
     environments = {turn.turn_id: turn.environment_id for turn in turns}

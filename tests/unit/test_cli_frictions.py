@@ -210,6 +210,22 @@ def test_history_turn_offers_the_turn_id_a_typo_away(
     )
 
 
+def test_history_turn_without_a_scope_offers_only_the_users_own_turn_id_a_typo_away(
+    home: LocalHome, capsys: pytest.CaptureFixture[str]
+) -> None:
+    [turn] = home.store.list_turns(ALICE, CONV.key)
+    typo = turn.turn_id[:-1] + ("A" if turn.turn_id[-1] != "A" else "B")
+    # When Alice gives the typo with no scope, Then her own turn id is offered
+    code, _, err = _main(capsys, "history", "--home", str(home.root), "--user", ALICE, "--turn", typo)
+    assert code == 1
+    assert (
+        err == f"alphaagent: error: --turn: no turn {typo!r} (did you mean {turn.turn_id!r}?) (see turns)\n"
+    )
+    # When another user gives the same typo, Then nothing of Alice's is named
+    code, _, err = _main(capsys, "history", "--home", str(home.root), "--user", "mallory", "--turn", typo)
+    assert (code, err) == (1, f"alphaagent: error: --turn: no turn {typo!r} (see turns)\n")
+
+
 @pytest.mark.parametrize(
     ("argv", "foreign", "missing"),
     [
