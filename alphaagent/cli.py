@@ -73,15 +73,19 @@ class _RecordedStore(argparse._StoreAction):
     wherever it was given: argparse keeps only the last, and a second ``--conversation`` with
     another value must be refused, not win silently (``_given_twice``)."""
 
+    typed = ""
+    """The words of the value being stored, as typed (set by the parser's ``_get_values``)."""
+
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *rest: Any) -> None:
         if self.option_strings:  # positionals are given once by construction
-            _GIVEN.setdefault("/".join(self.option_strings), []).append(rest[0])
+            _GIVEN.setdefault("/".join(self.option_strings), []).append((rest[0], self.typed))
         super().__call__(parser, namespace, *rest)
 
 
-_GIVEN: dict[str, list[Any]] = {}
-"""Each value (as converted: ``--limit 03`` is 3) given to each option that takes one while
-``main`` parses, in order, under the option's names (``-o/--output``)."""
+_GIVEN: dict[str, list[tuple[Any, str]]] = {}
+"""Each value given to each option that takes one while ``main`` parses, in order, under the
+option's names (``-o/--output``): as converted (``--limit 03`` is 3, the same as ``--limit 3``)
+and as typed (what a refusal shows)."""
 
 
 class _Number:
@@ -169,6 +173,13 @@ class _Parser(argparse.ArgumentParser):
 
     _parsing: Sequence[str] = ()
     """The words this parser is reading (``parse_known_args``), for ``_check_value``."""
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # What was typed, for a "given twice" line: argparse hands the action only the converted
+        # value (`--timeout 5` would show as 5.0).
+        if isinstance(action, _RecordedStore):
+            action.typed = " ".join(arg_strings)
+        return super()._get_values(action, arg_strings)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         # A command name argparse does not know: the closest one, not the whole list (new-user
@@ -1701,12 +1712,14 @@ def _refused_option(args: argparse.Namespace, prog: str) -> str | None:
 def _given_twice() -> str | None:
     """The one line refusing an option given twice with different values (the same value twice
     is harmless and passes), or None: the first such option, in the order they were given."""
-    for option, values in _GIVEN.items():
+    for option, given_values in _GIVEN.items():
         if option == "--home":  # one directory, however it was written
-            values = [os.path.abspath(os.path.expanduser(value)) for value in values]
-        different = [value for i, value in enumerate(values) if value not in values[:i]]
+            given_values = [(os.path.abspath(os.path.expanduser(v)), typed) for v, typed in given_values]
+        values = [value for value, _ in given_values]
+        # Compared as converted (`--limit 03` is `--limit 3`), shown as typed: `('5' and '6')`.
+        different = [typed for i, (value, typed) in enumerate(given_values) if value not in values[:i]]
         if len(different) > 1:
-            given = " and ".join(repr(value) for value in different[:2])
+            given = " and ".join(repr(typed) for typed in different[:2])
             return f"{option}: given twice with different values ({given}); give it once"
     return None
 

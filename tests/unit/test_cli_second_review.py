@@ -110,7 +110,7 @@ def test_every_option_that_takes_one_value_is_refused_given_twice_with_different
         out, err = capsys.readouterr()
         # Then one line names it and both values, exit 2, nothing printed or created
         converted = [action.type(v) if callable(action.type) else v for v in (first, second)]
-        shown = " and ".join(repr(v) for v in converted)
+        shown = " and ".join(repr(v) for v in (first, second))  # as typed: '5', not 5.0
         name = "/".join(action.option_strings)
         assert (code, out, err) == (
             2,
@@ -122,6 +122,34 @@ def test_every_option_that_takes_one_value_is_refused_given_twice_with_different
         _GIVEN.clear()
         parsed = build_parser().parse_args([*command.split(), *base, option, first, option, first])
         assert _given_twice() is None and getattr(parsed, action.dest) == converted[0], argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (
+            ["exec", "-", "--timeout", "5", "--timeout", "6"],
+            "--timeout: given twice with different values ('5' and '6')",
+        ),
+        (["turns", "--limit", "2", "--limit=3"], "--limit: given twice with different values ('2' and '3')"),
+    ],
+)
+def test_an_option_given_twice_shows_the_values_as_typed(
+    argv: list[str],
+    shown: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    # When a number is given twice with different values, Then the line quotes what was typed (not 5.0)
+    code = main(["--home", str(tmp_path / "home"), *argv])
+    assert (code, capsys.readouterr().err) == (2, f"alphaagent: error: {shown}; give it once\n")
+    # And the same number typed differently (03 and 3) is the same value: no refusal
+    _GIVEN.clear()
+    parsed = build_parser().parse_args(["turns", "--limit", "03", "--limit", "3"])
+    assert _given_twice() is None and parsed.limit == 3
+    assert list(tmp_path.iterdir()) == []
 
 
 def _spec(conversation: str | None, code: str = "print('hi')", **fields: Any) -> dict[str, Any]:
