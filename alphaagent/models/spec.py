@@ -174,6 +174,11 @@ def _kind_of(model: type[BaseModel]) -> str | None:
 def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
     """The field names of the spec's model at ``loc`` (an error's location without its last part),
     for a suggestion; a union's branch name in ``loc`` (``connector``, ``NodeScope``) picks it."""
+    return sorted({name for model in _models_at(loc) for name in model.model_fields})
+
+
+def _models_at(loc: tuple[int | str, ...]) -> list[type[BaseModel]]:
+    """The spec's models at ``loc`` (the candidates of a union, one model otherwise)."""
     models: list[type[BaseModel]] = [Spec]
     for part in loc:
         if isinstance(part, int):
@@ -184,7 +189,28 @@ def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
             continue
         owning = [m for m in models if part in m.model_fields]
         models = [x for m in owning for x in _models_in(m.model_fields[str(part)].annotation)]
-    return sorted({name for model in models for name in model.model_fields})
+    return models
+
+
+_BOUNDS = {
+    "greater_than_equal": ("ge", "≥"),
+    "greater_than": ("gt", ">"),
+    "less_than_equal": ("le", "≤"),
+    "less_than": ("lt", "<"),
+}
+"""Pydantic's error types for a numeric bound of a field, its ``ctx`` key and the sign the CLI's
+options use (cli._Number): every bound of the spec is worded the one way."""
+
+
+def _bound_rule(error: Any) -> str:
+    """``must be a whole number ≥ 1, got 0``: the rule of the numeric bound ``error`` broke, in
+    the CLI's words (a whole number for an int field, a number otherwise)."""
+    key, sign = _BOUNDS[error["type"]]
+    loc = tuple(error["loc"])
+    fields = [m.model_fields[str(loc[-1])] for m in _models_at(loc[:-1]) if str(loc[-1]) in m.model_fields]
+    whole = bool(fields) and int in (fields[0].annotation, *get_args(fields[0].annotation))
+    noun = "a whole number" if whole else "a number"
+    return f"must be {noun} {sign} {error['ctx'][key]:g}, got {error['input']!r}"
 
 
 _UNION_BRANCHES: frozenset[str] = frozenset(model.__name__ for model in get_args(Scope))
@@ -232,6 +258,8 @@ def describe_validation_error(exc: ValidationError, missing: Mapping[str, str] |
         else:
             # The same help as for a top-level typo, from the field names of the model it is in.
             message = unknown_field(str(first["loc"][-1]), _fields_at(tuple(first["loc"][:-1])))
+    elif first["type"] in _BOUNDS and "ctx" in first:
+        message = _bound_rule(first)
     elif location == "turn_id" and first["type"] == "string_pattern_mismatch":
         message = "a 26-character ULID; leave it out to get a fresh one"
     elif first["type"] == "missing":

@@ -283,6 +283,27 @@ def test_a_spec_typo_names_the_closest_field_at_the_top_as_below(fields: dict[st
     assert str(refused.value).startswith(line), str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("constraints", "line"),
+    [
+        ({"max_runs": 0}, "constraints.max_runs: must be a whole number ≥ 1, got 0"),
+        ({"max_runs": 501}, "constraints.max_runs: must be a whole number ≤ 500, got 501"),
+        ({"run_timeout_s": 0}, "constraints.run_timeout_s: must be a number > 0, got 0"),
+        ({"turn_timeout_s": 100000}, "constraints.turn_timeout_s: must be a number ≤ 86400, got 100000"),
+    ],
+)
+def test_a_spec_number_out_of_its_range_is_worded_as_an_options_rule(
+    constraints: dict[str, Any], line: str
+) -> None:
+    from alphaagent.errors import InvalidSpecError
+    from alphaagent.models.spec import parse_spec
+
+    # When a spec's number breaks its bound, Then the rule in the CLI's words, not pydantic's
+    with pytest.raises(InvalidSpecError) as refused:
+        parse_spec(json.dumps(_spec("c", constraints=constraints)), defaults={"user_id": "u"})
+    assert str(refused.value) == line
+
+
 def test_run_of_a_spec_without_scope_names_the_flags_that_supply_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
