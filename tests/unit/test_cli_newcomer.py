@@ -16,50 +16,18 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
+from cli_table import COMMAND_ARGV, commands
 from sandboxes import LIGHT_ENVIRONMENT, register_light
 
 from alphaagent.cli import build_parser, main
 
-LEAF_ARGV: dict[str, list[str]] = {
-    "exec": ["-"],
-    "run": ["spec.json"],
-    "submit": ["spec.json"],
-    "demo": [],
-    "files": [],
-    "cat": ["a.txt"],
-    "history": [],
-    "artifacts": [],
-    "sessions": [],
-    "turns": [],
-    "conversations": [],
-    "serve": [],
-    "mcp": [],
-    "export": ["-o", "x.zip"],
-    "help": [],
-    "version": [],
-    "env add": ["x", "--python", "p"],
-    "env list": [],
-    "env show": ["x"],
-    "env remove": ["x"],
-}
-"""Every command a user can run, with the arguments it needs to parse."""
+LEAF_ARGV = COMMAND_ARGV
 
 _VALUES = {"json": [], "home": ["/tmp/nowhere-home"], "user": ["bob"]}
 
 
 def _leaves() -> set[str]:
-    found: set[str] = set()
-
-    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs and prefix:
-            found.add(prefix)
-        for sub in subs:
-            for name, command in sub.choices.items():
-                walk(command, f"{prefix} {name}".strip())
-
-    walk(build_parser(), "")
-    return found
+    return set(commands(build_parser()))
 
 
 def _placements(command: str, option: str) -> list[list[str]]:

@@ -16,44 +16,14 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
+from cli_table import COMMAND_ARGV, commands
 
 from alphaagent.cli import _GIVEN, _given_twice, _Number, build_parser, main
 
-BASE_ARGV: dict[str, list[str]] = {
-    "exec": ["-"],
-    "run": ["spec.json"],
-    "submit": ["spec.json"],
-    "demo": [],
-    "files": [],
-    "cat": ["a.txt"],
-    "history": [],
-    "artifacts": [],
-    "sessions": [],
-    "turns": [],
-    "conversations": [],
-    "serve": [],
-    "mcp": [],
-    "export": ["-o", "x.zip"],
-    "help": [],
-    "version": [],
-    "env add": ["x", "--python", "p"],
-    "env list": [],
-    "env show": ["x"],
-    "env remove": ["x"],
-}
-"""Every command, with the arguments it needs to parse (a required option is replaced when it is
-the one given twice)."""
+BASE_ARGV = COMMAND_ARGV  # a required option is replaced when it is the one given twice
 
 
-def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
-    found: dict[str, argparse.ArgumentParser] = {}
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not subs and prefix:
-        found[prefix] = parser
-    for sub in subs:
-        for name, command in sub.choices.items():
-            found.update(_commands(command, f"{prefix} {name}".strip()))
-    return found
+_commands = commands
 
 
 def _two_values(action: argparse.Action) -> tuple[str, str]:
