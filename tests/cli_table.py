@@ -1,9 +1,13 @@
 """Every command of the CLI, for the tests that walk them all (the one-rule tables of the newcomer
-and second-review tests)."""
+and second-review tests), and a usage error caught the way those tests read it."""
 
 from __future__ import annotations
 
 import argparse
+
+import pytest
+
+from alphaagent.cli import main
 
 COMMAND_ARGV: dict[str, list[str]] = {
     "exec": ["-"],
@@ -41,3 +45,11 @@ def commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, arg
         for name, command in sub.choices.items():
             found.update(commands(command, f"{prefix} {name}".strip()))
     return found
+
+
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``main(argv)`` that argparse refuses: its exit code, stdout and stderr."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(refused.value.code or 0), out, err

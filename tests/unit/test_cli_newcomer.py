@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
-from cli_table import COMMAND_ARGV, commands
+from cli_table import COMMAND_ARGV, commands, usage_error
 from sandboxes import LIGHT_ENVIRONMENT, register_light
 
 from alphaagent.cli import build_parser, main
@@ -392,12 +392,7 @@ def test_the_console_script_names_itself_as_started(
 # ----------------------------------------------------------------------------- typos
 
 
-def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``main(argv)`` that argparse refuses: its exit code, stdout and stderr."""
-    with pytest.raises(SystemExit) as refused:
-        main(argv)
-    out, err = capsys.readouterr()
-    return int(refused.value.code or 0), out, err
+_usage_error = usage_error
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
-from cli_table import COMMAND_ARGV, commands
+from cli_table import COMMAND_ARGV, commands, usage_error
 
 from alphaagent.cli import _GIVEN, _given_twice, _Number, build_parser, main
 
@@ -157,11 +157,7 @@ def test_run_with_a_conversation_given_twice_runs_nothing_and_once_runs_there(tm
     assert (home / "conversations" / "dupA").is_dir() and not (home / "conversations" / "dupB").exists()
 
 
-def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as refused:
-        main(argv)
-    out, err = capsys.readouterr()
-    return int(refused.value.code or 0), out, err
+_usage_error = usage_error
 
 
 @pytest.mark.parametrize(
