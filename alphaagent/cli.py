@@ -620,14 +620,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     standard output."""
     from alphaagent.models.common import printable_text
     from alphaagent.sandbox.waiting import waits_told_to
-    from alphaagent.terminal import LiveOutput
+    from alphaagent.terminal import LiveOutput, ReaderMayLeave
 
     spec = _spec_from(args)
-    live = LiveOutput(sys.stderr, stdout_prefix="  | ", stderr_prefix="  stderr | ")
+    watcher = ReaderMayLeave(sys.stderr)  # a reader of the progress that leaves fails no turn
+    live = LiveOutput(watcher, stdout_prefix="  | ", stderr_prefix="  stderr | ")  # type: ignore[arg-type]
 
     def progress(message: str) -> None:
         live.end_lines()  # a run's unfinished last line ends before the next progress line
-        print(printable_text(message), file=sys.stderr, flush=True)
+        print(printable_text(message), file=watcher, flush=True)
 
     with _agent(args, with_coder=spec.steps is None, writes=True) as agent, waits_told_to(progress):
         result = agent.run_analysis(spec, progress=progress, on_output=live)

@@ -17,6 +17,31 @@ LIVE_OUTPUT_CAP_BYTES = 2**20
 DESIGN §4.3 (1 MiB), so the terminal never gets more than the caller of ``run_in_env`` would."""
 
 
+class ReaderMayLeave:
+    """A text stream whose reader may go away while a turn runs (``run 2>&1 | head``): a write
+    after the reader left is dropped, not raised, so who was watching a turn never fails it (as
+    MCP's progress is advisory). A new-user review found the turn recorded as a BrokenPipeError."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self._out.write(text)
+            except BrokenPipeError:
+                self.gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._out.flush()
+            except BrokenPipeError:
+                self.gone = True
+
+
 class LiveOutput:
     """The ``OutputSink`` of ``run`` and ``exec``: writes a run's output to a terminal as it arrives,
     made safe first (``printable_text``: escape sequences and other control characters shown as

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 from cli_table import COMMAND_ARGV, commands, usage_error
+from sandboxes import register_light
 
 from alphaagent.cli import _GIVEN, _given_twice, _Number, build_parser, main
 
@@ -327,6 +328,35 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
         line for line in done.stderr.decode().splitlines() if not line.startswith("starting the environment")
     ]
     assert (done.returncode, said) == (141, [])
+
+
+def test_a_reader_of_the_progress_that_went_away_fails_no_turn(tmp_path: Path) -> None:
+    # Given a spec of two steps, and a standard error whose reader is gone (run 2>&1 >/dev/null | head)
+    home = tmp_path / "home"
+    environment = register_light(home)
+    steps = [{"title": f"step {n}", "code": f"print({n})"} for n in (1, 2)]
+    spec = {**_spec("gone", environment_id=environment), "steps": steps}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
+    env["ALPHAAGENT_HOME"] = str(home)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "alphaagent.cli", "run", "spec.json", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=write,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    # Then the turn completes and is recorded so: the progress was only for whoever watched
+    assert done.returncode == 0, done.stdout
+    assert json.loads(done.stdout)["status"] == "completed"
+    code, out, _ = _out("turns", "--home", str(home), "--conversation", "gone", "--json")
+    assert code == 0 and [turn["status"] for turn in json.loads(out)] == ["completed"]
 
 
 # ----------------------------------------------------------------------------- lists of past work
