@@ -657,33 +657,53 @@ class Iam:
         core template's exports, and their parameters come from ``physical.parameters`` or, for those
         named in ``stack_parameters`` (parameter -> output of the core template), from the core
         template's outputs as ``make env-deploy`` passes them."""
-        self.template = copy.deepcopy(translate(template_text, physical.region))
-        for stack in stacks:
-            extra = translate(stack, physical.region)
-            for name, parameter in extra.get("Parameters", {}).items():
-                # A parameter both define (Architecture...) means the same; its default must agree.
-                kept = self.template.setdefault("Parameters", {}).setdefault(name, copy.deepcopy(parameter))
-                assert kept.get("Default") == parameter.get("Default"), f"IAM harness: parameter {name}"
-            for section in ("Conditions", "Resources"):
-                clash = set(self.template.get(section, {})) & set(extra.get(section, {}))
-                assert not clash, f"IAM harness: {section} {sorted(clash)} are in two templates"
-                self.template.setdefault(section, {}).update(copy.deepcopy(extra.get(section, {})))
         self.physical = physical
-        self.resolver = Resolver(self.template, physical)
-        for parameter, output in (stack_parameters or {}).items():
-            value = self.template["Outputs"][output]["Value"]
-            self.resolver.parameters[parameter] = self.resolver.value(value)
-        self.resources: dict[str, Any] = self.template["Resources"]
         self.state_machine = state_machine
+        self._stacks, self._stack_parameters = stacks, dict(stack_parameters or {})
+        self._given_principals = dict(principals or {})
         self.denied: list[str] = []
         self.checked: dict[str, int] = {}
         self.needs: set[tuple[str, str, str]] = set()
-        self._statements: dict[str, list[dict[str, Any]]] = dict(principals or {})
-        self._principals = set(principals or {})
+        self.use_template(template_text)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._session: Any = None
         self._original_start: Any = None
+
+    def use_template(self, template_text: str) -> None:
+        """Enforce the roles of ``template_text`` (with the further stacks given at construction) from
+        now on: for a test that runs a shared stack under a changed template (a grant taken out)."""
+        physical = self.physical
+        template = copy.deepcopy(translate(template_text, physical.region))
+        for stack in self._stacks:
+            extra = translate(stack, physical.region)
+            for name, parameter in extra.get("Parameters", {}).items():
+                # A parameter both define (Architecture...) means the same; its default must agree.
+                kept = template.setdefault("Parameters", {}).setdefault(name, copy.deepcopy(parameter))
+                assert kept.get("Default") == parameter.get("Default"), f"IAM harness: parameter {name}"
+            for section in ("Conditions", "Resources"):
+                clash = set(template.get(section, {})) & set(extra.get(section, {}))
+                assert not clash, f"IAM harness: {section} {sorted(clash)} are in two templates"
+                template.setdefault(section, {}).update(copy.deepcopy(extra.get(section, {})))
+        resolver = Resolver(template, physical)
+        for parameter, output in self._stack_parameters.items():
+            resolver.parameters[parameter] = resolver.value(template["Outputs"][output]["Value"])
+        self.template, self.resolver = template, resolver
+        self.resources: dict[str, Any] = template["Resources"]
+        self._statements: dict[str, list[dict[str, Any]]] = dict(self._given_principals)
+        self._principals = set(self._given_principals)
+
+    def reset(self) -> None:
+        """Forget what was checked and denied, and the principals added since construction (for the
+        next test on a shared stack)."""
+        with self._lock:
+            self.denied.clear()
+            self.checked.clear()
+            self.needs.clear()
+        self._statements = {
+            name: statements for name, statements in self._statements.items() if name not in self._principals
+        } | dict(self._given_principals)
+        self._principals = set(self._given_principals)
 
     # -- roles ---------------------------------------------------------------------------------
 

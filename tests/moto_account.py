@@ -141,6 +141,67 @@ def remember_valid_state_machines(monkeypatch: Any) -> None:
     monkeypatch.setattr(StepFunctionsParserBackend, "_validate_definition", staticmethod(validate_once))
 
 
+_PROGRAMS: dict[str, Any] = {}
+_PROGRAMS_LOCK = threading.Lock()
+
+
+def _fix_heap_keys(node: Any, seen: set[int]) -> None:
+    """Give every component of a parsed program its ``heap_key`` now, before any execution runs it.
+
+    ``EvalComponent.heap_key`` is the one value moto sets on a component while evaluating: a uid made
+    on first use, under which the component keeps its per-execution state (a retrier's attempt
+    count, a backoff's next multiplier) in that execution's own ``env.heap``. Made lazily, two
+    executions running the shared program at once could each make one, and the first would then
+    look its attempt count up under the second's key."""
+    from moto.stepfunctions.parser.asl.component.component import Component
+    from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
+
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, EvalComponent):
+        _ = node.heap_key
+    if isinstance(node, Component):
+        children: Any = vars(node).values()
+    elif isinstance(node, dict):
+        children = node.values()
+    elif isinstance(node, list | tuple | set | frozenset):
+        children = node
+    else:
+        return
+    for child in children:
+        _fix_heap_keys(child, seen)
+
+
+def reuse_parsed_state_machines(monkeypatch: Any) -> None:
+    """Parse a state machine's definition once per process, not once per execution.
+
+    moto's Step Functions starts every execution by parsing the definition with its ANTLR grammar
+    (``ExecutionWorker._get_evaluation_entrypoint``; ~0.2 s of CPU for turn.asl.yaml, a tenth of a
+    turn's CPU in the turn-machine tests). The parsed program is safe to share, as moto's own code
+    shows (moto 5.2.5, ``stepfunctions/parser/asl/component``): a component's attributes are set
+    when it is built (``__init__``, ``from_state_props``); while evaluating, components read them and
+    keep everything that changes in the execution's ``Environment`` (its stack, heap, context and
+    event history), which each execution makes anew; the one attribute set later is ``heap_key``,
+    fixed here before the program is shared (``_fix_heap_keys``). The per-run objects of a Map
+    state (``MapRunRecord``, job pools) are made per execution too; turn.asl.yaml has none. The
+    same text parses to the same program, and a changed definition is parsed on its own."""
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+
+    def entrypoint(self: Any) -> Any:
+        definition: str = self._evaluation_details.state_machine_details.definition
+        with _PROGRAMS_LOCK:
+            program = _PROGRAMS.get(definition)
+            if program is None:
+                program = AmazonStateLanguageParser.parse(definition)[0]
+                _fix_heap_keys(program, set())
+                _PROGRAMS[definition] = program
+        return program
+
+    monkeypatch.setattr(ExecutionWorker, "_get_evaluation_entrypoint", entrypoint)
+
+
 # -- S3's conditional writes, atomic as in S3 --------------------------------------------------------
 
 _CONDITIONAL_WRITE_HEADERS = ("If-None-Match", "If-Match")

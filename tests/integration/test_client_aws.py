@@ -28,12 +28,11 @@ from integration.test_turn_machine import (  # the fixture is used by name below
     USER,
     Stack,
     analysis_spec,
-    aws_region,  # noqa: F401 - the stack fixture requests it (the moto account's region)
     conversation,
     env_sandbox,  # noqa: F401 - the stack fixture requests it (one sandbox per module)
     iam_template,  # noqa: F401 - the stack fixture requests it
-    moto_config,  # noqa: F401 - the stack fixture requests it (Step Functions executes)
     stack,
+    turn_stack,  # noqa: F401 - the stack fixture requests it (one stack per module)
     upload_measurements,
 )
 

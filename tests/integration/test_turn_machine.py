@@ -45,11 +45,17 @@ from cfn import load_template
 from iam import Iam, Physical, without_action
 from moto.awslambda.models import LambdaBackend
 from moto.awslambda_simple.models import LambdaSimpleBackend
-from moto_account import MotoAccount, remember_valid_state_machines
+from moto_account import (
+    FAKE_CREDENTIALS,
+    MotoAccount,
+    remember_valid_state_machines,
+    reuse_parsed_state_machines,
+)
 
 from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
 from alphaagent.aws.env_deploy import CORE_PARAMETERS
+from alphaagent.aws.environments import PARTITION as ENVIRONMENTS_PARTITION
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.settings import get_lambda_settings
 from alphaagent.aws.store import DynamoStore
@@ -213,6 +219,10 @@ class InProcessLambda:
 # ----------------------------------------------------------------------------- the stack
 
 
+_LEFT_RUNNING: list[threading.Thread] = []
+"""Threads of a test's worker, pumps or invocations still alive after its teardown gave up on them:
+every later test on the stack fails at its set-up while one of them runs."""
+
 PUMP_POLL_S = 1
 """How long a pump's receive waits for a message (s): the bound on how late a pump sees the stop."""
 
@@ -316,6 +326,7 @@ class Stack:
         versioning = self.resource("WorkspacesBucket")["Properties"]["VersioningConfiguration"]
         self.s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration=versioning)
         self.events.create_event_bus(Name=BUS)
+        self.rules_made: list[tuple[str, str]] = []
         self.store = DynamoStore(TABLE)
         self.workspace = S3Workspace(BUCKET)
         # The env functions as the stacks create them, with their tags (the coder may invoke only
@@ -395,17 +406,23 @@ class Stack:
             pump(self.recorder_queue, record_event, "alphaagent-record-event", batch=False),
             pump(self.orphan_queue, release_orphan_lock, "alphaagent-orphan", batch=False),
         ]
-        self._stop = threading.Event()
-        # One thread per queue, each long-polling (moto wakes a waiting receive when a message
-        # arrives), as each function's event source polls on its own: polling every queue every
-        # 0.1 s cost a tenth of a core per test, and more under load, when a turn takes longer.
-        self._pumping = [
-            threading.Thread(target=self._pump, args=(pump,), name=f"pump-{pump.component}", daemon=True)
-            for pump in self.pumps
+        self.queues = [
+            self.spec_queue,
+            self.spec_dlq,
+            self.coder_queue,
+            self.recorder_queue,
+            self.orphan_queue,
+            self.sink,
         ]
+        self.functions = {"alphaagent-env-builtin"}
+        self.rules = {(bus, name) for bus, name in self.rules_made}
+        self._stop = threading.Event()
+        self._pumping: list[threading.Thread] = []
         self.worker: CoderWorker | None = None
         self._working: threading.Thread | None = None
         self.seen: list[dict[str, Any]] = []
+        self._earlier_executions: set[str] = set()
+        self._threads_before: set[threading.Thread] = set()
 
     # -- template ------------------------------------------------------------------------------
 
@@ -455,6 +472,7 @@ class Stack:
         return arn
 
     def rule(self, bus: str, name: str, pattern: dict[str, Any], queue_url: str) -> None:
+        self.rules_made.append((bus, name))
         self.events.put_rule(Name=name, EventBusName=bus, EventPattern=json.dumps(self.resolve(pattern)))
         self.events.put_targets(
             Rule=name, EventBusName=bus, Targets=[{"Id": "queue", "Arn": self.arn_of(queue_url)}]
@@ -463,6 +481,13 @@ class Stack:
     # -- running -------------------------------------------------------------------------------
 
     def start(self, *, worker: bool = True) -> None:
+        # One thread per queue, each long-polling (moto wakes a waiting receive when a message
+        # arrives), as each function's event source polls on its own: polling every queue every
+        # 0.1 s cost a tenth of a core per test, and more under load, when a turn takes longer.
+        self._pumping = [
+            threading.Thread(target=self._pump, args=(pump,), name=f"pump-{pump.component}", daemon=True)
+            for pump in self.pumps
+        ]
         for thread in self._pumping:
             thread.start()
         if worker:
@@ -494,7 +519,54 @@ class Stack:
                 pump.errors.append(traceback.format_exc())
                 self._stop.wait(0.1)
 
+    def reset(self) -> None:
+        """What one test observes, as a fresh stack has it: empty queues, no bus events seen, no
+        Lambda calls, failures or functions beyond the builtin env function, no registered
+        environments, no rules beyond the template's, no earlier executions, nothing checked or
+        denied by IAM, and no thread of an earlier test running."""
+        left = [thread for thread in _LEFT_RUNNING if thread.is_alive()]
+        if left:
+            pytest.fail(f"threads of an earlier test still run (their turns would go unchecked): {left}")
+        with self.iam.acting_as(None):
+            for url in self.queues:
+                self.sqs.purge_queue(QueueUrl=url)  # moto's 60 s purge limit is off (turn_stack)
+            lambdas = boto3.client("lambda", region_name=REGION)
+            for function in lambdas.list_functions()["Functions"]:
+                if function["FunctionName"] not in self.functions:
+                    lambdas.delete_function(FunctionName=function["FunctionName"])
+            dynamodb = boto3.client("dynamodb", region_name=REGION)
+            registered = dynamodb.query(
+                TableName=TABLE,
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": {"S": ENVIRONMENTS_PARTITION}},
+            )["Items"]
+            for item in registered:
+                dynamodb.delete_item(TableName=TABLE, Key={"pk": item["pk"], "sk": item["sk"]})
+            for bus in {bus for bus, _ in self.rules} | {"default"}:
+                for rule in self.events.list_rules(EventBusName=bus)["Rules"]:
+                    if (bus, rule["Name"]) not in self.rules:
+                        targets = self.events.list_targets_by_rule(Rule=rule["Name"], EventBusName=bus)
+                        ids = [target["Id"] for target in targets["Targets"]]
+                        if ids:
+                            self.events.remove_targets(Rule=rule["Name"], EventBusName=bus, Ids=ids)
+                        self.events.delete_rule(Name=rule["Name"], EventBusName=bus)
+            self._earlier_executions = {e["executionArn"] for e in self.executions(every=True)}
+        self.seen.clear()
+        self.lambdas.calls.clear()
+        self.lambdas.failures.clear()
+        self.lambdas.threads.clear()
+        for pump in self.pumps:
+            pump.errors.clear()
+            pump.handled = 0
+        self.iam.reset()
+        self._stop = threading.Event()
+        self._pumping = []
+        self.worker, self._working = None, None
+        self._threads_before = set(threading.enumerate())
+
     def close(self) -> None:
+        """Stop the test's worker, pumps and invocations, and any execution still running; fail
+        loudly if a thread of them is still alive (it would finish the next test's turn unchecked)."""
         if self.worker is not None:
             self.worker.stop()
         if self._working is not None:
@@ -505,6 +577,24 @@ class Stack:
                 thread.join(timeout=10)
         for thread in self.lambdas.threads:
             thread.join(timeout=30)
+        with self.iam.acting_as(None):
+            for execution in self.executions():
+                if execution["status"] == "RUNNING":
+                    self.sfn.stop_execution(executionArn=execution["executionArn"], cause="the test ended")
+        # The worker's own threads (its pollers, each turn's thread) and the test's invocations.
+        ours = [
+            thread
+            for thread in threading.enumerate()
+            if thread not in self._threads_before
+            and (thread.name.startswith(("coder-", "pump-")) or thread in self.lambdas.threads)
+        ]
+        deadline = time.monotonic() + 30
+        for thread in ours:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = [thread for thread in ours if thread.is_alive()]
+        if left:
+            _LEFT_RUNNING.extend(left)
+            raise AssertionError(f"the test's threads did not stop within 30 s: {left}")
 
     # -- observing -----------------------------------------------------------------------------
 
@@ -525,9 +615,10 @@ class Stack:
             if e["detail-type"] == detail_type and e["detail"].get("turn_id") == turn_id
         ]
 
-    def executions(self) -> list[dict[str, Any]]:
+    def executions(self, *, every: bool = False) -> list[dict[str, Any]]:
+        """The machine's executions started in this test (``every``: in earlier tests too)."""
         found: list[dict[str, Any]] = self.sfn.list_executions(stateMachineArn=self.machine)["executions"]
-        return found
+        return [e for e in found if every or e["executionArn"] not in self._earlier_executions]
 
     def execution(self, turn_id: str, *, ended: bool = True, timeout_s: float = 30.0) -> dict[str, Any]:
         """The execution named ``turn_id`` (once it has ended, by default)."""
@@ -603,29 +694,24 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float, stack: 
         pause = min(pause * 2, WAIT_MOST_S)
 
 
+TEMPLATE_TEXT = (ROOT / "template.yaml").read_text()
+
+
 @pytest.fixture
 def iam_template() -> str:
     """The template whose roles the components run as (a test may parametrize a changed copy)."""
-    return (ROOT / "template.yaml").read_text()
+    return TEMPLATE_TEXT
 
 
-@pytest.fixture
-def aws_region() -> str:
-    return REGION
-
-
-@pytest.fixture
-def moto_config() -> dict[str, Any]:
-    """Step Functions runs the machine; Lambda invokes run in-process (no Docker here)."""
-    return {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+"""Step Functions runs the machine; Lambda invokes run in-process (no Docker here)."""
 
 
 @pytest.fixture(scope="module")
 def env_sandbox() -> Iterator[Sandbox]:
     """The env function's sandbox, one for the module: starting it (the builtin preload, which the
     analysis steps' pandas uses) costs ~2 CPU-s, and a run sees nothing of the runs before it (the
-    sandbox's own tests say so); each test still gets its own account, stack and workspace. Not
-    exclusive: its uid sweep is refused as root."""
+    sandbox's own tests say so). Not exclusive: its uid sweep is refused as root."""
     sandbox = Sandbox(SandboxConfig(isolation="process", pool_size=0))
     try:
         yield sandbox
@@ -633,69 +719,92 @@ def env_sandbox() -> Iterator[Sandbox]:
         sandbox.close()
 
 
-@pytest.fixture
-def stack(
-    moto: MotoAccount,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    iam_template: str,
-    env_sandbox: Sandbox,
-) -> Iterator[Stack]:
-    for name, value in {
-        "AWS_REGION": REGION,
-        "POWERTOOLS_TRACE_DISABLED": "true",
-        "POWERTOOLS_METRICS_NAMESPACE": "alphaagent-test",
-        "STATE_TABLE_NAME": TABLE,
-        "WORKSPACES_BUCKET_NAME": BUCKET,
-        "EVENT_BUS_NAME": BUS,
-        "LOCK_LEASE_S": "600",
-        "ENV_TENANT_ISOLATION": "Disabled",
-    }.items():
-        monkeypatch.setenv(name, value)
-    iam = Iam(
-        iam_template,
-        physical_names(),
-        stacks=(ENV_TEMPLATE.read_text(),),
-        stack_parameters=dict(CORE_PARAMETERS),
-    )
-    lambdas = InProcessLambda(iam)
-    # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
-    for backend in (LambdaBackend, LambdaSimpleBackend):
-        monkeypatch.setattr(
-            backend,
-            "invoke",
-            lambda _self, name, _qualifier, body, headers, response_headers: lambdas.invoke(
-                name, body, headers, response_headers
-            ),
+@pytest.fixture(scope="module")
+def turn_stack(env_sandbox: Sandbox) -> Iterator[Stack]:
+    """The stack, one per module: its moto account, resources, IAM harness and the handlers'
+    cached clients (as a warm Lambda keeps them). Building it per test cost about a fifth of a
+    turn's CPU. Each test gets it through ``stack``, which resets what a test observes and stops the
+    test's worker, pumps and invocations when it ends."""
+    from moto import mock_aws
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name, value in {
+            **FAKE_CREDENTIALS,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "POWERTOOLS_TRACE_DISABLED": "true",
+            "POWERTOOLS_METRICS_NAMESPACE": "alphaagent-test",
+            "STATE_TABLE_NAME": TABLE,
+            "WORKSPACES_BUCKET_NAME": BUCKET,
+            "EVENT_BUS_NAME": BUS,
+            "LOCK_LEASE_S": "600",
+            "ENV_TENANT_ISOLATION": "Disabled",
+            # The reset empties every queue before each test; SQS allows one purge a minute.
+            "MOTO_SQS_ENFORCE_STRICT_QUEUE_PURGE_BEHAVIOUR": "false",
+        }.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+        getters = (
+            get_lambda_settings,
+            get_backend,
+            get_stepfunctions_client,
+            coder_backend,
+            env_function.get_store,
+            env_function.get_env_settings,
+            env_function.get_workspace,
         )
-    monkeypatch.setattr(env_function, "get_sandbox", lambda: env_sandbox)
-    getters = (
-        get_lambda_settings,
-        get_backend,
-        get_stepfunctions_client,
-        coder_backend,
-        env_function.get_store,
-        env_function.get_env_settings,
-        env_function.get_workspace,
-    )
-    for getter in getters:
-        getter.cache_clear()
-    remember_valid_state_machines(monkeypatch)
-    iam.install()  # before any client exists: each takes the session's handlers when created
-    created = Stack(moto, lambdas, iam)
-    monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
-    monkeypatch.setenv("CODER_QUEUE_URL", created.coder_queue)
-    get_lambda_settings.cache_clear()
-    try:
-        yield created
-    finally:
-        created.close()
-        iam.uninstall()
-        env_function.get_workspace.cache_clear()
-        env_function.get_env_settings.cache_clear()
-        env_function.get_store.cache_clear()
         for getter in getters:
             getter.cache_clear()
+        with mock_aws(config=MOTO_CONFIG):
+            iam = Iam(
+                TEMPLATE_TEXT,
+                physical_names(),
+                stacks=(ENV_TEMPLATE.read_text(),),
+                stack_parameters=dict(CORE_PARAMETERS),
+            )
+            lambdas = InProcessLambda(iam)
+            # With use_docker off moto answers from LambdaSimpleBackend (an echo); both run our handlers.
+            for backend in (LambdaBackend, LambdaSimpleBackend):
+                monkeypatch.setattr(
+                    backend,
+                    "invoke",
+                    lambda _self, name, _qualifier, body, headers, response_headers: lambdas.invoke(
+                        name, body, headers, response_headers
+                    ),
+                )
+            monkeypatch.setattr(env_function, "get_sandbox", lambda: env_sandbox)
+            remember_valid_state_machines(monkeypatch)
+            reuse_parsed_state_machines(monkeypatch)
+            iam.install()  # before any client exists: each takes the session's handlers when created
+            try:
+                created = Stack(MotoAccount(REGION), lambdas, iam)
+                monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
+                monkeypatch.setenv("CODER_QUEUE_URL", created.coder_queue)
+                get_lambda_settings.cache_clear()
+                yield created
+            finally:
+                iam.uninstall()
+                for getter in getters:
+                    getter.cache_clear()
+
+
+@pytest.fixture
+def stack(turn_stack: Stack, iam_template: str) -> Iterator[Stack]:
+    """The module's stack as a fresh one looks to a test (``Stack.reset``), its components checked
+    against ``iam_template``'s roles; the test's worker, pumps and invocations are stopped after it,
+    and the test fails if any call was denied."""
+    iam = turn_stack.iam
+    turn_stack.reset()
+    if iam_template != TEMPLATE_TEXT:
+        iam.use_template(iam_template)
+    try:
+        yield turn_stack
+    finally:
+        try:
+            turn_stack.close()
+        finally:
+            if iam_template != TEMPLATE_TEXT:
+                iam.use_template(TEMPLATE_TEXT)
     if os.environ.get("IAM_DEBUG"):
         print(sorted(iam.needs), iam.checked)
     assert not iam.denied, iam.report()

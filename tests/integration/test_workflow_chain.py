@@ -26,11 +26,10 @@ from integration.test_turn_machine import (  # iam_template: the stack fixture r
     TABLE,
     USER,
     Stack,
-    aws_region,  # noqa: F401 - the stack fixture requests it (the moto account's region)
     env_sandbox,  # noqa: F401 - the stack fixture requests it (one sandbox per module)
     iam_template,  # noqa: F401
-    moto_config,  # noqa: F401 - the stack fixture requests it (Step Functions executes)
     stack,
+    turn_stack,  # noqa: F401 - the stack fixture requests it (one stack per module)
     wait_for,
 )
 
