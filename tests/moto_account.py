@@ -202,6 +202,36 @@ def reuse_parsed_state_machines(monkeypatch: Any) -> None:
     monkeypatch.setattr(ExecutionWorker, "_get_evaluation_entrypoint", entrypoint)
 
 
+def reuse_state_machine_clients(monkeypatch: Any) -> None:
+    """Give moto's Step Functions interpreter one boto3 client per region and service while the
+    patch holds, instead of a new one for every Task state it runs.
+
+    ``boto_client_for`` (moto 5.2.5, ``stepfunctions/parser/asl/utils/boto_client.py``) makes a
+    client with fixed arguments (the access key ``ak``, no retries) on every call: ~25 ms of CPU
+    each, five or more a turn. A boto3 client is thread-safe, and these carry no per-call state;
+    each is made on first use from the default session of the moment, so it takes the handlers the
+    IAM harness installed on it (hold the patch no longer than one moto session: a module's stack)."""
+    import sys
+
+    import moto.stepfunctions.parser.asl.parse.asl_parser  # noqa: F401 - imports every state's module
+    from moto.stepfunctions.parser.asl.utils import boto_client
+
+    made = boto_client.boto_client_for
+    clients: dict[tuple[str, str], Any] = {}
+    lock = threading.Lock()
+
+    def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+        with lock:
+            if (region, service) not in clients:
+                clients[(region, service)] = made(region, service, state_credentials)
+            return clients[(region, service)]
+
+    prefix = "moto.stepfunctions.parser."
+    for name, module in list(sys.modules.items()):
+        if name.startswith(prefix) and getattr(module, "boto_client_for", None) is made:
+            monkeypatch.setattr(module, "boto_client_for", client_for)
+
+
 # -- S3's conditional writes, atomic as in S3 --------------------------------------------------------
 
 _CONDITIONAL_WRITE_HEADERS = ("If-None-Match", "If-Match")

@@ -50,6 +50,7 @@ from moto_account import (
     MotoAccount,
     remember_valid_state_machines,
     reuse_parsed_state_machines,
+    reuse_state_machine_clients,
 )
 
 from alphaagent.aws import env_function
@@ -152,6 +153,9 @@ class InProcessLambda:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.failures: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.threads: list[threading.Thread] = []
+        self.events: Any = None
+        """The EventBridge client destination records go out with (the stack's, made after the
+        IAM harness is installed)."""
 
     def invoke(self, function_name: str, body: Any, headers: Any, response_headers: dict[str, str]) -> bytes:
         name = function_name.rsplit(":", 1)[-1] if function_name.startswith("arn:") else function_name
@@ -201,9 +205,8 @@ class InProcessLambda:
         with self.iam.acting_as(COMPONENTS[name]):
             self._put_record(name, outcome, record)
 
-    @staticmethod
-    def _put_record(name: str, outcome: str, record: dict[str, Any]) -> None:
-        boto3.client("events", region_name=REGION).put_events(
+    def _put_record(self, name: str, outcome: str, record: dict[str, Any]) -> None:
+        self.events.put_events(
             Entries=[
                 {
                     "EventBusName": BUS,
@@ -320,6 +323,12 @@ class Stack:
         self.sqs = moto.client("sqs")
         self.events = moto.client("events")
         self.sfn = moto.client("stepfunctions")
+        self.lambda_client = moto.client("lambda")
+        self.dynamodb = moto.client("dynamodb")
+        lambdas.events = self.events
+        # The coder worker's own clients, one pair for every test's worker (a task keeps its clients).
+        self.worker_sqs = boto3.client("sqs", region_name=REGION)
+        self.worker_sfn = boto3.client("stepfunctions", region_name=REGION)
         moto.state_table(TABLE)
         self.s3 = moto.bucket(BUCKET)
         # Versioned as the template makes it: reads return a VersionId, and copies pin it.
@@ -423,6 +432,9 @@ class Stack:
         self.seen: list[dict[str, Any]] = []
         self._earlier_executions: set[str] = set()
         self._threads_before: set[threading.Thread] = set()
+        self.stop_timeout_s = 30.0
+        """How long ``close`` waits for the test's threads once told to stop (s): the worker's own
+        ``stop_timeout_seconds`` for an in-flight turn."""
 
     # -- template ------------------------------------------------------------------------------
 
@@ -453,7 +465,7 @@ class Stack:
 
     def function(self, name: str, tags: dict[str, str]) -> None:
         """An env function in moto (its invocations run in-process, ``InProcessLambda``)."""
-        boto3.client("lambda", region_name=REGION).create_function(
+        self.lambda_client.create_function(
             FunctionName=name,
             Runtime="python3.13",
             Role=self.env_role,
@@ -504,8 +516,8 @@ class Stack:
             coder_backend(),
             None,
             settings,
-            sqs=boto3.client("sqs", region_name=REGION),
-            sfn=boto3.client("stepfunctions", region_name=REGION),
+            sqs=self.worker_sqs,
+            sfn=self.worker_sfn,
         )
         self._working = threading.Thread(target=self.worker.run, name="coder-worker", daemon=True)
         with self.iam.acting_as(CODER):  # the worker and the threads it starts run as the task role
@@ -530,18 +542,16 @@ class Stack:
         with self.iam.acting_as(None):
             for url in self.queues:
                 self.sqs.purge_queue(QueueUrl=url)  # moto's 60 s purge limit is off (turn_stack)
-            lambdas = boto3.client("lambda", region_name=REGION)
-            for function in lambdas.list_functions()["Functions"]:
+            for function in self.lambda_client.list_functions()["Functions"]:
                 if function["FunctionName"] not in self.functions:
-                    lambdas.delete_function(FunctionName=function["FunctionName"])
-            dynamodb = boto3.client("dynamodb", region_name=REGION)
-            registered = dynamodb.query(
+                    self.lambda_client.delete_function(FunctionName=function["FunctionName"])
+            registered = self.dynamodb.query(
                 TableName=TABLE,
                 KeyConditionExpression="pk = :pk",
                 ExpressionAttributeValues={":pk": {"S": ENVIRONMENTS_PARTITION}},
             )["Items"]
             for item in registered:
-                dynamodb.delete_item(TableName=TABLE, Key={"pk": item["pk"], "sk": item["sk"]})
+                self.dynamodb.delete_item(TableName=TABLE, Key={"pk": item["pk"], "sk": item["sk"]})
             for bus in {bus for bus, _ in self.rules} | {"default"}:
                 for rule in self.events.list_rules(EventBusName=bus)["Rules"]:
                     if (bus, rule["Name"]) not in self.rules:
@@ -588,13 +598,13 @@ class Stack:
             if thread not in self._threads_before
             and (thread.name.startswith(("coder-", "pump-")) or thread in self.lambdas.threads)
         ]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.stop_timeout_s
         for thread in ours:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         left = [thread for thread in ours if thread.is_alive()]
         if left:
             _LEFT_RUNNING.extend(left)
-            raise AssertionError(f"the test's threads did not stop within 30 s: {left}")
+            raise AssertionError(f"the test's threads did not stop within {self.stop_timeout_s:g} s: {left}")
 
     # -- observing -----------------------------------------------------------------------------
 
@@ -775,6 +785,7 @@ def turn_stack(env_sandbox: Sandbox) -> Iterator[Stack]:
             monkeypatch.setattr(env_function, "get_sandbox", lambda: env_sandbox)
             remember_valid_state_machines(monkeypatch)
             reuse_parsed_state_machines(monkeypatch)
+            reuse_state_machine_clients(monkeypatch)
             iam.install()  # before any client exists: each takes the session's handlers when created
             try:
                 created = Stack(MotoAccount(REGION), lambdas, iam)
@@ -1354,3 +1365,27 @@ def test_a_waiter_learns_of_the_turns_end_from_the_recorders_notice(stack: Stack
     assert reads == ["queued", "completed"] and len(looks) == 2, (reads, looks)
     left = [u for u in stack.sqs.list_queues().get("QueueUrls", []) if "alphaagent-turns-" in u]
     assert left == []
+
+
+# ----------------------------------------------------------------------------- the harness itself
+
+
+def test_a_worker_thread_that_outlives_its_test_fails_it_and_every_later_test(stack: Stack) -> None:
+    # Given a thread of the test's worker that does not stop (a turn still running at the end)
+    release = threading.Event()
+    stuck = threading.Thread(target=release.wait, name="coder-turn", daemon=True)
+    stuck.start()
+    stack.stop_timeout_s = 0.2
+    try:
+        # When the test's teardown stops the stack, Then it fails naming the thread
+        with pytest.raises(AssertionError, match=r"did not stop within 0\.2 s.*coder-turn"):
+            stack.close()
+        # And the next test on the stack fails at its set-up while the thread runs
+        with pytest.raises(pytest.fail.Exception, match="threads of an earlier test still run"):
+            stack.reset()
+    finally:
+        release.set()
+        stuck.join()
+        stack.stop_timeout_s = 30.0
+    # Once it has ended, the stack is usable again
+    stack.reset()
