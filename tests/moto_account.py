@@ -232,6 +232,28 @@ def reuse_state_machine_clients(monkeypatch: Any) -> None:
             monkeypatch.setattr(module, "boto_client_for", client_for)
 
 
+def share_parsed_json_paths(monkeypatch: Any) -> None:
+    """Parse each JSONPath moto evaluates once while the patch holds, not on every use.
+
+    ``jsonpath_ng.ext.parse`` (jsonpath-ng 1.16.0) builds a new ply parser, LR tables and all, on
+    every call (~15 ms of CPU); moto's EventBridge calls it for every input path of every target an
+    event goes to (``EventTemplateParser.parse``), and its Step Functions for every path a state
+    reads. A parsed path is shared safely: the expression classes (``jsonpath_ng/jsonpath.py`` and
+    ``ext/``) set no attribute after ``__init__``, and ``find`` builds new result objects."""
+    import jsonpath_ng
+    import jsonpath_ng.ext
+    import jsonpath_ng.ext.parser
+    import moto.stepfunctions.parser.asl.component.common.path.result_path as result_path
+    import moto.stepfunctions.parser.asl.utils.json_path as json_path
+
+    extended = functools.lru_cache(maxsize=1024)(jsonpath_ng.ext.parser.parse)
+    plain = functools.lru_cache(maxsize=1024)(jsonpath_ng.parse)
+    monkeypatch.setattr(jsonpath_ng.ext, "parse", extended)  # moto.events imports it when called
+    monkeypatch.setattr(jsonpath_ng.ext.parser, "parse", extended)
+    monkeypatch.setattr(json_path, "parse", extended)  # bound when moto's module was imported
+    monkeypatch.setattr(result_path, "parse", plain)
+
+
 # -- S3's conditional writes, atomic as in S3 --------------------------------------------------------
 
 _CONDITIONAL_WRITE_HEADERS = ("If-None-Match", "If-Match")

@@ -51,15 +51,15 @@ from moto_account import (
     remember_valid_state_machines,
     reuse_parsed_state_machines,
     reuse_state_machine_clients,
+    share_parsed_json_paths,
 )
 
 from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
 from alphaagent.aws.env_deploy import CORE_PARAMETERS
-from alphaagent.aws.environments import PARTITION as ENVIRONMENTS_PARTITION
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
 from alphaagent.aws.settings import get_lambda_settings
-from alphaagent.aws.store import DynamoStore
+from alphaagent.aws.store import DynamoStore, create_table
 from alphaagent.aws.workspace import S3Workspace
 from alphaagent.environments import Environment, LambdaStart
 from alphaagent.ids import new_ulid
@@ -532,26 +532,24 @@ class Stack:
                 self._stop.wait(0.1)
 
     def reset(self) -> None:
-        """What one test observes, as a fresh stack has it: empty queues, no bus events seen, no
-        Lambda calls, failures or functions beyond the builtin env function, no registered
-        environments, no rules beyond the template's, no earlier executions, nothing checked or
-        denied by IAM, and no thread of an earlier test running."""
+        """What one test observes, as a fresh stack has it: empty queues, an empty state table (no
+        registered environments), no bus events seen, no Lambda calls, failures or functions beyond
+        the builtin env function, no rules beyond the template's, no earlier executions, nothing
+        checked or denied by IAM, and no thread of an earlier test running. The bucket keeps earlier
+        tests' files: each test has its own conversation."""
         left = [thread for thread in _LEFT_RUNNING if thread.is_alive()]
         if left:
             pytest.fail(f"threads of an earlier test still run (their turns would go unchecked): {left}")
         with self.iam.acting_as(None):
             for url in self.queues:
                 self.sqs.purge_queue(QueueUrl=url)  # moto's 60 s purge limit is off (turn_stack)
+            # A new state table: moto copies every table for each TransactWriteItems (to roll back),
+            # so the items of earlier tests made each of this test's transactions slower.
+            self.dynamodb.delete_table(TableName=TABLE)
+            create_table(self.dynamodb, TABLE)
             for function in self.lambda_client.list_functions()["Functions"]:
                 if function["FunctionName"] not in self.functions:
                     self.lambda_client.delete_function(FunctionName=function["FunctionName"])
-            registered = self.dynamodb.query(
-                TableName=TABLE,
-                KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={":pk": {"S": ENVIRONMENTS_PARTITION}},
-            )["Items"]
-            for item in registered:
-                self.dynamodb.delete_item(TableName=TABLE, Key={"pk": item["pk"], "sk": item["sk"]})
             for bus in {bus for bus, _ in self.rules} | {"default"}:
                 for rule in self.events.list_rules(EventBusName=bus)["Rules"]:
                     if (bus, rule["Name"]) not in self.rules:
@@ -724,6 +722,9 @@ def env_sandbox() -> Iterator[Sandbox]:
     sandbox's own tests say so). Not exclusive: its uid sweep is refused as root."""
     sandbox = Sandbox(SandboxConfig(isolation="process", pool_size=0))
     try:
+        # Started here, not by the module's first run: the start (seconds of wall under load) would
+        # count against that turn's 30 s waits alone.
+        sandbox.start()
         yield sandbox
     finally:
         sandbox.close()
@@ -786,6 +787,7 @@ def turn_stack(env_sandbox: Sandbox) -> Iterator[Stack]:
             remember_valid_state_machines(monkeypatch)
             reuse_parsed_state_machines(monkeypatch)
             reuse_state_machine_clients(monkeypatch)
+            share_parsed_json_paths(monkeypatch)
             iam.install()  # before any client exists: each takes the session's handlers when created
             try:
                 created = Stack(MotoAccount(REGION), lambdas, iam)
