@@ -789,6 +789,8 @@ def turn_stack(env_sandbox: Sandbox) -> Iterator[Stack]:
             reuse_state_machine_clients(monkeypatch)
             share_parsed_json_paths(monkeypatch)
             iam.install()  # before any client exists: each takes the session's handlers when created
+            for module in set(HANDLERS.values()):  # imported here, not within the first test's waits
+                importlib.import_module(module)
             try:
                 created = Stack(MotoAccount(REGION), lambdas, iam)
                 monkeypatch.setenv("STATE_MACHINE_ARN", created.machine)
