@@ -14,7 +14,6 @@ import pytest
 from trees import make_empty_files, tmpfs_dir
 
 from alphaagent.models.run import RunResult
-from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.snapshot import HashCache, SkippedEntry
 from alphaagent.sandbox.supervisor import Sandbox
 from alphaagent.sandbox.treestate import RACY_NS, TreeState, TreeStates
@@ -42,8 +41,9 @@ def _make(root: Path, files: int) -> list[str]:
 @pytest.fixture
 def big_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory on tmpfs when /dev/shm is writable: creating 120,000 files there takes ~1 s, on
-    this machine's ext4 under load ~50 s. The walk does the same system calls on both."""
-    with tmpfs_dir(tmp_path) as path:
+    this machine's ext4 under load ~50 s. The walk does the same system calls on both. On /dev/shm,
+    not a mount of its own: the worker's sandbox, already running, must see it."""
+    with tmpfs_dir(tmp_path, own_mount=False) as path:
         yield path
 
 
@@ -262,31 +262,31 @@ def test_kinds_symlinks_and_hostile_names_survive_the_incremental_walk(tmp_path:
     state.close()
 
 
-def test_a_run_in_a_big_scope_reports_its_changes_end_to_end(big_dir: Path) -> None:
-    tmp_path = big_dir
-    # Given a sandbox and a scope of 20,000 files, run in once (the first run walks it whole)
+def test_a_run_in_a_big_scope_reports_its_changes_end_to_end(big_dir: Path, builtin_sandbox: Sandbox) -> None:
+    tmp_path, sandbox = big_dir, builtin_sandbox
+    # Given a sandbox (the worker's default one: the scope is new to it) and a scope of 20,000
+    # files, run in once (the first run walks it whole)
     paths = _make(tmp_path, 20_000)
-    with Sandbox(SandboxConfig()) as sandbox:
-        assert _changed(sandbox.run("print(1)", cwd=tmp_path)) == []
-        _past_racy()
+    assert _changed(sandbox.run("print(1)", cwd=tmp_path)) == []
+    _past_racy()
 
-        # When a run creates, modifies and deletes one file each
-        code = (
-            "import os\n"
-            "open('reports_new.csv', 'w').write('1')\n"
-            f"open({paths[12345]!r}, 'w').write('longer')\n"
-            f"os.unlink({paths[19999]!r})\n"
-        )
-        result = sandbox.run(code, cwd=tmp_path)
+    # When a run creates, modifies and deletes one file each
+    code = (
+        "import os\n"
+        "open('reports_new.csv', 'w').write('1')\n"
+        f"open({paths[12345]!r}, 'w').write('longer')\n"
+        f"os.unlink({paths[19999]!r})\n"
+    )
+    result = sandbox.run(code, cwd=tmp_path)
 
-        # Then the result says exactly that
-        assert result.status == "ok", result.stderr
-        assert (result.files.created, result.files.modified, result.files.deleted) == (
-            ["reports_new.csv"],
-            [paths[12345]],
-            [paths[19999]],
-        )
-        # And a file written from outside before the next run is not that run's change
-        _write(tmp_path / "outside.csv")
-        _past_racy()
-        assert _changed(sandbox.run("print(2)", cwd=tmp_path)) == []
+    # Then the result says exactly that
+    assert result.status == "ok", result.stderr
+    assert (result.files.created, result.files.modified, result.files.deleted) == (
+        ["reports_new.csv"],
+        [paths[12345]],
+        [paths[19999]],
+    )
+    # And a file written from outside before the next run is not that run's change
+    _write(tmp_path / "outside.csv")
+    _past_racy()
+    assert _changed(sandbox.run("print(2)", cwd=tmp_path)) == []
