@@ -39,6 +39,7 @@ from alphaagent.errors import (
 from alphaagent.models.bounds import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB
 from alphaagent.program import DEFAULT_PROGRAM
 from alphaagent.suggest import did_you_mean, did_you_mean_name
+from alphaagent.wording import number_rule, shown_typed
 
 # Only the standard library and the error classes at import: `--version`, `COMMAND --help` and a
 # usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
@@ -106,13 +107,7 @@ class _Number:
         unit: str = "",
     ) -> None:
         self.kind, self.low, self.high, self.above = kind, low, high, above
-        noun = ("a whole number" if kind is int else "a number") + (f" of {unit}" if unit else "")
-        if low is not None and high is not None:
-            self.rule = f"{noun} from {low:g} to {high:g}"
-        else:
-            bounds = [f"> {above:g}" if above is not None else "", f"≥ {low:g}" if low is not None else ""]
-            bounds.append(f"≤ {high:g}" if high is not None else "")
-            self.rule = " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
+        self.rule = number_rule(kind is int, low=low, high=high, above=above, unit=unit)
         self.__name__ = self.rule  # what argparse would name the type with
 
     def __call__(self, text: str) -> int | float:
@@ -197,7 +192,7 @@ class _Parser(argparse.ArgumentParser):
             # The one rule of an option's value (_Number), for a choice: not argparse's own words.
             known = ", ".join(map(str, action.choices))
             name = _option_name(action)
-            raise argparse.ArgumentError(None, f"{name}: must be one of {known}, got {value!r}")
+            raise argparse.ArgumentError(None, f"{name}: must be one of {known}, got {shown_typed(value)}")
         super()._check_value(action, value)
 
     def _unknown_option_before(self, value: str) -> str | None:
@@ -234,7 +229,7 @@ class _Parser(argparse.ArgumentParser):
             except ValueError:
                 rule = action.type.rule
                 raise argparse.ArgumentError(
-                    None, f"{_option_name(action)}: must be {rule}, got {arg_string!r}"
+                    None, f"{_option_name(action)}: must be {rule}, got {shown_typed(arg_string)}"
                 ) from None
         return super()._get_value(action, arg_string)
 

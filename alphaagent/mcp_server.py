@@ -27,7 +27,7 @@ import hmac
 import json
 import secrets
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -46,7 +46,8 @@ from alphaagent.client import Client, parse_scope
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, PathRuleError
 from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.records import ArtifactRef, TurnResult
-from alphaagent.wording import count
+from alphaagent.models.rules import value_rule
+from alphaagent.wording import count, shown_json
 
 SERVER_NAME = "alphaagent"
 
@@ -121,9 +122,10 @@ TurnLimitArg = Annotated[
 class _ToolArguments(BaseModel):
     """A tool's arguments as the server checks them before the SDK calls the tool: an argument the
     tool does not have is refused (the SDK's own check drops it silently: ``list_turns(scope,
-    lmit=1)`` would list every turn), and a refusal is one line naming the argument."""
+    lmit=1)`` would list every turn), a value must have its JSON type (``strict``: ``"2"`` is not a
+    version, ``true`` is not an offset), and a refusal is one line naming the argument."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class RunAnalysisArguments(_ToolArguments):
@@ -139,13 +141,15 @@ class ListArtifactsArguments(_ToolArguments):
 
 
 class ReadArtifactArguments(_ToolArguments):
-    """``read_artifact``: the ranges are checked by the tool, with their own wording."""
+    """``read_artifact``: the ranges as the tool's schema publishes them (``VersionArg``,
+    ``OffsetArg``, ``LimitArg``), refused in the spec's words (``version: must be a whole number
+    ≥ 1, got 0``)."""
 
     scope: dict[str, Any]
     name: str
-    version: int | None = None
-    offset: int = 0
-    limit: int = TEXT_PAGE_CHARS
+    version: int | None = Field(None, ge=1)
+    offset: int = Field(0, ge=0)
+    limit: int = Field(TEXT_PAGE_CHARS, ge=1, le=MAX_TEXT_PAGE_CHARS)
 
 
 class ListTurnsArguments(_ToolArguments):
@@ -164,19 +168,23 @@ TOOL_ARGUMENTS: dict[str, type[_ToolArguments]] = {
 """The arguments model of each tool, which ``call_tool`` checks a call's arguments against."""
 
 
-def describe_arguments_error(exc: ValidationError, known: Iterable[str]) -> str:
-    """One line naming the first offending argument and its rule (an unknown argument first, with
-    the closest known name: a misspelt one is reported by pydantic as missing, too)."""
+def describe_arguments_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line naming the first offending argument of the tool whose arguments ``model`` is, and
+    its rule (an unknown argument first, with the closest known name: a misspelt one is reported by
+    pydantic as missing, too)."""
     from alphaagent.suggest import did_you_mean
 
-    names = list(known)
+    names = list(model.model_fields)
     errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
     first = errors[0]
     where = ".".join(str(part) for part in first["loc"]) or "arguments"
     if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
         guess = did_you_mean(where, names) or " (arguments: " + ", ".join(names) + ")"
         return f"{where}: unknown argument{guess}"
-    return f"{where}: {str(first['msg']).splitlines()[0]}"
+    # An argument is JSON: its rule and its value as JSON (`got "2"`), in the spec's words.
+    info = model.model_fields.get(str(first["loc"][0])) if len(first["loc"]) == 1 else None
+    rule = value_rule(first, info, shown_json, where)
+    return f"{where}: {rule or str(first['msg']).splitlines()[0]}"
 
 
 class _Server(MCPServer[Any]):
@@ -198,7 +206,7 @@ class _Server(MCPServer[Any]):
                 # As the SDK reads them: an object sent as a JSON string (Claude Desktop) is that object.
                 model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
             except ValidationError as exc:
-                raise ToolError(describe_arguments_error(exc, model.model_fields)) from None
+                raise ToolError(describe_arguments_error(exc, model)) from None
         return await super().call_tool(name, arguments, context)
 
 
@@ -457,12 +465,14 @@ def build_server(client: Client) -> MCPServer:
     ) -> CallToolResult:
         async def body() -> CallToolResult:
             # Checked here, not by the SDK, so that the error is one line naming the argument.
+            # ReadArtifactArguments refuses these first (call_tool); the same words if not.
             if version is not None and version < 1:
-                raise InvalidRequestError("version: 1 or more (leave it out for the latest)")
+                raise InvalidRequestError(f"version: must be a whole number ≥ 1, got {shown_json(version)}")
             if offset < 0:
-                raise InvalidRequestError("offset: 0 or more characters")
+                raise InvalidRequestError(f"offset: must be a whole number ≥ 0, got {shown_json(offset)}")
             if not 1 <= limit <= MAX_TEXT_PAGE_CHARS:
-                raise InvalidRequestError(f"limit: 1 to {MAX_TEXT_PAGE_CHARS} characters")
+                rule = f"a whole number from 1 to {MAX_TEXT_PAGE_CHARS}"
+                raise InvalidRequestError(f"limit: must be {rule}, got {shown_json(limit)}")
             found, data = await anyio.to_thread.run_sync(client.artifact, parse_scope(scope), name, version)
             label = f"{found.kind} {found.name} v{found.version} ({found.path}, {found.size_bytes} bytes)"
             media_type = _media_type(data)
@@ -490,8 +500,7 @@ def build_server(client: Client) -> MCPServer:
     async def list_turns(scope: ScopeArg, limit: TurnLimitArg = None) -> Annotated[CallToolResult, TurnList]:
         async def body() -> CallToolResult:
             if limit is not None and (type(limit) is not int or limit < 1):
-                shown = repr(limit) if isinstance(limit, str) else json.dumps(limit)
-                raise InvalidRequestError(f"limit: must be a whole number ≥ 1, got {shown}")
+                raise InvalidRequestError(f"limit: must be a whole number ≥ 1, got {shown_json(limit)}")
             turns = await anyio.to_thread.run_sync(client.turns, parse_scope(scope))
             # Newest first, as every list of past work (the CLI's turns, the viewer): the question
             # an orchestrator asks is "what did the turn I just ran do". The client keeps the

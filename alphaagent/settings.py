@@ -88,18 +88,33 @@ def read_env(model: type[M], env: Mapping[str, str]) -> M:
 
 
 def describe_error(model: type[BaseModel], exc: ValidationError) -> str:
-    """The first error of ``exc`` as one line naming the variable (or the rule alone when the error
-    already names it, as a connector's does)."""
+    """The first error of ``exc`` as one line naming the variable (never the model's field), the
+    rule and the value as it was set, quoted as text (``alphaagent.wording``'s rule):
+    ``ALPHAAGENT_LOCK_LEASE_S: must be a number of seconds > 0, got 'abc'``; the rule alone when
+    the error already names the variable, as a connector's does."""
+    from alphaagent.models.rules import value_rule
+    from alphaagent.wording import shown_typed
+
     first = exc.errors()[0]
     message = str(first["msg"]).removeprefix("Value error, ").splitlines()[0]
     loc = [str(part) for part in first["loc"]]
     if not loc:
         return message
     # pydantic names the alias it validated by, or the field when the field is the variable.
-    variable = variable_of(model, loc[0]) if loc[0] in model.model_fields else loc[0]
+    field = loc[0] if loc[0] in model.model_fields else _field_of_alias(model, loc[0])
+    variable = variable_of(model, field) if field is not None else loc[0]
     if first["type"] == "missing":
         message = "not set (required)"
+    else:
+        info = model.model_fields.get(field) if field is not None else None
+        shown = lambda value: shown_typed(value) if isinstance(value, str) else repr(value)  # noqa: E731
+        message = value_rule(first, info, shown, variable) or message
     return f"{variable}: {message}"
+
+
+def _field_of_alias(model: type[BaseModel], alias: str) -> str | None:
+    """The field of ``model`` whose variable is ``alias`` (pydantic's error names the alias)."""
+    return next((field for field in model.model_fields if variable_of(model, field) == alias), None)
 
 
 def documented_variables(model: type[BaseModel]) -> dict[str, str]:

@@ -28,6 +28,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from alphaagent.errors import ModelConfigError
+from alphaagent.settings import describe_error
 
 Provider = Literal["anthropic", "bedrock"]
 _TRUE = ("1", "true", "yes", "on")
@@ -108,10 +109,8 @@ class CoderSettings(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else ""
-            where = f"{numbers[field]}: " if field in numbers else ""
-            raise ModelConfigError(f"{where}{str(first['msg']).removeprefix('Value error, ')}") from None
+            # One line naming the variable and the rule, as every process kind's settings.
+            raise ModelConfigError(describe_error(cls, exc)) from None
 
     def cli_env(self) -> dict[str, str]:
         """The provider's variables for the Claude Code CLI (added over the inherited environment)."""

@@ -54,6 +54,7 @@ from alphaagent.ids import new_ulid
 from alphaagent.models.common import scope_from_key
 from alphaagent.models.records import PreparedInput, TurnResult
 from alphaagent.models.spec import Spec, parse_spec
+from alphaagent.settings import describe_error
 
 logger = logging.getLogger(__name__)
 
@@ -120,17 +121,15 @@ class WorkerSettings(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
-        """The settings in ``env``; raises ``InvalidSettingError`` (a ``ValueError``) naming the
-        variable and the field (``HEARTBEAT_SECONDS (heartbeat_seconds): ...``)."""
+        """The settings in ``env``; raises ``InvalidSettingError`` (a ``ValueError``): one line naming
+        the variable, the rule and the value (``HEARTBEAT_SECONDS: must be a number of seconds > 0
+        and ≤ 40, got 'x'``; ``alphaagent.settings.describe_error``)."""
         names = cls.ENV_NAMES
         values = {field: env[name] for field, name in names.items() if env.get(name, "").strip()}
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else ""
-            rule = "not set (required)" if first["type"] == "missing" else first["msg"]
-            raise InvalidSettingError(f"{names.get(field, field)} ({field}): {rule}") from None
+            raise InvalidSettingError(describe_error(cls, exc)) from None
 
 
 @lru_cache(maxsize=1)

@@ -130,6 +130,13 @@ def check_request(name: str, request: Mapping[str, Any], field: str = "request")
         if first["type"] == "extra_forbidden":
             # The same help as a spec's own misspelled field gets (models/spec.py).
             message = unknown_field(str(first["loc"][-1]), list(model.model_fields))
+        elif first["loc"]:
+            # A request is JSON (a spec's, the coder's): its rule and value in the spec's words.
+            from alphaagent.models.rules import value_rule
+            from alphaagent.wording import shown_json
+
+            name = str(first["loc"][-1])
+            message = value_rule(first, model.model_fields.get(name), shown_json, name) or message
         raise ToolError(f"{where}: {message}") from None
 
 

@@ -17,9 +17,10 @@ DEFAULT_TIMEOUT_S = 30.0
 
 class ConnectorRequest(BaseModel):
     """The base of a connector's request model: unknown fields are refused (a misspelt ``pth`` is an
-    error, not a silently ignored field). ``name`` is the copy's file name in ``docs/``."""
+    error, not a silently ignored field), and values must have their field's JSON type (``strict``:
+    a request is JSON from a spec or the coder). ``name`` is the copy's file name in ``docs/``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str | None = Field(None, description="The copy's file name in docs/ (default: the source's).")
 

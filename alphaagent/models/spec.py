@@ -7,9 +7,10 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.common import (
@@ -27,6 +28,11 @@ from alphaagent.models.common import (
     WorkspacePath,
     unknown_field,
 )
+from alphaagent.models.rules import WORDED_ERRORS, union_tag, value_rule
+from alphaagent.wording import shown_json
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 TURN_ID_REUSED = "turn_id: already used for a different spec; leave it out to get a fresh one"
 """The refusal of a spec whose ``turn_id`` is another spec's: a turn id is an idempotency key for one
@@ -38,7 +44,19 @@ Step Functions state (256 KiB) with room for the envelope."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """The base of every model of the spec. ``strict``: a spec is JSON from another program, so a
+    value must have its field's JSON type: ``"3"`` is not a number and ``true`` is not 1 (pydantic's
+    lax mode would take both). A type error is worded by ``describe_validation_error``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _exactly_an_integer(value: Any) -> Any:
+    """Refuse a boolean or a float for a literal integer (``spec_version``): pydantic's literal
+    check compares by equality even in strict mode, and ``true == 1.0 == 1`` in Python."""
+    if isinstance(value, bool | float):
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": "1"})
+    return value
 
 
 class DocumentInput(_Strict):
@@ -107,7 +125,7 @@ class Constraints(_Strict):
 class Spec(_Strict):
     """The analysis spec. ``scope`` is a conversation or one node of a workflow run."""
 
-    spec_version: Literal[1]
+    spec_version: Annotated[Literal[1], BeforeValidator(_exactly_an_integer)]
     turn_id: Ulid | None = None
     user_id: UserId
     scope: ConversationScope | NodeScope
@@ -192,25 +210,12 @@ def _models_at(loc: tuple[int | str, ...]) -> list[type[BaseModel]]:
     return models
 
 
-_BOUNDS = {
-    "greater_than_equal": ("ge", "≥"),
-    "greater_than": ("gt", ">"),
-    "less_than_equal": ("le", "≤"),
-    "less_than": ("lt", "<"),
-}
-"""Pydantic's error types for a numeric bound of a field, its ``ctx`` key and the sign the CLI's
-options use (cli._Number): every bound of the spec is worded the one way."""
-
-
-def _bound_rule(error: Any) -> str:
-    """``must be a whole number ≥ 1, got 0``: the rule of the numeric bound ``error`` broke, in
-    the CLI's words (a whole number for an int field, a number otherwise)."""
-    key, sign = _BOUNDS[error["type"]]
-    loc = tuple(error["loc"])
+def _field_at(loc: tuple[int | str, ...]) -> FieldInfo | None:
+    """The spec's field at ``loc`` (an error's location), or None (an item of a list, a union)."""
+    if not loc or isinstance(loc[-1], int):
+        return None
     fields = [m.model_fields[str(loc[-1])] for m in _models_at(loc[:-1]) if str(loc[-1]) in m.model_fields]
-    whole = bool(fields) and int in (fields[0].annotation, *get_args(fields[0].annotation))
-    noun = "a whole number" if whole else "a number"
-    return f"must be {noun} {sign} {error['ctx'][key]:g}, got {error['input']!r}"
+    return fields[0] if fields else None
 
 
 _UNION_BRANCHES: frozenset[str] = frozenset(model.__name__ for model in get_args(Scope))
@@ -258,8 +263,19 @@ def describe_validation_error(exc: ValidationError, missing: Mapping[str, str] |
         else:
             # The same help as for a top-level typo, from the field names of the model it is in.
             message = unknown_field(str(first["loc"][-1]), _fields_at(tuple(first["loc"][:-1])))
-    elif first["type"] in _BOUNDS and "ctx" in first:
-        message = _bound_rule(first)
+    elif first["type"] in WORDED_ERRORS:
+        # The field's rule and the value as sent, as JSON (`got "3"`), not pydantic's words.
+        loc = tuple(first["loc"])
+        tag = union_tag(first)
+        if tag is not None:
+            location = f"{location}.{tag}"
+        name = str(loc[-1]) if loc else ""
+        message = value_rule(first, _field_at(loc), shown_json, name) or message
+    elif first["type"] == "union_tag_not_found":
+        # An input without its `kind`: which kinds there are, not "Unable to extract tag".
+        tags = [tag for model in _models_at(tuple(first["loc"])) if (tag := _kind_of(model))]
+        location = f"{location}.kind"
+        message = "required, one of " + ", ".join(json.dumps(tag) for tag in tags)
     elif location == "turn_id" and first["type"] == "string_pattern_mismatch":
         message = "a 26-character ULID; leave it out to get a fresh one"
     elif first["type"] == "missing":

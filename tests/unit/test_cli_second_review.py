@@ -255,8 +255,11 @@ def test_a_spec_typo_names_the_closest_field_at_the_top_as_below(fields: dict[st
     [
         ({"max_runs": 0}, "constraints.max_runs: must be a whole number ≥ 1, got 0"),
         ({"max_runs": 501}, "constraints.max_runs: must be a whole number ≤ 500, got 501"),
-        ({"run_timeout_s": 0}, "constraints.run_timeout_s: must be a number > 0, got 0"),
-        ({"turn_timeout_s": 100000}, "constraints.turn_timeout_s: must be a number ≤ 86400, got 100000"),
+        ({"run_timeout_s": 0}, "constraints.run_timeout_s: must be a number of seconds > 0, got 0"),
+        (
+            {"turn_timeout_s": 100000},
+            "constraints.turn_timeout_s: must be a number of seconds ≤ 86400, got 100000",
+        ),
     ],
 )
 def test_a_spec_number_out_of_its_range_is_worded_as_an_options_rule(

@@ -272,7 +272,7 @@ def test_a_bad_spec_is_an_error_result_naming_the_field_and_writes_nothing(alice
     assert answers["reader scope"].is_error
     assert text_of(answers["reader scope"]).startswith("scope.conversation_id: ")
     assert answers["reader version"].is_error
-    assert text_of(answers["reader version"]) == "version: 1 or more (leave it out for the latest)"
+    assert text_of(answers["reader version"]) == "version: must be a whole number ≥ 1, got 0"
     # (the server is shared: the other tests' conversations are there, none of these)
     written = (
         {p.name for p in (home / "conversations").iterdir()} if (home / "conversations").exists() else set()

@@ -60,10 +60,32 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> list[Any]:
     ("tool", "arguments", "line"),
     [
         ("run_analysis", {}, "spec: Field required"),
-        ("run_analysis", {"spec": [1]}, "spec: Input should be a valid dictionary"),
+        ("run_analysis", {"spec": [1]}, "spec: must be an object, got [1]"),
         ("run_analysis", {"spec": {}, "user": "x"}, "user: unknown argument (arguments: spec)"),
         ("list_artifacts", {"scop": SCOPE}, "scop: unknown argument (did you mean 'scope'?)"),
-        ("read_artifact", {"scope": SCOPE, "name": 5}, "name: Input should be a valid string"),
+        ("read_artifact", {"scope": SCOPE, "name": 5}, "name: must be a string, got 5"),
+        # An argument is JSON: its type is strict ("2" is not a version, true not an offset) and
+        # its value is shown as JSON, as a spec's field is (alphaagent.wording's rule).
+        (
+            "read_artifact",
+            {"scope": SCOPE, "name": "n", "version": "2"},
+            'version: must be a whole number ≥ 1, got "2"',
+        ),
+        (
+            "read_artifact",
+            {"scope": SCOPE, "name": "n", "version": 0},
+            "version: must be a whole number ≥ 1, got 0",
+        ),
+        (
+            "read_artifact",
+            {"scope": SCOPE, "name": "n", "offset": True},
+            "offset: must be a whole number ≥ 0, got true",
+        ),
+        (
+            "read_artifact",
+            {"scope": SCOPE, "name": "n", "limit": 1.5},
+            "limit: must be a whole number from 1 to 100000, got 1.5",
+        ),
         (
             "read_artifact",
             {"scope": SCOPE, "name": "n", "verison": 2},
@@ -73,8 +95,8 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> list[Any]:
         # list_turns' limit follows the CLI's one rule for --limit, in the CLI's words; a string
         # or a boolean is not a number of turns even if pydantic's lax mode would take "2" or true.
         ("list_turns", {"scope": SCOPE, "limit": 0}, "limit: must be a whole number ≥ 1, got 0"),
-        ("list_turns", {"scope": SCOPE, "limit": "abc"}, "limit: must be a whole number ≥ 1, got 'abc'"),
-        ("list_turns", {"scope": SCOPE, "limit": "2"}, "limit: must be a whole number ≥ 1, got '2'"),
+        ("list_turns", {"scope": SCOPE, "limit": "abc"}, 'limit: must be a whole number ≥ 1, got "abc"'),
+        ("list_turns", {"scope": SCOPE, "limit": "2"}, 'limit: must be a whole number ≥ 1, got "2"'),
         ("list_turns", {"scope": SCOPE, "limit": True}, "limit: must be a whole number ≥ 1, got true"),
         ("list_turns", {"scope": SCOPE, "limit": 1.5}, "limit: must be a whole number ≥ 1, got 1.5"),
     ],
