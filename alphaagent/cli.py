@@ -36,7 +36,13 @@ from alphaagent.errors import (
     NotFoundError,
     PathRuleError,
 )
-from alphaagent.models.bounds import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB
+from alphaagent.models.bounds import (
+    ENVIRONMENT_ID_PATTERN,
+    MAX_MEMORY_MB,
+    MAX_TIMEOUT_S,
+    MIN_MEMORY_MB,
+    SCOPE_ID_PATTERN,
+)
 from alphaagent.program import DEFAULT_PROGRAM
 from alphaagent.suggest import did_you_mean, did_you_mean_name
 from alphaagent.wording import number_rule, shown_typed
@@ -120,6 +126,33 @@ class _Number:
         if self.above is not None and value <= self.above:
             raise ValueError(text)
         return value
+
+
+class _Id:
+    """The type of an id a command is given (``env add ID``, ``--conversation``): checked when
+    argparse reads the value, so a bad id is refused before a required option that is missing
+    (new-user review: ``env add 'BAD!ID'`` without ``--python`` said --python was required, and only
+    the next try said the id could never be registered). ``refusal`` is the line's rule, given the
+    value as typed; the same words the command's own check has always used."""
+
+    def __init__(self, pattern: str, refusal: Any) -> None:
+        import re
+
+        self.pattern, self.refusal = re.compile(pattern), refusal
+        self.__name__ = "id"
+
+    def __call__(self, text: str) -> str:
+        """``text`` when it is such an id; ``ValueError`` otherwise."""
+        if self.pattern.fullmatch(text) is None:
+            raise ValueError(text)
+        return text
+
+
+_SCOPE_ID = _Id(SCOPE_ID_PATTERN, lambda text: "1-80 characters of letters, digits, '_' and '-'")
+_ENVIRONMENT_ID = _Id(
+    ENVIRONMENT_ID_PATTERN,
+    lambda text: f"{shown_typed(text)}: 1-32 characters of a-z, 0-9 and '-', starting with a letter",
+)
 
 
 def _option_name(action: argparse.Action) -> str:
@@ -223,6 +256,12 @@ class _Parser(argparse.ArgumentParser):
         return [name, *deeper]
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        if isinstance(action.type, _Id):
+            try:
+                return action.type(arg_string)
+            except ValueError:
+                refusal = action.type.refusal(arg_string)
+                raise argparse.ArgumentError(None, f"{_option_name(action)}: {refusal}") from None
         if isinstance(action.type, _Number):
             try:
                 return action.type(arg_string)
@@ -1151,12 +1190,11 @@ def _environment_lines(environment: Environment, *, full: bool = False) -> list[
 
 def cmd_env_help(args: argparse.Namespace) -> int:
     """``env`` without a sub-command: its help on standard output (exit 0), as ``alphaagent``
-    alone prints the overview; with ``--json`` a one-line usage error, since help is no JSON."""
+    alone prints the overview; with ``--json`` that help as JSON, as ``help env --json`` prints."""
     command: argparse.ArgumentParser = args.parser
     if args.json:
-        raise InvalidRequestError(
-            f"env --json: name a sub-command: add, list, show or remove (see {command.prog} --help)"
-        )
+        print(json.dumps(help_document(command, "env"), indent=2))
+        return EXIT_OK
     command.print_help()
     return EXIT_OK
 
@@ -1234,9 +1272,50 @@ def cmd_env_remove(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- help, version
 
 
+def help_document(command: argparse.ArgumentParser, name: str) -> dict[str, Any]:
+    """The help of ``command`` (called ``name``: ``env add``; empty for the program) as JSON, what
+    ``help [COMMAND] --json`` prints, as every ``--json`` prints the command's answer as JSON:
+    ``{"command", "summary", "usage", "commands": [{"name", "summary"}], "arguments": [{"name",
+    "help"}], "options": [{"flags", "value", "required", "choices", "help"}]}``. ``commands`` are
+    those directly under it (``env``'s sub-commands under ``env``); hidden options are left out."""
+    commands, arguments, options = [], [], []
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            commands = [
+                {"name": f"{name} {choice.dest}".strip(), "summary": choice.help or ""}
+                for choice in action._choices_actions
+            ]
+        elif action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+            continue
+        elif not action.option_strings:
+            arguments.append({"name": str(action.metavar or action.dest), "help": action.help or ""})
+        else:
+            takes = action.nargs != 0
+            options.append(
+                {
+                    "flags": list(action.option_strings),
+                    "value": str(action.metavar or action.dest.upper()) if takes else None,
+                    "required": bool(action.required),
+                    "choices": [str(c) for c in action.choices] if action.choices is not None else None,
+                    "help": action.help or "",
+                }
+            )
+    usage = " ".join(command.format_usage().removeprefix("usage:").split())
+    summary = (command.description or "").split("\n\ndata directory:")[0]
+    return {
+        "command": name,
+        "summary": summary,
+        "usage": usage,
+        "commands": commands,
+        "arguments": arguments,
+        "options": options,
+    }
+
+
 def cmd_help(args: argparse.Namespace) -> int:
     """Print the program's help (no COMMAND), or a command's (``help env add`` for a sub-command),
-    on standard output: what ``--help`` prints, without the usage error of a missing command."""
+    on standard output: what ``--help`` prints, without the usage error of a missing command. With
+    ``--json``, the same help as JSON (``help_document``: the commands, arguments and options)."""
     command: argparse.ArgumentParser = args.parser
     for depth, word in enumerate(args.topic):
         choices = next((a.choices for a in command._actions if isinstance(a, argparse._SubParsersAction)), {})
@@ -1246,6 +1325,9 @@ def cmd_help(args: argparse.Namespace) -> int:
             known = did_you_mean(word, choices) or f" (commands: {', '.join(choices) or 'none'})"
             raise InvalidRequestError(f"help: {where} {word!r}{known}")
         command = choices[word]
+    if args.json:
+        print(json.dumps(help_document(command, " ".join(args.topic)), indent=2))
+        return EXIT_OK
     command.print_help()
     return EXIT_OK
 
@@ -1437,9 +1519,11 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
         command.add_argument(
             "--user", default=None, help=f"who is asking (default: ${USER_ENV}, else '{DEFAULT_USER}')"
         )
-        command.add_argument("--conversation", metavar="ID", help="a conversation scope")
-        command.add_argument("--workflow", metavar="EXEC", help="a workflow execution (with --node)")
-        command.add_argument("--node", metavar="ID", help="a node of the workflow execution")
+        command.add_argument("--conversation", type=_SCOPE_ID, metavar="ID", help="a conversation scope")
+        command.add_argument(
+            "--workflow", type=_SCOPE_ID, metavar="EXEC", help="a workflow execution (with --node)"
+        )
+        command.add_argument("--node", type=_SCOPE_ID, metavar="ID", help="a node of the workflow execution")
         if prints_json:
             command.add_argument("--json", action="store_true", help="print JSON")
         return command
@@ -1602,6 +1686,9 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     help_command.add_argument(
         "topic", nargs="*", metavar="COMMAND", help="a command (env add: a sub-command) to explain"
     )
+    help_command.add_argument(
+        "--json", action="store_true", help="print the help as JSON (its commands and options)"
+    )
     help_command.set_defaults(handler=cmd_help, parser=parser)
     version = sub.add_parser("version", help="print the version (what --version prints)")
     version.add_argument("--json", action="store_true", help='print {"name": ..., "version": ...}')
@@ -1613,7 +1700,12 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     env.set_defaults(handler=cmd_env_help, parser=env)
     env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND", parser_class=_Parser)
     env_add = env_sub.add_parser("add", help="register a Python interpreter as an environment")
-    env_add.add_argument("environment_id", metavar="ID", help="1-32 of a-z, 0-9, '-', starting with a letter")
+    env_add.add_argument(
+        "environment_id",
+        type=_ENVIRONMENT_ID,
+        metavar="ID",
+        help="1-32 of a-z, 0-9, '-', starting with a letter",
+    )
     env_add.add_argument("--python", required=True, metavar="PATH", help="its interpreter (Python >= 3.11)")
     env_add.add_argument(
         "--preload", metavar="MOD,...", help="modules its zygote imports once (each must import)"

@@ -10,17 +10,18 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 from alphaagent.errors import PathRuleError
+from alphaagent.models.bounds import ENVIRONMENT_ID_PATTERN, SCOPE_ID_PATTERN
 
 UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._@:-]{1,128}$")]
 """Opaque user id: 1–128 chars of ``[A-Za-z0-9._@:-]`` (DESIGN §4.1)."""
 
-ConversationId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,80}$")]
-WorkflowExecutionId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,80}$")]
-NodeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,80}$")]
+ConversationId = Annotated[str, StringConstraints(pattern=SCOPE_ID_PATTERN)]
+WorkflowExecutionId = Annotated[str, StringConstraints(pattern=SCOPE_ID_PATTERN)]
+NodeId = Annotated[str, StringConstraints(pattern=SCOPE_ID_PATTERN)]
 Ulid = Annotated[str, StringConstraints(pattern=r"^[0-9A-HJKMNP-TV-Z]{26}$")]
 """A ULID: 26 Crockford base32 characters (turn and run ids)."""
 
-EnvironmentId = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+EnvironmentId = Annotated[str, StringConstraints(pattern=ENVIRONMENT_ID_PATTERN)]
 """1–32 chars of ``[a-z0-9-]`` starting with a letter; ``builtin`` is the default."""
 
 ArtifactName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]

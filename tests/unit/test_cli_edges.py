@@ -182,6 +182,7 @@ _JSON_ARGV = {
     "run": ["spec.json"],
     "submit": ["spec.json"],
     "demo": [],
+    "help": [],
     "files": [],
     "history": [],
     "artifacts": [],
@@ -253,7 +254,7 @@ def test_a_refused_spec_under_a_leading_json_is_a_json_cli_error(
     assert not home.exists()
 
 
-NO_JSON_ARGV = {"cat": ["--conversation", "c", "a.txt"], "serve": [], "mcp": [], "help": []}
+NO_JSON_ARGV = {"cat": ["--conversation", "c", "a.txt"], "serve": [], "mcp": []}
 """Every command that prints no JSON, with the arguments it needs to parse."""
 
 

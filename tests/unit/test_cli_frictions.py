@@ -16,7 +16,7 @@ import pytest
 from test_cli_newcomer import LEAF_ARGV
 from viewer_data import ALICE, BOB, CONV, Home, lay_out
 
-from alphaagent.cli import _Number, build_parser, main
+from alphaagent.cli import _Id, _Number, build_parser, main
 from alphaagent.local.store import SqliteStore
 from alphaagent.local.workspace import LocalWorkspace
 from alphaagent.models.common import ConversationScope
@@ -64,7 +64,12 @@ def _valued_options() -> list[tuple[str, argparse.Action]]:
             if isinstance(action, argparse._SubParsersAction):
                 for name, command in action.choices.items():
                     walk(command, f"{prefix} {name}".strip())
-            elif prefix and action.option_strings and (action.type is not None or action.choices):
+            elif (
+                prefix
+                and action.option_strings
+                and (action.type is not None or action.choices)
+                and not isinstance(action.type, _Id)  # an id is text with a rule, not a number
+            ):
                 found.append((prefix, action))
 
     walk(build_parser(), "")
@@ -285,7 +290,8 @@ def test_a_users_own_scope_is_offered_to_them(home: LocalHome, capsys: pytest.Ca
         (["exec", "-", "--workdir", "afile"], "--workdir: afile is not a directory"),
         (
             ["env", "add", "Bad_Id", "--python", sys.executable],
-            "ID: 'Bad_Id': 1-32 characters of a-z, 0-9 and '-', starting with a letter",
+            "ID: 'Bad_Id': 1-32 characters of a-z, 0-9 and '-', starting with a letter"
+            " (see alphaagent env add --help)",
         ),
         (["env", "remove", "builtin"], "ID: 'builtin' is built in and cannot be removed"),
         (["--home", "afile", "env", "list"], "--home: {tmp}/afile is not a directory"),

@@ -458,14 +458,18 @@ def test_env_alone_prints_its_help_on_stdout_and_exits_0(capsys: pytest.CaptureF
     # And no line of it, nor of a usage error under env, names the internal destination
     assert "env_command" not in expected
     assert "env_command" not in _usage_error(["env", "lst"], capsys)[2]
-    # And with --json (help is no JSON) it is one line naming what is missing
-    assert main(["env", "--json"]) == 2
+    # And with --json it is that help as JSON, what `help env --json` prints (every --json prints
+    # the command's answer as JSON)
+    assert main(["env", "--json"]) == 0
     out, err = capsys.readouterr()
-    assert err == (
-        "alphaagent: error: env --json: name a sub-command: add, list, show or remove"
-        " (see alphaagent env --help)\n"
-    )
-    assert json.loads(out)["cli_error"]["exit_code"] == 2
+    assert main(["help", "env", "--json"]) == 0
+    assert (json.loads(out), err) == (json.loads(capsys.readouterr().out), "")
+    assert [c["name"] for c in json.loads(out)["commands"]] == [
+        "env add",
+        "env list",
+        "env show",
+        "env remove",
+    ]
 
 
 @pytest.mark.parametrize("argv", [["--json", "--version"], ["--version", "--json"]])
