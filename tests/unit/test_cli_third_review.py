@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
 from cli_table import commands, usage_error
 
 from alphaagent.cli import _Id, build_parser, main
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _required_and_ids() -> dict[str, tuple[list[argparse.Action], list[argparse.Action]]]:
@@ -102,3 +105,35 @@ def test_help_json_prints_the_command_list_and_each_commands_help_as_json(
     assert main(["help", "histroy", "--json"]) == 2
     out, err = capsys.readouterr()
     assert "did you mean 'history'?" in json.loads(out)["cli_error"]["message"] and err.count("\n") == 1
+
+
+def _run_a_spec_intro() -> str:
+    """The README's "Run a spec" section up to its first example command: what a user reads
+    before running a spec of their own."""
+    text = README.read_text()
+    section = text[text.index("### Run a spec") :]
+    return section[: section.index("```")]
+
+
+def test_the_variable_a_refused_local_file_names_is_explained_where_running_a_spec_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spec of the user's own whose file input is outside the file connector's roots
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ALPHAAGENT_FILE_ROOTS", raising=False)
+    (tmp_path / "sales.csv").write_text("region,total\nnorth,1\n")
+    spec = {
+        "spec_version": 1,
+        "scope": {"conversation_id": "sales"},
+        "goal": "sum the sales",
+        "inputs": [{"kind": "connector", "connector": "file", "request": {"path": "sales.csv"}}],
+        "steps": [{"title": "sum", "code": "print(1)"}],
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    # When it is run, Then the refusal tells the user which variable to set
+    assert main(["run", "spec.json", "--home", str(tmp_path / "home")]) == 2
+    err = capsys.readouterr().err
+    named = re.findall(r"set (ALPHAAGENT_[A-Z_]+)", err)
+    assert named == ["ALPHAAGENT_FILE_ROOTS"], err
+    # And the README says it where a user reads how to run a spec, before its first command
+    assert named[0] in _run_a_spec_intro()
