@@ -45,7 +45,7 @@ from alphaagent.models.bounds import (
 )
 from alphaagent.program import DEFAULT_PROGRAM
 from alphaagent.suggest import did_you_mean, did_you_mean_name
-from alphaagent.wording import number_rule, shown_typed
+from alphaagent.wording import number_rule, shown_json, shown_typed
 
 # Only the standard library and the error classes at import: `--version`, `COMMAND --help` and a
 # usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
@@ -447,7 +447,7 @@ def _exec_environment(
 
     with _agent(args) as agent:
         try:
-            environment = check_environment(agent.environments, args.env)
+            environment = check_environment(agent.environments, args.env, shown_typed)
         except InvalidSpecError as exc:
             raise InvalidRequestError(f"--env: {str(exc).removeprefix('environment_id: ')}") from None
     if not isinstance(environment.start, LocalStart):
@@ -610,7 +610,8 @@ def _spec_from(args: argparse.Namespace) -> Spec:
     spec = parse_spec(raw, overrides, defaults={"user_id": args.user}, missing=_SPEC_SCOPE_HINT)
     if spec.user_id != args.user and args.user_source is not None:
         raise InvalidSpecError(
-            f"user_id: the spec says {spec.user_id!r} but {args.user_source} says {args.user!r};"
+            f"user_id: the spec says {shown_json(spec.user_id)} but {args.user_source} says"
+            f" {shown_typed(args.user)};"
             " drop one of them"
         )
     base = Path.cwd() if args.spec == "-" else Path(args.spec).absolute().parent

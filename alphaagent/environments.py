@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Annotated, Literal, Protocol
 
@@ -23,6 +23,7 @@ from alphaagent.models.common import EnvironmentId
 from alphaagent.models.run import MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_MEMORY_MB, RunLimits
 from alphaagent.sandbox.config import BUILTIN_PRELOAD
 from alphaagent.suggest import did_you_mean_name
+from alphaagent.wording import shown_json
 
 BUILTIN_ID = "builtin"
 
@@ -186,9 +187,12 @@ def builtin_lambda() -> Environment:
     )
 
 
-def check_environment(registry: EnvironmentRegistry, environment_id: str) -> Environment:
+def check_environment(
+    registry: EnvironmentRegistry, environment_id: str, shown: Callable[[str], str] = shown_json
+) -> Environment:
     """The ready environment a spec names; ``InvalidSpecError`` (exit 2) naming the available
-    ones when it is unknown or removed."""
+    ones when it is unknown or removed, the id shown by ``shown``: as JSON (a spec's field), or as
+    typed text (``shown_typed``, a command-line option's value; ``alphaagent.wording``'s rule)."""
     found = registry.get(environment_id)
     if found is not None and found.status == "ready":
         return found
@@ -197,5 +201,5 @@ def check_environment(registry: EnvironmentRegistry, environment_id: str) -> Env
     # Environments are the platform's, not a user's: every id may be suggested (as `env show`).
     guess = did_you_mean_name(environment_id, ids) if found is None else ""
     raise InvalidSpecError(
-        f"environment_id: {state} environment {environment_id!r}{guess} (available: {', '.join(ids)})"
+        f"environment_id: {state} environment {shown(environment_id)}{guess} (available: {', '.join(ids)})"
     )

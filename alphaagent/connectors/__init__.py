@@ -112,7 +112,11 @@ def connector(name: str, field: str = "connector") -> Connector:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ToolError(f"{field}: unknown connector {name!r} (available: {', '.join(names())})") from None
+        # `name` is a JSON value (a spec's, the coder's): shown as JSON (alphaagent.wording).
+        from alphaagent.wording import shown_json
+
+        available = ", ".join(names())
+        raise ToolError(f"{field}: unknown connector {shown_json(name)} (available: {available})") from None
 
 
 def check_request(name: str, request: Mapping[str, Any], field: str = "request") -> ConnectorRequest:

@@ -27,6 +27,7 @@ from alphaagent.models.records import ArtifactVersion
 from alphaagent.models.spec import SpecOutput
 from alphaagent.ports import Store, Workspace
 from alphaagent.sandbox.session import is_session_state
+from alphaagent.wording import shown_json
 
 KIND_FOLDERS: dict[str, str] = {"dataset": "datasets", "chart": "charts", "report": "reports"}
 PREVIEW_ROWS = 5
@@ -131,7 +132,7 @@ def check_output_paths(scope: Scope, outputs: Sequence[SpecOutput]) -> None:
             raise InvalidSpecError(f"outputs[{i}].{exc}") from None
         if is_session_state(normal):
             raise InvalidSpecError(
-                f"outputs[{i}].path: {normal!r} is in work/sessions/, the platform's folder of the"
+                f"outputs[{i}].path: {shown_json(normal)} is in work/sessions/, the platform's folder of the"
                 " sessions' live state; choose another folder"
             )
 

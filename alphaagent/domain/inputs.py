@@ -29,6 +29,7 @@ from alphaagent.models.spec import (
 )
 from alphaagent.ports import Workspace
 from alphaagent.sandbox.session import is_session_state
+from alphaagent.wording import shown_json
 
 SIDECAR_SUFFIX = ".version.json"
 """A registered artifact copied into ``docs/`` gets a sidecar next to it, ``docs/NAME.EXT`` +
@@ -102,7 +103,9 @@ def resolve_inputs(backend: Backend, spec: Spec) -> list[ResolvedInput]:
     for i, item in enumerate(spec.inputs):
         if isinstance(item, DocumentInput):
             if not owned or is_session_state(item.path) or workspace.stat(scope, item.path) is None:
-                raise InvalidSpecError(f"inputs[{i}].path: {item.path!r} is not a file of this scope")
+                raise InvalidSpecError(
+                    f"inputs[{i}].path: {shown_json(item.path)} is not a file of this scope"
+                )
             resolved.append(ResolvedInput(item.path, None, f"using {item.path}"))
         elif isinstance(item, DatasetInput):
             found = store.get_artifact(user_id, scope.key, item.name, item.version) if owned else None

@@ -55,6 +55,7 @@ from alphaagent.models.spec import (
     check_spec_rules,
 )
 from alphaagent.ports import OutputSink
+from alphaagent.wording import shown_json
 
 Coder = Callable[[TurnContext], str]
 """Writes and runs code for a spec without steps; returns the turn's summary (issue 5)."""
@@ -114,7 +115,7 @@ def check_output_names(backend: Backend, spec: Spec) -> None:
         latest = backend.store.get_artifact(spec.user_id, spec.scope.key, output.name, None)
         if latest is not None and latest.kind != output.kind:
             raise InvalidSpecError(
-                f"outputs[{i}].name: {output.name!r} is already a {latest.kind} in this scope;"
+                f"outputs[{i}].name: {shown_json(output.name)} is already a {latest.kind} in this scope;"
                 f" give the {output.kind} another name"
             )
 

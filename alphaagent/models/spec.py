@@ -354,12 +354,14 @@ def check_spec_rules(spec: Spec) -> None:
             continue
         if output.path.split("/", 1)[0] not in ARTIFACT_FOLDERS or "/" not in output.path:
             raise InvalidSpecError(
-                f"outputs[{i}].path: {output.path!r} must be inside datasets/, charts/, reports/ or work/"
+                f"outputs[{i}].path: {shown_json(output.path)} must be inside datasets/, charts/, reports/"
+                " or work/"
             )
         suffix = PurePosixPath(output.path).suffix.lower()
         if suffix not in KIND_SUFFIXES[output.kind]:
             allowed = ", ".join(KIND_SUFFIXES[output.kind])
             raise InvalidSpecError(
-                f"outputs[{i}].path: {output.path!r} does not fit kind {output.kind!r} (a {output.kind}"
+                f"outputs[{i}].path: {shown_json(output.path)} does not fit kind {shown_json(output.kind)}"
+                f" (a {output.kind}"
                 f" is one of {allowed})"
             )

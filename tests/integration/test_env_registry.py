@@ -75,9 +75,9 @@ def test_a_removed_environment_is_refused_naming_the_available_ones(table: str) 
     # Then its record is kept (removed), it is not listed, and its specs are refused
     assert registry.get("gpu-ml") is not None and registry.get("gpu-ml").status == "removed"  # type: ignore[union-attr]
     assert [e.environment_id for e in registry.list()] == ["builtin", "stats"]
-    with pytest.raises(InvalidSpecError, match=r"removed environment 'gpu-ml' \(available: builtin, stats\)"):
+    with pytest.raises(InvalidSpecError, match=r'removed environment "gpu-ml" \(available: builtin, stats\)'):
         check_environment(registry, "gpu-ml")
-    with pytest.raises(InvalidSpecError, match=r"unknown environment 'nope' \(available: builtin, stats\)"):
+    with pytest.raises(InvalidSpecError, match=r'unknown environment "nope" \(available: builtin, stats\)'):
         check_environment(registry, "nope")
 
 

@@ -226,7 +226,8 @@ def test_a_spec_of_another_user_than_the_user_flag_is_refused_and_nothing_sent(
     err = capsys.readouterr().err
     assert code == 2
     assert (
-        err == f"alphaagent: error: user_id: the spec says {USER!r} but --user says 'bob'; drop one of them\n"
+        err
+        == f"alphaagent: error: user_id: the spec says \"{USER}\" but --user says 'bob'; drop one of them\n"
     )
     assert _messages(aws) == []
 
@@ -584,7 +585,7 @@ def test_a_spec_that_could_never_finish_is_refused_before_it_is_sent(
     # Then one line names the output, exit 2, and nothing reached the queue
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("alphaagent: error: outputs[0].path: 'charts/c.csv' does not fit kind 'chart'")
+    assert err.startswith('alphaagent: error: outputs[0].path: "charts/c.csv" does not fit kind "chart"')
     assert _messages(aws) == []
 
 

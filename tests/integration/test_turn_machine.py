@@ -1317,7 +1317,7 @@ def test_a_spec_naming_an_unregistered_environment_is_refused_before_anything_ru
     turn = stack.store.get_turn(USER, spec["turn_id"])
     assert turn is not None and turn.result is not None and turn.result.error is not None
     assert turn.result.error.name == "InvalidSpecError" and turn.result.failed_step == "Prepare"
-    assert "unknown environment 'other' (available: builtin, gpu-ml)" in turn.result.error.value
+    assert 'unknown environment "other" (available: builtin, gpu-ml)' in turn.result.error.value
     assert not [name for name, _ in stack.lambdas.calls if "-env-" in name]
     assert lock_is_free(stack, scope)
 

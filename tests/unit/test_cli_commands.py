@@ -191,7 +191,7 @@ def test_a_spec_whose_user_disagrees_with_an_explicit_user_is_refused(
     assert done.returncode == 2
     assert (
         done.stderr
-        == f"alphaagent: error: user_id: the spec says 'a' but {source} says 'b'; drop one of them\n"
+        == f"alphaagent: error: user_id: the spec says \"a\" but {source} says 'b'; drop one of them\n"
     )
     assert _tree(home) == [] and _tree(cwd) == ["spec.json"]
 
@@ -413,12 +413,12 @@ def test_run_says_when_it_waits_for_a_busy_conversation(tmp_path: Path) -> None:
     [
         (
             {"outputs": [{"kind": "chart", "name": "c", "path": "charts/c.csv"}]},
-            "outputs[0].path: 'charts/c.csv' does not fit kind 'chart' (a chart is one of .png, .svg, .jpg,"
+            'outputs[0].path: "charts/c.csv" does not fit kind "chart" (a chart is one of .png, .svg, .jpg,'
             " .jpeg, .html)",
         ),
         (
             {"outputs": [{"kind": "report", "name": "r", "path": "docs/r.md"}]},
-            "outputs[0].path: 'docs/r.md' must be inside datasets/, charts/, reports/ or work/",
+            'outputs[0].path: "docs/r.md" must be inside datasets/, charts/, reports/ or work/',
         ),
         (
             {"constraints": {"max_runs": 1}},

@@ -109,7 +109,7 @@ def test_an_unregistered_connector_is_refused_naming_the_available_ones(wiki: Mo
     connectors.unregister("wiki")
     with pytest.raises(
         InvalidSpecError,
-        match=r"inputs\[0\]\.connector: unknown connector 'wiki' \(available: file, http, s3\)",
+        match=r'inputs\[0\]\.connector: unknown connector "wiki" \(available: file, http, s3\)',
     ):
         _check(_spec("wiki", {"page": "Penguins"}))
 

@@ -345,7 +345,7 @@ def test_removing_an_environment_refuses_its_specs_with_exit_2_naming_the_availa
     code, _, err = _cli(home, "run", str(spec), capsys=capsys)
     # Then it is refused before anything is written: exit 2, one line naming what is available
     assert code == 2 and err.count("\n") == 1, err
-    assert "environment_id: removed environment 'gone' (available: builtin)" in err
+    assert 'environment_id: removed environment "gone" (available: builtin)' in err
     assert not (home / "conversations" / "c-gone").exists()
     # And it is listed no more, but shown as removed
     assert _registered_ids(home) == ["builtin"]

@@ -63,7 +63,7 @@ LONG = "reports/" + "/".join(["d" * 200] * 5) + "/x.md"
         ),
         (
             "work/sessions/x/summary.md",
-            "outputs[0].path: 'work/sessions/x/summary.md' is in work/sessions/, the platform's folder of"
+            'outputs[0].path: "work/sessions/x/summary.md" is in work/sessions/, the platform\'s folder of'
             " the sessions' live state; choose another folder",
         ),
         (
@@ -96,7 +96,7 @@ def test_an_output_name_already_of_another_kind_is_refused_before_any_code(agent
     ):
         # Then it is refused naming the output's name, before its step runs
         assert _refused(agent, _spec([output])) == (
-            "outputs[0].name: 'summary' is already a dataset in this scope; give the report another name"
+            'outputs[0].name: "summary" is already a dataset in this scope; give the report another name'
         )
 
 

@@ -694,7 +694,7 @@ def test_an_artifact_name_keeps_its_kind(agent: AlphaAgent) -> None:
         )
     # Then it is refused before its code runs, naming the output and the name's kind
     assert str(refused.value) == (
-        "outputs[0].name: 'tiny' is already a dataset in this scope; give the report another name"
+        'outputs[0].name: "tiny" is already a dataset in this scope; give the report another name'
     )
     assert not (agent.home / scope.key / "reports/tiny.md").exists()
     # And a registration under that name at run time (the coder's register_artifact) is refused too
@@ -962,7 +962,7 @@ def _bad_specs() -> dict[str, tuple[str, str, str]]:
             "unknown field (did you mean 'name'?)",
         ),
         "bad-conversation-id": (text(scope={"conversation_id": "../other"}), "scope.", "conversation_id"),
-        "unknown-environment": (text(environment_id="gpu-xl"), "environment_id: ", "'gpu-xl'"),
+        "unknown-environment": (text(environment_id="gpu-xl"), "environment_id: ", '"gpu-xl"'),
         "input-path-leaves-scope": (
             text(inputs=[{"kind": "document", "path": "../other/docs/a.md"}]),
             "inputs[0].path: ",
@@ -983,11 +983,11 @@ def _bad_specs() -> dict[str, tuple[str, str, str]]:
             "",
             "output names must be unique: r",
         ),
-        "unknown-input-kind": (text(inputs=[{"kind": "email", "path": "x"}]), "inputs[0]", "'email'"),
+        "unknown-input-kind": (text(inputs=[{"kind": "email", "path": "x"}]), "inputs[0].kind", '"email"'),
         "unknown-connector": (
             text(inputs=[{"kind": "connector", "connector": "ftp", "request": {}}]),
             "inputs[0].connector: ",
-            "'ftp'",
+            '"ftp"',
         ),
     }
 
