@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Mapping
 from typing import Annotated, ClassVar, Final, TypeVar
@@ -275,14 +276,21 @@ class EnvSettings(FunctionSettings):
 
 
 def _read(model: type[S]) -> S:
+    """``model`` from the process environment. A bad or missing variable is logged as one ERROR
+    line (the variable, the rule, the value) before the error is raised: the first invocation of
+    the function fails, and its log says why in that line, whatever the runtime adds after it."""
     try:
         return model.model_validate(dict(os.environ))
     except ValidationError as exc:
         first = exc.errors()[0]
+        error: InvalidSettingError | MissingSettingError
         if first["type"] in ("missing", "string_too_short") and first["loc"]:
             variable = str(first["loc"][0])
-            raise MissingSettingError(f"{variable}: not set in this function's environment") from None
-        raise InvalidSettingError(describe_error(model, exc)) from None
+            error = MissingSettingError(f"{variable}: not set in this function's environment")
+        else:
+            error = InvalidSettingError(describe_error(model, exc))
+        logging.getLogger("alphaagent.settings").error("%s: %s", type(error).__name__, error)
+        raise error from None
 
 
 @functools.cache

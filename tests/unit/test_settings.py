@@ -147,6 +147,31 @@ def test_a_bad_aws_value_is_one_line_naming_the_variable(
         aws_settings.get_env_settings.cache_clear()
 
 
+def test_a_functions_first_invocation_fails_with_the_one_line_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from alphaagent.aws.backend import get_backend
+
+    # Given a malformed lease in a turn function's environment
+    monkeypatch.setenv("STATE_TABLE_NAME", "t")
+    monkeypatch.setenv("LOCK_LEASE_S", "abc")
+    aws_settings.get_lambda_settings.cache_clear()
+    get_backend.cache_clear()
+    line = "LOCK_LEASE_S: must be a number of seconds > 0, got 'abc'"
+    try:
+        # When the function builds its backend (its first invocation, after a cold start)
+        with caplog.at_level("ERROR"), pytest.raises(InvalidSettingError) as caught:
+            get_backend(aws_settings.AcquireLockSettings)
+    finally:
+        aws_settings.get_lambda_settings.cache_clear()
+        get_backend.cache_clear()
+    # Then it fails with that line, and the function's log has it as one ERROR record
+    assert str(caught.value) == line
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("ERROR", f"InvalidSettingError: {line}")
+    ]
+
+
 def test_a_variable_a_function_needs_is_named_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TURN_STATE_MACHINE_ARN", raising=False)
     monkeypatch.delenv("STATE_MACHINE_ARN", raising=False)
