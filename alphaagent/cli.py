@@ -23,7 +23,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -135,7 +135,7 @@ class _Id:
     the next try said the id could never be registered). ``refusal`` is the line's rule, given the
     value as typed; the same words the command's own check has always used."""
 
-    def __init__(self, pattern: str, refusal: Any) -> None:
+    def __init__(self, pattern: str, refusal: Callable[[str], str]) -> None:
         import re
 
         self.pattern, self.refusal = re.compile(pattern), refusal

@@ -1,4 +1,5 @@
-"""A value of the wrong type, refused in the project's words: ``must be RULE, got VALUE``.
+"""A value of the wrong type or out of its bounds, refused in the project's words: ``must be RULE,
+got VALUE``.
 
 Pydantic words a type error in its own terms ("Input should be a valid integer, got a number with a
 fractional part"); every boundary that takes values from another program or a person (the spec, an
@@ -9,8 +10,8 @@ JSON value, quoted text for typed text; the rule is in ``alphaagent.wording``'s 
 
 Example::
 
-    type_rule(error, Constraints.model_fields["max_runs"], shown_json)
-    # 'must be a whole number from 1 to 500, got "3"'
+    value_rule(error, Constraints.model_fields["max_runs"], shown_json, "max_runs")
+    # 'must be a whole number from 1 to 500, got "3"' (for the input "3")
 """
 
 from __future__ import annotations
@@ -108,9 +109,13 @@ def field_rule(info: FieldInfo, name: str = "") -> str | None:
             value = getattr(item, key, None)
             if isinstance(value, int | float):
                 bounds[key] = value
-    high = bounds.get("le", bounds.get("lt"))
+    # No field of these models has an exclusive upper bound (``lt``): ``number_rule`` states none.
     return number_rule(
-        float not in kinds, low=bounds.get("ge"), high=high, above=bounds.get("gt"), unit=_unit(name)
+        float not in kinds,
+        low=bounds.get("ge"),
+        high=bounds.get("le"),
+        above=bounds.get("gt"),
+        unit=_unit(name),
     )
 
 
