@@ -106,6 +106,7 @@ def test_a_spec_naming_an_unknown_or_removed_environment_is_refused_naming_the_a
     with pytest.raises(InvalidSpecError) as refused:
         check_environment(registry, environment_id)
     assert str(refused.value) == (
-        f"environment_id: {state} environment {environment_id!r} (available: builtin, alpha, zeta)"
+        # the spec's value shown as JSON (alphaagent.wording's rule)
+        f'environment_id: {state} environment "{environment_id}" (available: builtin, alpha, zeta)'
     )
     assert check_environment(registry, "alpha").environment_id == "alpha"
