@@ -168,10 +168,17 @@ class ScopeDiskBudget:
         self._periodic_walk = now + max(PERIODIC_WALK_S, WALK_COST_FACTOR * cost)
         return self.grown_bytes if self.grown_bytes > self.budget_bytes else None
 
-    def final(self) -> int | None:
+    def final(self, tree_growth: int | None = None) -> int | None:
         """After the run: its growth in bytes when over the budget, else None. Walks only when the
-        filesystem grew by more than the budget since the start (a burst between two polls)."""
-        if self._safe_fs_used() - self._used_at_start <= self.budget_bytes:
+        filesystem grew by more than the budget since the start (a burst between two polls), or
+        when ``tree_growth`` (bytes the scope's tree, platform folders left out, grew by: what the
+        supervisor's after-run walk of the tree already knows, at no cost) is over the budget.
+
+        ``statvfs`` alone cannot decide: a deletion elsewhere on the filesystem during the run (by
+        the run itself at the ``process`` level, or by anyone else) hides the growth, and a
+        64 MiB burst with a 128 MiB file deleted beside it read as no growth at all."""
+        grew = self._safe_fs_used() - self._used_at_start
+        if grew <= self.budget_bytes and (tree_growth is None or tree_growth <= self.budget_bytes):
             return None
         try:
             self.grown_bytes = self._walk()

@@ -439,6 +439,21 @@ class Sandbox:
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         asked = time.monotonic()
         started_ns = time.time_ns()  # before the spawn: what the run changes has a later ctime
+        # Its filesystem's baseline is read before the spawn too: read once a spare had taken the run
+        # (the news relayed through two busy processes), it could already hold a burst of the run's.
+        disk = ScopeDiskBudget(
+            workdir,
+            budget_bytes=limits.disk_mb * 2**20,
+            walk=lambda: scope_growth(
+                workdir,
+                before,
+                started_ns,
+                platform_dir=_SPILL_DIR,
+                other_platform_dirs=(SESSIONS_DIR,),
+                own=run_id,
+                max_entries=self.config.max_tree_entries,
+            ),
+        )
         try:
             try:
                 self._send(
@@ -462,19 +477,6 @@ class Sandbox:
             # machine's); the wait for one is not the code's time, nor is the relay of the news.
             started = min(max(took_at, asked), time.monotonic())
             queued_ms = round((started - asked) * 1000)
-            disk = ScopeDiskBudget(
-                workdir,
-                budget_bytes=limits.disk_mb * 2**20,
-                walk=lambda: scope_growth(
-                    workdir,
-                    before,
-                    started_ns,
-                    platform_dir=_SPILL_DIR,
-                    other_platform_dirs=(SESSIONS_DIR,),
-                    own=run_id,
-                    max_entries=self.config.max_tree_entries,
-                ),
-            )
             try:
                 outcome = self._supervise(
                     run_id,
@@ -506,8 +508,9 @@ class Sandbox:
             # init killed the rest, or the zygote swept its orphans before reporting), so the tree is final.
             changes = self._tree_changes(tree, before, workdir, namespaced=namespaced)
             if outcome.kill_reason is None:
-                # A burst shorter than one poll (page cache takes GB/s) is caught here, after the run.
-                grown = disk.final()
+                # A burst shorter than one poll (page cache takes GB/s) is caught here, after the run,
+                # by the tree's own growth where statvfs cannot tell (a deletion beside it hid it).
+                grown = disk.final(tree_growth=self._tree_growth(tree, before, workdir))
                 if grown is not None:
                     outcome.kill_reason = "disk_limit"
                     outcome.disk_over_after_run = True
@@ -600,6 +603,13 @@ class Sandbox:
         assert isinstance(before, TreeSnapshot)
         after = take_snapshot(workdir, exclude=_PLATFORM_DIRS, max_entries=self.config.max_tree_entries)
         return diff_snapshots(before, after, hash_cache=self._hash_cache)
+
+    def _tree_growth(self, tree: TreeState | None, before: TreeSnapshot | int, workdir: Path) -> int | None:
+        """Bytes the scope's tree (platform folders left out) grew by during the run, from the kept
+        state's after-run update (no walk); None on the old path, whose after-snapshot is not kept."""
+        if tree is None or isinstance(before, TreeSnapshot):
+            return None
+        return tree.allocated_bytes - before
 
     def _await_spawn(self, channel: _RunChannel, run_id: str) -> tuple[int, str | None, str | None, float]:
         """Wait for a spare to take the run: (pid, pids cgroup, memory cgroup, when it took it as

@@ -533,6 +533,35 @@ def test_disk_01_a_burst_faster_than_a_poll_is_still_reported() -> None:
     assert "burst.bin" in result.files_changed
 
 
+HIDDEN_BURST = """
+import os
+os.unlink(BALLAST)  # from here the filesystem holds less than before the run: statvfs sees no growth
+open("burst.bin", "wb").write(b"x" * (64 << 20))
+print("done")
+"""
+
+
+def test_disk_01_a_burst_hidden_by_a_deletion_beside_it_is_still_reported(tmp_path: Path) -> None:
+    # Given a 512 MiB file of the run's uid outside the scope, on the scope's filesystem (the
+    # supervisor's scopes are made under /tmp)
+    ballast = Path(tempfile.mkdtemp(dir="/tmp", prefix="alphaagent-ballast-")) / "ballast.bin"
+    try:
+        with open(ballast, "wb") as fh:
+            os.posix_fallocate(fh.fileno(), 0, 512 * MiB)
+        if os.stat(ballast).st_dev != os.stat("/tmp").st_dev:
+            pytest.skip("the ballast is not on the scopes' filesystem")
+        # When a process-level run with a 16 MiB budget deletes it, writes 64 MiB at once and ends
+        # before the periodic walk was due (the filesystem shrank by 448 MiB meanwhile)
+        code = f"BALLAST = {str(ballast)!r}\n" + HIDDEN_BURST
+        result = supervise(None, [{"code": code, "limits": {"disk_mb": 16}}], level="process")["results"][0]
+    finally:
+        shutil.rmtree(ballast.parent, ignore_errors=True)
+    # Then its result still says it went past the budget
+    assert_status(result, ("killed", "error"), result)
+    assert result.error is not None and result.error.name == "DiskLimitExceeded", result
+    assert "burst.bin" in result.files_changed
+
+
 def test_disk_01_a_sparse_file_counts_what_it_takes_not_its_length() -> None:
     # Given a run with a 16 MiB budget that makes a 1 GiB sparse file and writes 1 MiB into it
     code = (
