@@ -1,6 +1,6 @@
 """The seccomp filter of every run: no call that acts on another process's limits, scheduling or
-memory, no kernel keyring, no cgroup chosen at fork, and (where the run must reach no host unix
-socket) no ``AF_UNIX`` socket.
+memory, no kernel keyring, no cgroup chosen at fork, no socket family a run does not need, and
+(where the run must reach no host unix socket) no ``AF_UNIX`` socket.
 
 At the ``process`` level a run shares its uid with the supervisor, the zygote and the shell that
 started the CLI. Landlock keeps it from ptracing or signalling them, but has no hook on
@@ -26,6 +26,18 @@ Docker's default seccomp profile blocks the keyring calls too.
   BPF filter cannot read the flags, which ``clone3`` passes in memory;
 - every call of another ABI than the kernel's native one (i386 on x86_64, arm32 on aarch64: their
   numbers differ, so they could step around the filter), and the x32 ABI on x86_64 (``EPERM``);
+- ``socket`` of every family but ``AF_INET``, ``AF_INET6``, ``AF_UNIX`` and ``AF_NETLINK``
+  (``EAFNOSUPPORT``, what a kernel without that family answers), netlink sockets of every protocol
+  but ``NETLINK_ROUTE`` (``EPROTONOSUPPORT``), and ``socketpair`` of every family but ``AF_UNIX``.
+  What Python, pandas, requests, psutil and glibc's resolver use stays: TCP/UDP over IPv4 and IPv6
+  (ping sockets too), and route netlink, which ``getifaddrs`` (``socket.if_nameindex``,
+  ``psutil.net_if_addrs``) and ``getaddrinfo``'s address sorting read. Gone: ``AF_VSOCK`` (this
+  machine, a VM, has it: a way to the hypervisor's host, which a network namespace does not
+  separate), ``AF_PACKET``, ``AF_ALG``, ``AF_XDP``, Bluetooth, CAN, TIPC, RDS and the rest of the
+  kernel's socket code, and the netlink families of ``ss`` (sock_diag), udev (uevents), audit,
+  generic netlink (nl80211, taskstats) and xfrm;
+- ``io_uring_setup`` (``EACCES``): its requests (``IORING_OP_SOCKET``, ``IORING_OP_CONNECT``...)
+  bypass seccomp;
 
 without ``unix_sockets`` (the ``process`` level always; the ``namespaces`` level with the network
 off), with ``EACCES`` as a refused connect gives:
@@ -35,7 +47,6 @@ off), with ``EACCES`` as a refused connect gives:
   ``sendto`` any bound address, and the kernel makes a ``SOCK_RAW`` unix socket a datagram one);
   stream and seqpacket ``socketpair`` stay (``multiprocessing`` pipes and pools, asyncio's
   self-pipe);
-- ``io_uring_setup``: its requests (``IORING_OP_SOCKET``...) bypass seccomp;
 
 and at the ``process`` level only (with namespaces the run's pid namespace keeps these off the
 host's processes), ``EPERM`` for:
@@ -151,6 +162,11 @@ IOPRIO_WHO_PROCESS) and who 0 (``process``)."""
 KEYRINGS = ("keyctl", "add_key", "request_key")
 """Refused at every level: a user namespace does not separate the session keyring."""
 PROCESS_ONLY_DENIED = ("process_madvise",)
+INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+"""The families a run's ``socket`` may name besides ``AF_UNIX`` (where allowed) and ``AF_NETLINK``
+with ``NETLINK_ROUTE``; every other family is refused at every level with ``EAFNOSUPPORT``."""
+NETLINK_ROUTE = 0  # include/uapi/linux/netlink.h: the one netlink protocol runs keep (getifaddrs)
+NETLINK_SOCK_DIAG = 4
 
 
 class _SockFilter(ctypes.Structure):
@@ -193,8 +209,8 @@ def program(
 ) -> list[tuple[int, int, int, int]] | None:
     """The filter for a run at ``level`` (``process`` or ``namespaces``) on ``machine`` (default:
     this one) as (code, jt, jf, k) tuples, or None when its syscall numbers are not known here.
-    ``unix_sockets`` leaves ``AF_UNIX`` sockets and io_uring allowed (the ``namespaces`` level with
-    the network on, where the run has a network of its own); the module's docstring lists the rest.
+    ``unix_sockets`` leaves ``AF_UNIX`` sockets allowed (the ``namespaces`` level with the network
+    on); the module's docstring lists the rest.
     """
     if level not in LEVELS:
         raise ValueError(f"seccomp: level must be one of {LEVELS}, not {level!r}")
@@ -218,21 +234,27 @@ def program(
             lines.append((BPF_JEQ_K, "self_arg0", 0, numbers[name]))
         for name, which in WHICH_AND_WHO.items():
             lines.append((BPF_JEQ_K, f"which_{which}", 0, numbers[name]))
-    if not unix_sockets:
-        lines.append((BPF_JEQ_K, "eacces", 0, numbers["io_uring_setup"]))
-        lines.append((BPF_JEQ_K, "socket", 0, numbers["socket"]))
-        lines.append((BPF_JEQ_K, "socketpair", 0, numbers["socketpair"]))
+    lines.append((BPF_JEQ_K, "eacces", 0, numbers["io_uring_setup"]))
+    lines.append((BPF_JEQ_K, "socket", 0, numbers["socket"]))
+    lines.append((BPF_JEQ_K, "socketpair", 0, numbers["socketpair"]))
     lines.append((BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     if process:
         lines += ["self_arg0", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, "allow", "deny", 0)]
         for which in sorted(set(WHICH_AND_WHO.values())):
             lines += [f"which_{which}", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "deny", which)]
             lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_JEQ_K, "allow", "deny", 0)]
-    if not unix_sockets:
-        # socket(family, type, protocol) and socketpair(family, type, protocol, sv): the low words
-        # of args[0] and args[1] are the family and the type (with its flags, masked off).
-        lines += ["socket", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, "eacces", "allow", socket.AF_UNIX)]
-        lines += ["socketpair", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "allow", socket.AF_UNIX)]
+    # socket(family, type, protocol) and socketpair(family, type, protocol, sv): the low words of
+    # args[0], args[1] and args[2] are the family, the type (with its flags, masked off) and the
+    # protocol (all three are ints to the kernel).
+    unix = "allow" if unix_sockets else "eacces"
+    lines += ["socket", (BPF_LD_W_ABS, 0, 0, _arg_low(0))]
+    lines += [(BPF_JEQ_K, "allow", 0, family) for family in INET_FAMILIES]
+    lines += [(BPF_JEQ_K, unix, 0, socket.AF_UNIX), (BPF_JEQ_K, 0, "eafnosupport", socket.AF_NETLINK)]
+    lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(2)), (BPF_JEQ_K, "allow", "eprotonosupport", NETLINK_ROUTE)]
+    lines += ["socketpair", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "eafnosupport", socket.AF_UNIX)]
+    if unix_sockets:
+        lines += [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
+    else:
         lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_AND_K, 0, 0, SOCK_TYPE_MASK)]
         # Only the two connected types pass: the kernel makes a SOCK_RAW (and any type it does not
         # refuse) unix socket a datagram one, which can sendto any bound address (a red team sent a
@@ -242,6 +264,8 @@ def program(
     lines += ["allow", (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
     lines += ["enosys", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)]
     lines += ["eacces", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EACCES)]
+    lines += ["eafnosupport", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT)]
+    lines += ["eprotonosupport", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPROTONOSUPPORT)]
     lines += ["deny", (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)]
     return _assemble(lines)
 
@@ -282,7 +306,8 @@ def leave_session_keyring() -> int:
 
 def probe(level: str = "process") -> str | None:
     """Why the filter of ``level`` cannot be in force here, or None: installed in a throwaway child
-    (with ``no_new_privs``), ``keyctl`` must fail with EPERM and ``clone3`` with ENOSYS; at the
+    (with ``no_new_privs``), ``keyctl`` must fail with EPERM, ``clone3`` with ENOSYS and a
+    ``NETLINK_SOCK_DIAG`` socket with EPROTONOSUPPORT; at the
     ``process`` level ``socket(AF_UNIX)`` must fail with EACCES, and ``prlimit`` on its parent with
     EPERM while on itself it works."""
     numbers = SYSCALLS.get(platform.machine())
@@ -303,7 +328,12 @@ def probe(level: str = "process") -> str | None:
             for name, args in (("keyctl", (0, -3, 0)), ("clone3", (0, 0))):
                 done = libc.syscall(numbers[name], *(ctypes.c_long(a) for a in args))
                 answers[name] = ctypes.get_errno() if done < 0 else 0
-            expected = {"keyctl": errno.EPERM, "clone3": errno.ENOSYS}
+            try:  # sock_diag, which any process may otherwise open
+                socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG).close()
+                answers["netlink"] = 0
+            except OSError as exc:
+                answers["netlink"] = exc.errno or 0
+            expected = {"keyctl": errno.EPERM, "clone3": errno.ENOSYS, "netlink": errno.EPROTONOSUPPORT}
             if level == "process":
                 import resource
 

@@ -445,6 +445,74 @@ def test_the_report_says_filtered_only_where_a_filter_is_in_force(
     assert int(result.stdout) >= 1
 
 
+FAMILIES = """
+import errno, json, socket
+def attempt(make):
+    try:
+        make().close()
+        return "made"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+families = {}
+for family in range(1, 46):  # AF_MAX is 46 on Linux 6.x
+    if family not in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX, socket.AF_NETLINK):
+        answers = {attempt(lambda: socket.socket(family, kind)) for kind in (1, 2, 3, 5)}
+        families[family] = sorted(answers)
+netlink = {proto: attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, proto)) for proto in range(32)}
+import psutil
+print(json.dumps({
+    "families": families,
+    "netlink": netlink,
+    "inet socketpair": attempt(lambda: socket.socketpair(socket.AF_INET)[0]),
+    "tcp": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)),
+    "udp6": attempt(lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)),
+    "if_nameindex": "lo" in dict(socket.if_nameindex()).values(),
+    "getaddrinfo": sorted({a[4][0] for a in socket.getaddrinfo("localhost", 80, type=socket.SOCK_STREAM)}),
+    "psutil": "lo" in psutil.net_if_addrs(),
+}))
+"""
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["network off", "network on"])
+def test_a_run_makes_sockets_of_no_family_it_does_not_need(box: Sandbox, tmp_path: Path, network: bool) -> None:
+    # Given this machine (a VM) has AF_VSOCK, a way to its hypervisor's host that no network
+    # namespace separates, and AF_PACKET, AF_ALG, AF_XDP and netlink's sock_diag and uevents
+    if network and box.isolation == "process":
+        pytest.skip("the process level has no network switch")
+    # When a run makes a socket of every family and type, and a netlink socket of every protocol
+    result = run(box, FAMILIES, tmp_path, network=network)
+    # Then every family but IPv4, IPv6, unix and netlink answers as an absent one, and netlink only
+    # NETLINK_ROUTE, while what getifaddrs, getaddrinfo and psutil read still works
+    assert_status(result, "ok")
+    probe = json.loads(result.stdout)
+    assert {int(f): a for f, a in probe["families"].items() if a != ["EAFNOSUPPORT"]} == {}
+    assert {int(p): a for p, a in probe["netlink"].items() if a != "EPROTONOSUPPORT"} == {0: "made"}
+    assert probe["inet socketpair"] == "EAFNOSUPPORT"
+    assert (probe["tcp"], probe["udp6"], probe["if_nameindex"], probe["psutil"]) == ("made", "made", True, True)
+    assert "127.0.0.1" in probe["getaddrinfo"]
+
+
+IO_URING = """
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+params = (ctypes.c_char * 120)()
+fd = libc.syscall(425, 4, params)
+print("made" if fd >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_io_uring_is_refused_even_where_unix_sockets_are_allowed(box: Sandbox, tmp_path: Path) -> None:
+    # When a run sets up an io_uring (whose IORING_OP_SOCKET would make any family's socket past
+    # the filter), with the network on where there is a switch (AF_UNIX allowed at the namespaces level)
+    if platform.machine() != "x86_64":
+        pytest.skip("the io_uring_setup number here is x86_64's")
+    result = run(box, IO_URING, tmp_path, network=box.isolation == "namespaces")
+    # Then it is refused
+    assert_status(result, "ok")
+    assert result.stdout.strip() == "EACCES"
+
+
 RUN_USER = """
 import errno, json, os, socket
 try:
@@ -488,10 +556,12 @@ def test_each_levels_filter_assembles_for_each_known_architecture(
 ) -> None:
     # When the filter of a level is built for an architecture (aarch64 is not exercised here)
     code = seccomp.program(machine, level=level, unix_sockets=unix_sockets)
-    # Then it checks the architecture first, and answers ENOSYS, EACCES (sockets) or EPERM as meant
+    # Then it checks the architecture first, and answers ENOSYS, EACCES, EAFNOSUPPORT, EPROTONOSUPPORT
+    # (sockets) or EPERM as meant
     assert code is not None and code[0] == (seccomp.BPF_LD_W_ABS, 0, 0, seccomp.OFFSET_ARCH)
     returns = {k for op, _, _, k in code if op == seccomp.BPF_RET_K}
-    errors = {seccomp.SECCOMP_RET_ERRNO | e for e in (errno.ENOSYS, errno.EACCES, errno.EPERM)}
+    answers = (errno.ENOSYS, errno.EACCES, errno.EPERM, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT)
+    errors = {seccomp.SECCOMP_RET_ERRNO | e for e in answers}
     assert returns == {seccomp.SECCOMP_RET_ALLOW} | errors
     assert code[-1] == (seccomp.BPF_RET_K, 0, 0, seccomp.SECCOMP_RET_ERRNO | errno.EPERM)
     with pytest.raises(ValueError, match="level"):
