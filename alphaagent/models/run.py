@@ -208,6 +208,15 @@ class IsolationReport(BaseModel):
       namespace keeps off the host's processes. ``open`` otherwise (seccomp unavailable, or an
       architecture other than x86_64 and aarch64): then a run may use its uid's keyrings, and at
       the ``process`` level change every process of its uid and connect to its unix sockets.
+      The filter also refuses, at both levels, every socket family but ``AF_INET``, ``AF_INET6``,
+      ``AF_UNIX`` and ``AF_NETLINK`` (``EAFNOSUPPORT``: ``AF_VSOCK``, ``AF_PACKET``, ``AF_ALG``...),
+      netlink protocols but ``NETLINK_ROUTE`` (``EPROTONOSUPPORT``) and ``io_uring_setup``.
+    - ``landlock_abi``: the ABI of the Landlock domain the run was in (the kernel's; 0: none, where
+      the kernel has no Landlock, only ABI 1, or the sandbox's ``landlock`` setting is off). At the
+      ``process`` level its file rules deny writes beneath ``/proc``, ``/sys`` and cgroupfs; at the
+      ``namespaces`` level they grant writes only beneath the scope, ``/tmp`` and ``/dev/shm`` (and
+      to device files), behind the read-only mounts. At both it keeps the run out of the
+      ``/proc/<pid>`` files of every process outside it, and from ABI 6 its signals in.
     """
 
     level: IsolationLevel
@@ -218,6 +227,7 @@ class IsolationReport(BaseModel):
     host_unix_sockets: Literal["blocked", "files_only", "reachable"] = "reachable"
     kernel_files: Literal["read_only", "writable"] = "writable"
     process_calls: Literal["filtered", "open"] = "open"
+    landlock_abi: int = 0
 
     @model_validator(mode="before")
     @classmethod

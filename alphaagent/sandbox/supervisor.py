@@ -559,6 +559,7 @@ class Sandbox:
                 else ("files_only" if scoped_abstract else "reachable"),
                 kernel_files="read_only" if self._ready.get("kernel_files") == "read_only" else "writable",
                 process_calls="filtered" if filtered else "open",
+                landlock_abi=int(self._ready.get("landlock_abi") or 0),
             ),
             network="off" if namespaced and not network else "on",
             spill_rel=spill_rel,

@@ -701,7 +701,32 @@ def _add_write_rules(ruleset: int, rights: int) -> None:
             os.close(fd)
 
 
-def _enter_landlock_domain(abi: int, abstract_unix: bool = False, deny_kernel_writes: bool = False) -> None:
+def _add_rules(ruleset: int, grants: list[tuple[str, int]]) -> None:
+    """Grant each (directory, rights) of ``grants`` beneath that directory (one that is missing or
+    not a directory grants nothing)."""
+    for path, rights in grants:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            rule = _PathBeneath(rights, fd)
+            _check(
+                _libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+                ),
+                f"landlock_add_rule ({path})",
+            )
+        finally:
+            os.close(fd)
+
+
+def _enter_landlock_domain(
+    abi: int,
+    abstract_unix: bool = False,
+    deny_kernel_writes: bool = False,
+    writable: tuple[str, ...] | None = None,
+) -> None:
     """Put this process (and all it will fork) in a Landlock domain of its own.
 
     A process in a domain cannot ptrace -- nor read ``/proc/<pid>/environ``, ``mem`` or ``fd`` of -- any
@@ -719,14 +744,18 @@ def _enter_landlock_domain(abi: int, abstract_unix: bool = False, deny_kernel_wr
     (the process level) opening for writing, truncating, making, removing or renaming anything
     beneath ``/proc``, ``/sys`` and the other ``KERNEL_FS_TYPES`` mounts: dropped capabilities do not
     stop uid 0 there (its ``cgroup.procs`` and sysctl writes need none, nor renaming another spare's
-    cgroup and leaving a decoy in its place). ``chmod``, ``chown`` and ``utime`` have no Landlock
+    cgroup and leaving a decoy in its place). With ``writable`` (the ``namespaces`` level: the scope,
+    /tmp and /dev/shm, as the run's mount namespace sees them) it grants writes, making, removing and
+    renaming beneath those folders only, and writing to files beneath /dev (null, tty, the pts), so
+    a write anywhere else is refused even where a mount would allow it. ``chmod``, ``chown`` and ``utime`` have no Landlock
     hook: they are not denied. Reopening a descriptor through ``/proc/self/fd``
     is checked against the file it names, not ``/proc``, and pipes, sockets and ``memfd`` files are
     not in any directory Landlock checks, so they stay writable.
     """
     write_rights = LANDLOCK_ACCESS_FS_WRITE_FILE | (LANDLOCK_ACCESS_FS_TRUNCATE if abi >= 3 else 0)
     handled = LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER
-    fields = [handled | (write_rights | LANDLOCK_DIR_WRITE_RIGHTS if deny_kernel_writes else 0)]
+    restricts_writes = deny_kernel_writes or writable is not None
+    fields = [handled | (write_rights | LANDLOCK_DIR_WRITE_RIGHTS if restricts_writes else 0)]
     if abi >= 6:
         scoped = LANDLOCK_SCOPE_SIGNAL | (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET if abstract_unix else 0)
         fields += [0, scoped]  # handled_access_net (none), scoped
@@ -750,6 +779,9 @@ def _enter_landlock_domain(abi: int, abstract_unix: bool = False, deny_kernel_wr
             os.close(root)
         if deny_kernel_writes:
             _add_write_rules(ruleset, write_rights)
+        if writable is not None:
+            grants = [(path, write_rights | LANDLOCK_DIR_WRITE_RIGHTS) for path in writable]
+            _add_rules(ruleset, [*grants, ("/dev", write_rights)])
         _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)
@@ -1032,13 +1064,17 @@ def _setup_child(req: dict[str, Any], namespaced: bool) -> None:
     if namespaced or os.geteuid() == 0:
         _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-    # One Landlock domain: the process level's (``landlock_abi``), and/or, wherever the AF_UNIX
-    # filter is off, one that keeps host abstract sockets out of reach (``scope_abstract_sockets``:
-    # the kernel's ABI, 6+).
+    # One Landlock domain: the level's (``landlock_abi``), and/or, wherever the AF_UNIX filter is
+    # off, one that keeps host abstract sockets out of reach (``scope_abstract_sockets``:
+    # the kernel's ABI, 6+). With namespaces the domain grants writes only where the run's mounts
+    # do (the scope, /tmp, /dev/shm, device nodes): a second wall behind the read-only mounts.
     landlock, abstract = int(req.get("landlock_abi") or 0), int(req.get("scope_abstract_sockets") or 0)
     if landlock or abstract:
         _enter_landlock_domain(
-            max(landlock, abstract), abstract_unix=abstract >= 6, deny_kernel_writes=bool(landlock)
+            max(landlock, abstract),
+            abstract_unix=abstract >= 6,
+            deny_kernel_writes=bool(landlock) and not namespaced,
+            writable=(cwd, "/tmp", "/dev/shm") if landlock and namespaced else None,
         )
     # Where the zygote's probe found the filter works (``process_calls`` ``filtered``), and always
     # at the namespaces level with the network off (no run there without it). First out of the
@@ -1477,8 +1513,10 @@ class Zygote:
             else _probe_clone(self.private_dev, self.cgroup_parents)
         )
         self.clone_spares = self.clone_refused is None
-        # At the process level every run enters a Landlock domain of its own (``_enter_landlock_domain``).
-        self.landlock_abi = 0 if self.namespaced or not config.get("landlock", True) else _landlock_abi()
+        # At both levels every run enters a Landlock domain of its own (``_enter_landlock_domain``):
+        # its file rules at the process level deny writes beneath the kernel's filesystems, with
+        # namespaces they grant writes only where the run's mounts do.
+        self.landlock_abi = _landlock_abi() if config.get("landlock", True) else 0
         # Every run gets the seccomp filter of ``seccomp.py`` for its level where the kernel takes it:
         # keyrings and clone3 at both levels; at the process level also AF_UNIX sockets and prlimit
         # and kin on other processes (with namespaces the run's pid namespace keeps those off the

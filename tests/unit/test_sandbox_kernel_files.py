@@ -9,6 +9,7 @@ the ``process`` level now denies the writes in the run's Landlock domain (``_ent
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import textwrap
@@ -20,6 +21,7 @@ from assertions import assert_status
 from sandboxes import light_at
 
 from alphaagent.models.run import RunLimits, RunResult
+from alphaagent.sandbox import zygote
 from alphaagent.sandbox.cgroup import RunCgroups
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
@@ -254,3 +256,82 @@ def test_a_spare_whose_cgroups_were_moved_is_refused_even_where_runs_can_write_c
         hog = run(sandbox, "import os\n" + MEMORY_HOG, tmp_path, memory_mb=256)
         assert (hog.status, hog.error and hog.error.name) == ("killed", "MemoryLimitExceeded"), hog
         assert hog.isolation.memory_bound == "cgroup"
+
+
+OUTSIDE_WRITES = """
+import errno, json
+answers = {}
+for path in PATHS:
+    try:
+        with open(path, "w") as fh:
+            fh.write("x")
+        answers[path] = "written"
+    except OSError as exc:
+        answers[path] = errno.errorcode[exc.errno]
+print(json.dumps(answers))
+"""
+
+
+def test_a_run_at_each_level_is_in_a_landlock_domain_of_the_kernels_abi(box: Sandbox, tmp_path: Path) -> None:
+    # Given a kernel with Landlock (ABI 2+), and a host folder outside /tmp (the run's own at the
+    # namespaces level) the uid may write to
+    abi = zygote._landlock_abi()
+    if abi == 0:
+        pytest.skip("this kernel has no usable Landlock")
+    if not os.access("/var/tmp", os.W_OK):
+        pytest.skip("no writable /var/tmp here")
+    scope = tmp_path / "scope"
+    scope.mkdir()
+    beside = Path(f"/var/tmp/alphaagent-beside-{os.getpid()}-{tmp_path.name}.txt")
+    paths = ["/proc/self/oom_score_adj", "in-scope.txt"]
+    if box.isolation == "namespaces":
+        paths.append(str(beside))  # the process level may write wherever its uid can (README)
+    # When a run writes its own /proc file, a file in the scope and (with namespaces) one beside it
+    result = run(box, f"PATHS = {paths!r}\n" + OUTSIDE_WRITES, scope)
+    written_beside = beside.exists()
+    beside.unlink(missing_ok=True)
+    # Then the sandbox and the run report the kernel's ABI (the namespaces level had said 0), and
+    # only the write in the scope was done
+    assert_status(result, "ok")
+    assert (box.info.get("landlock_abi"), result.isolation.landlock_abi) == (abi, abi)
+    answers = report(result)
+    assert answers.pop("in-scope.txt") == "written"
+    assert set(answers.values()) <= {"EACCES", "EROFS"}, answers
+    assert not written_beside
+
+
+def test_the_namespaces_levels_landlock_rules_refuse_a_write_even_where_a_mount_would_allow_it(
+    tmp_path: Path,
+) -> None:
+    # Given a process that enters the namespaces level's Landlock domain with one writable folder,
+    # on a host where the folder beside it is writable too (no read-only mount in the way)
+    abi = zygote._landlock_abi()
+    if abi == 0:
+        pytest.skip("this kernel has no usable Landlock")
+    allowed, beside = tmp_path / "scope", tmp_path / "beside"
+    allowed.mkdir()
+    beside.mkdir()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child reports through the pipe)
+        answers: dict[str, str] = {}
+        try:
+            zygote._prctl(zygote.PR_SET_NO_NEW_PRIVS, 1)
+            zygote._enter_landlock_domain(abi, writable=(str(allowed),))
+            for path in (allowed / "x", beside / "x", Path("/dev/null")):
+                try:
+                    with open(path, "w") as fh:
+                        fh.write("x")
+                    answers[str(path)] = "written"
+                except OSError as exc:
+                    answers[str(path)] = errno.errorcode[exc.errno or 0]
+        except BaseException as exc:
+            answers["failed"] = repr(exc)
+        os.write(w, json.dumps(answers).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        answers = json.loads(fh.read())
+    os.waitpid(pid, 0)
+    # Then it writes in that folder and to device files, and nowhere else
+    assert answers == {str(allowed / "x"): "written", str(beside / "x"): "EACCES", "/dev/null": "written"}
