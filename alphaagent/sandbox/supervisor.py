@@ -534,6 +534,8 @@ class Sandbox:
         # The run's seccomp filter (``alphaagent.sandbox.seccomp``): what it refuses at each level is
         # in ``IsolationReport.process_calls``; at the process level it takes AF_UNIX sockets away.
         filtered = self._ready.get("process_calls") == "filtered"
+        # From Landlock ABI 9 the run's domain reaches no socket file it did not bind (zygote.py).
+        resolves_unix = scoped_abstract and int(self._ready.get("landlock_abi") or 0) >= 9
         return build_result(
             run_id=run_id,
             outcome=outcome,
@@ -555,7 +557,7 @@ class Sandbox:
                 tmp_mb=tmp_bytes // 2**20 if namespaced and tmp_bytes else None,
                 shm_mb=limits.shm_mb if namespaced else None,
                 host_unix_sockets="blocked"
-                if (namespaced and not network) or (not namespaced and filtered)
+                if (namespaced and not network) or (not namespaced and filtered) or resolves_unix
                 else ("files_only" if scoped_abstract else "reachable"),
                 kernel_files="read_only" if self._ready.get("kernel_files") == "read_only" else "writable",
                 process_calls="filtered" if filtered else "open",

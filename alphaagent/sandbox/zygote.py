@@ -138,6 +138,8 @@ LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
 LANDLOCK_ACCESS_FS_MAKE_SYM = 1 << 12
 LANDLOCK_ACCESS_FS_REFER = 1 << 13
 LANDLOCK_ACCESS_FS_TRUNCATE = 1 << 14  # ABI 3
+LANDLOCK_ACCESS_FS_RESOLVE_UNIX = 1 << 16  # ABI 9 (Linux 7.1): connect/sendmsg to a socket file
+RESOLVE_UNIX_ABI = 9
 LANDLOCK_DIR_WRITE_RIGHTS = (
     LANDLOCK_ACCESS_FS_REMOVE_DIR
     | LANDLOCK_ACCESS_FS_REMOVE_FILE
@@ -738,7 +740,9 @@ def _enter_landlock_domain(
     handles ``REFER`` and grants it: it is granted beneath ``/``. With ``abstract_unix`` (ABI 6+) the
     run may connect only to abstract unix sockets its own processes bound, never to the host's (in
     the host's network namespace, which a run with network shares: X11, D-Bus, container shims
-    listen there); socket files are not covered (Landlock cannot yet). Needs ``no_new_privs``.
+    listen there). From ABI 9 (Linux 7.1, ``LANDLOCK_ACCESS_FS_RESOLVE_UNIX``) the same holds for
+    socket files: the run may connect and send only to those its own processes bound (not exercised
+    here: this machine has ABI 7). Needs ``no_new_privs``.
 
     File rules: it denies making device nodes (no run needs one), and with ``deny_kernel_writes``
     (the process level) opening for writing, truncating, making, removing or renaming anything
@@ -756,6 +760,9 @@ def _enter_landlock_domain(
     handled = LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_REFER
     restricts_writes = deny_kernel_writes or writable is not None
     fields = [handled | (write_rights | LANDLOCK_DIR_WRITE_RIGHTS if restricts_writes else 0)]
+    if abi >= RESOLVE_UNIX_ABI:
+        # Granted nowhere: the run connects only to socket files its own processes bound.
+        fields[0] |= LANDLOCK_ACCESS_FS_RESOLVE_UNIX
     if abi >= 6:
         scoped = LANDLOCK_SCOPE_SIGNAL | (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET if abstract_unix else 0)
         fields += [0, scoped]  # handled_access_net (none), scoped
@@ -980,13 +987,20 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
 
     - its own /tmp and /dev/shm (tmpfs of ``tmp_bytes`` and ``shm_bytes``), and its own /dev (made
       when the spare was, see ``_minimal_dev``);
-    - ``hidden_paths`` (the supervisor's home, the backend's data directory) and, without network,
-      /run and /var/run (unix sockets of host services), with it /run/user, covered by empty tmpfs;
+    - ``hidden_paths`` (the supervisor's home, the backend's data directory), /run and /var/run (unix
+      sockets of host services), covered by empty tmpfs; with network, the folder of resolv.conf's
+      target bound back where it lies under them;
     - the working directory bound back read-write at its own path, and the interpreter's prefixes
       and module paths bound back read-only where they were hidden.
     """
     cwd = os.path.realpath(req["cwd"])
     readable = [os.path.realpath(p) for p in _interpreter_paths()]
+    if network:
+        # The resolver's configuration stays readable where it lives under /run (systemd-resolved's
+        # stub-resolv.conf, NetworkManager's): its folder alone is bound back, read-only.
+        resolv = os.path.dirname(os.path.realpath("/etc/resolv.conf"))
+        if os.path.isdir(resolv):
+            readable.append(resolv)
     try:
         held = {path: os.open(_on_host(path), os.O_PATH | os.O_DIRECTORY) for path in {cwd, *readable}}
     finally:
@@ -1000,9 +1014,12 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
         _mount("none", "/tmp", None, MS_BIND | MS_REMOUNT | _mount_flags_of("/tmp"))
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={req['shm_bytes']},mode=1777")
     covered = ["/tmp", "/dev/shm"]
-    # With the network on /run stays (resolv.conf often links there), but not /run/user: the uid's
-    # session bus, systemd --user and agents listen there, and would run a command outside the sandbox.
-    for hidden in [*req.get("hidden_paths", []), *(["/run/user"] if network else ["/run", "/var/run"])]:
+    # /run and /var/run hold host services' unix sockets (the system bus, docker.sock, screen's
+    # S-user folders, /run/user's session buses, systemd --user and agents, which run a command
+    # outside the sandbox): hidden at every network setting, since with the network on the run may
+    # make AF_UNIX sockets and a read-only mount does not stop a connect. With the network on only
+    # the folder resolv.conf links to (above) comes back.
+    for hidden in [*req.get("hidden_paths", []), "/run", "/var/run"]:
         real = os.path.realpath(hidden)
         if os.path.isdir(real) and not os.path.islink(hidden) and real not in covered:
             _mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
