@@ -189,7 +189,8 @@ class IsolationReport(BaseModel):
       socket (its seccomp filter refuses ``socket(AF_UNIX)``, datagram ``socketpair`` and io_uring:
       network off at the ``namespaces`` level, and the ``process`` level wherever ``process_calls``
       is ``filtered``); ``files_only`` when host abstract sockets are out of reach (Landlock 6+) but
-      socket files are not; ``reachable`` otherwise. A socket file of the run's uid (a tmux or
+      socket files are not (from Landlock ABI 9, ``blocked`` there too: the domain reaches no
+      socket file it did not bind); ``reachable`` otherwise. A socket file of the run's uid (a tmux or
       screen server, D-Bus and ``systemd --user``, an ssh ControlMaster) takes commands that run
       outside the sandbox, so ``files_only`` and ``reachable`` mean the run can leave it.
     - ``kernel_files``: ``read_only`` when the run could write nothing beneath ``/proc``, ``/sys`` or

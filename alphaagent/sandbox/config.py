@@ -71,8 +71,10 @@ class SandboxConfig(BaseModel):
       cap: shorter output is kept whole in the run record).
     - ``use_cgroup``: bound processes with a pids cgroup when running as root (RLIMIT_NPROC does not
       apply to uid 0).
-    - ``landlock``: at the ``process`` level, put each run in a Landlock domain of its own where the
-      kernel has Landlock (5.13+), so it cannot read another process's ``/proc/<pid>/environ``.
+    - ``landlock``: put each run, at both levels, in a Landlock domain of its own where the kernel
+      has Landlock ABI 2+ (5.19+), so at the ``process`` level it cannot read another process's
+      ``/proc/<pid>/environ`` nor write beneath the kernel's filesystems, and at the ``namespaces``
+      level it writes only where its mounts let it (``IsolationReport.landlock_abi``).
       Without namespaces and without Landlock, the sandbox refuses to start while any process a run
       could read holds one of ``redact_env`` (``False`` forces that path; tests use it).
     - ``memory_cgroup``: hold each run to ``memory_mb`` in all with a memory cgroup where one can be

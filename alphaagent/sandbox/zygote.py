@@ -751,8 +751,8 @@ def _enter_landlock_domain(
     cgroup and leaving a decoy in its place). With ``writable`` (the ``namespaces`` level: the scope,
     /tmp and /dev/shm, as the run's mount namespace sees them) it grants writes, making, removing and
     renaming beneath those folders only, and writing to files beneath /dev (null, tty, the pts), so
-    a write anywhere else is refused even where a mount would allow it. ``chmod``, ``chown`` and ``utime`` have no Landlock
-    hook: they are not denied. Reopening a descriptor through ``/proc/self/fd``
+    a write anywhere else is refused even where a mount would allow it. ``chmod``, ``chown`` and
+    ``utime`` have no Landlock hook: they are not denied. Reopening a descriptor through ``/proc/self/fd``
     is checked against the file it names, not ``/proc``, and pipes, sockets and ``memfd`` files are
     not in any directory Landlock checks, so they stay writable.
     """

@@ -474,7 +474,9 @@ print(json.dumps({
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["network off", "network on"])
-def test_a_run_makes_sockets_of_no_family_it_does_not_need(box: Sandbox, tmp_path: Path, network: bool) -> None:
+def test_a_run_makes_sockets_of_no_family_it_does_not_need(
+    box: Sandbox, tmp_path: Path, network: bool
+) -> None:
     # Given this machine (a VM) has AF_VSOCK, a way to its hypervisor's host that no network
     # namespace separates, and AF_PACKET, AF_ALG, AF_XDP and netlink's sock_diag and uevents
     if network and box.isolation == "process":
@@ -488,7 +490,12 @@ def test_a_run_makes_sockets_of_no_family_it_does_not_need(box: Sandbox, tmp_pat
     assert {int(f): a for f, a in probe["families"].items() if a != ["EAFNOSUPPORT"]} == {}
     assert {int(p): a for p, a in probe["netlink"].items() if a != "EPROTONOSUPPORT"} == {0: "made"}
     assert probe["inet socketpair"] == "EAFNOSUPPORT"
-    assert (probe["tcp"], probe["udp6"], probe["if_nameindex"], probe["psutil"]) == ("made", "made", True, True)
+    assert (probe["tcp"], probe["udp6"], probe["if_nameindex"], probe["psutil"]) == (
+        "made",
+        "made",
+        True,
+        True,
+    )
     assert "127.0.0.1" in probe["getaddrinfo"]
 
 
