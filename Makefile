@@ -95,6 +95,7 @@ bench: $(STAMP) ## Run the benchmarks (prints figures and the machine)
 	$(PY) bench/session_state.py --quick
 	$(PY) bench/aws_sync.py
 	$(PY) bench/cli_start.py
+	$(PY) bench/coder_cli.py
 
 lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 	rm -rf /tmp/alphaagent-lock && $(PYTHON) -m venv /tmp/alphaagent-lock

@@ -400,12 +400,19 @@ def test_a_tool_error_returns_as_is_error_text_and_the_loop_continues(
     assert len(result.run_ids) == 1
 
 
-def test_a_turn_that_skips_a_declared_output_fails_naming_it(
-    agent: AlphaAgent, api: ScriptedMessagesAPI
-) -> None:
+@pytest.fixture(scope="module")
+def answered_once(agent: AlphaAgent, api: ScriptedMessagesAPI) -> tuple[TurnResult, float]:
+    """A turn whose model only answers (and skips the spec's declared output), and its wall time
+    in seconds: the bundled CLI's start and end, what the turn-timeout test scales its budget by.
+    One turn serves both tests (a CLI start is ~1.7 CPU-s)."""
     api.load([Reply([text("Done, I think.")])])
-
+    started = time.monotonic()
     result = agent.run_analysis(_spec("forgot-output", outputs=[{"kind": "report", "name": "findings"}]))
+    return result, time.monotonic() - started
+
+
+def test_a_turn_that_skips_a_declared_output_fails_naming_it(answered_once: tuple[TurnResult, float]) -> None:
+    result, _seconds = answered_once
 
     assert_status(result, "failed")
     assert result.error is not None
@@ -444,16 +451,13 @@ def test_exceeding_max_turns_fails_the_turn_with_the_reason(
 
 
 def test_the_turn_timeout_cuts_the_run_and_fails_the_turn(
-    agent: AlphaAgent, api: ScriptedMessagesAPI
+    agent: AlphaAgent, api: ScriptedMessagesAPI, answered_once: tuple[TurnResult, float]
 ) -> None:
     # Given what a turn that only answers costs here (the bundled CLI's start and end: a second on
     # a quiet machine, many on a loaded one), a turn budget the CLI and the first run fit in (at
     # least 10 s, three times that cost), and a model that runs code sleeping far longer (runs may
     # take 60 s each)
-    api.load([Reply([text("Nothing to run.")])])
-    started = time.monotonic()
-    assert_status(agent.run_analysis(_spec("slow-baseline")), "completed")
-    turn_cost = time.monotonic() - started
+    _answered, turn_cost = answered_once
     budget = max(10, math.ceil(3 * turn_cost))
     spec = _spec("slow")
     spec["constraints"] = {"max_runs": 5, "run_timeout_s": 60, "turn_timeout_s": budget}

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
+from sandboxes import register_light
 
 pytest.importorskip("claude_agent_sdk")
 pytest.importorskip("mcp")
@@ -86,6 +87,9 @@ def test_the_agent_sdk_orchestrates_a_turn_through_alphaagent_mcp(tmp_path: Path
     spec: dict[str, Any] = {
         "spec_version": 1,
         "scope": {"conversation_id": "growth"},
+        # The orchestration is the subject, not the builtin preload: the light environment's zygote
+        # costs ~0.2 CPU-s to start, builtin's ~2 (the step imports pandas itself).
+        "environment_id": register_light(home),
         "goal": "Which region grew fastest?",
         "outputs": [
             {"kind": "dataset", "name": "growth"},

@@ -6,12 +6,13 @@ moto executes the state machine for real (``execute_state_machine``): its ``Code
 the execution ends only when the worker answers. moto keeps no record of heartbeats, so the
 Step Functions client is wrapped in a recording proxy of our own. The turns run on the local
 backend in a temporary home (the AWS adapters do not exist yet); specs have pinned steps, so no
-model is needed. The SIGTERM cases run in a subprocess that signals itself (this file, run as a
-script), so the signal is real and pytest's own process is never hit.
+model is needed. The SIGTERM cases run in a forked child process that signals itself, so the
+signal is real and pytest's own process is never hit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -482,7 +484,7 @@ def test_a_spec_the_backend_refuses_fails_with_invalid_spec_error(agent: AlphaAg
 
 
 def _sigterm_scenario(home: Path, step_s: float, stop_timeout_s: float) -> dict[str, Any]:
-    """Run in a subprocess: two waiting executions, a worker on the main thread, SIGTERM to the
+    """Run in a child process: two waiting executions, a worker on the main thread, SIGTERM to the
     process once the first turn is running; report what the worker did.
 
     ``stop_timeout_s`` 0 means "long enough for the turn to finish": four times what the same turn
@@ -539,18 +541,69 @@ SIGTERM_SCENARIOS = {"finishes": (1.5, 0.0), "outlives": (30.0, 0.5)}
 
 @pytest.fixture(scope="module")
 def sigterm_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """The report of each SIGTERM scenario, run one after the other in one child process: a fresh
-    interpreter's imports and AWS service models cost ~3 CPU-s, and each scenario has its own moto
-    account, data directory, sandbox, worker and signal handler, so neither sees the other's."""
+    """The report of each SIGTERM scenario, run one after the other in one child process forked
+    from this one: the child has its own pid, main thread and signal handler (the signal is real
+    and pytest's process is never hit), and inherits the modules already imported here (a fresh
+    interpreter paid ~3.5 CPU-s for the platform's imports and moto's Step Functions parser, which
+    loads EC2's instance catalogue). Each scenario has its own moto account, data directory,
+    sandbox, worker and signal handler, so neither sees the other's."""
     root = tmp_path_factory.mktemp("sigterm")
-    # The script imports the tests' shared helpers (assertions, moto_account) as pytest's pythonpath does.
-    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, **FAKE_AWS, "PYTHONPATH": path}
-    args = [sys.executable, __file__, str(root), *SIGTERM_SCENARIOS]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=110, env=env, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    reports: dict[str, dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return reports
+    with _env(FAKE_AWS):
+        return _in_forked_child(
+            lambda: {
+                name: _sigterm_scenario(root / name, *SIGTERM_SCENARIOS[name]) for name in SIGTERM_SCENARIOS
+            },
+            timeout_s=110,
+        )
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set, as it was afterwards (the child inherits it)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _in_forked_child(run: Callable[[], dict[str, Any]], timeout_s: float) -> dict[str, Any]:
+    """``run()`` in a forked child; its JSON result, or an ``AssertionError`` with the child's
+    traceback. The child ends with ``os._exit`` (no pytest teardown, no atexit of this process);
+    one that outlives ``timeout_s`` is killed."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running anything of the parent's
+        status = 1
+        try:
+            os.close(read_end)
+            try:
+                payload = json.dumps({"report": run()})
+                status = 0
+            except BaseException:
+                payload = json.dumps({"error": traceback.format_exc()[-3000:]})
+            with os.fdopen(write_end, "w") as out:
+                out.write(payload)
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    killer = threading.Timer(timeout_s, lambda: os.kill(pid, signal.SIGKILL))
+    killer.start()
+    try:
+        with os.fdopen(read_end) as received:
+            raw = received.read()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        killer.cancel()
+    assert raw, f"the child ended without a report (wait status {status})"
+    answer: dict[str, Any] = json.loads(raw)
+    assert "report" in answer, answer["error"]
+    return dict(answer["report"])
 
 
 def test_sigterm_mid_turn_finishes_the_turn_and_takes_no_new_message(
@@ -634,12 +687,6 @@ def test_the_dockerfile_pins_its_base_runs_as_non_root_and_starts_the_worker() -
     assert lines[-1] == 'CMD ["python", "-m", "coder"]'
     installs = " ".join(line for line in lines if "pip install" in line)
     assert "-c constraints.txt" in installs and ".[coder]" in installs
-
-
-if __name__ == "__main__":
-    _root, *_names = sys.argv[1:]
-    _reports = {name: _sigterm_scenario(Path(_root) / name, *SIGTERM_SCENARIOS[name]) for name in _names}
-    print(json.dumps(_reports), flush=True)
 
 
 def test_a_claim_check_rewritten_by_run_code_is_refused(tmp_path: Path) -> None:
