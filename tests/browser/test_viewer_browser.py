@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
-from sandboxes import light_agent
 from viewer_data import Home
 
 from alphaagent.api import AlphaAgent
@@ -146,9 +145,7 @@ def viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Viewer]:
 
     home = tmp_path_factory.mktemp("viewer") / "home"
     conversation = "revenue-demo"
-    # A sandbox without the builtin preload (the chart step imports matplotlib itself): the pages are
-    # the subject, not the zygote's imports, which cost ~2 CPU-s more to start
-    agent = light_agent(home)
+    agent = AlphaAgent(home)
     result = agent.run_analysis(_spec(conversation))
     assert_status(result, "completed", result.model_dump_json(indent=2))
     listener = bind("127.0.0.1", 0)
