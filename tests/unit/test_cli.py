@@ -75,9 +75,10 @@ def test_json_output_is_the_run_result(tmp_path: Path, light: list[str]) -> None
 
 
 def test_timeout_exits_1_and_says_so(tmp_path: Path, light: list[str]) -> None:
-    done = _exec(
-        "--timeout", "1", "--workdir", str(tmp_path), "-", *light, cwd=tmp_path, stdin=b"while True: pass\n"
-    )
+    # A run that outlasts the wall-clock limit by waiting, not spinning: the limit is wall-clock, and
+    # a busy loop would spend a CPU-s to show the same answer (a spinning run's kill: test_sandbox)
+    code = b"import time\ntime.sleep(60)\n"
+    done = _exec("--timeout", "1", "--workdir", str(tmp_path), "-", *light, cwd=tmp_path, stdin=code)
     assert done.returncode == 1
     assert "[timeout]" in done.stdout and "wall-clock limit of 1 s exceeded" in done.stdout
 

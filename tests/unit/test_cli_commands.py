@@ -607,8 +607,10 @@ def _wait_gone(marker: str, timeout_s: float = 20) -> list[int]:
 
 
 def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> None:
-    # Given a turn whose step starts a long-running child process and says so
+    # Given a turn whose step starts a long-running child process and says so (in an environment
+    # without the builtin preload: Ctrl-C is the subject, not what the zygote imports)
     home = tmp_path / "data"
+    light = register_light(home)
     marker = f"{time.monotonic_ns() % 10**9}.25"
     code = (
         "import subprocess, time\n"
@@ -616,7 +618,10 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
         "print('started', flush=True)\n"
         "time.sleep(600)\n"
     )
-    spec_file = _write(tmp_path / "spec.json", _spec("c-int", code, constraints={"run_timeout_s": 600}))
+    spec_file = _write(
+        tmp_path / "spec.json",
+        _spec("c-int", code, constraints={"run_timeout_s": 600}, environment_id=light),
+    )
     process = subprocess.Popen(
         [*_CLI_DUMPING, "run", str(spec_file)],
         env=_env(ALPHAAGENT_HOME=str(home)),
@@ -646,7 +651,7 @@ def test_ctrl_c_ends_the_run_records_the_turn_and_exits_130(tmp_path: Path) -> N
     assert turn.result.error.name == "TurnCancelled"
     again = _cli(
         "run",
-        str(_write(tmp_path / "next.json", _spec("c-int", "print('next')"))),
+        str(_write(tmp_path / "next.json", _spec("c-int", "print('next')", environment_id=light))),
         env=_env(ALPHAAGENT_HOME=str(home), ALPHAAGENT_LOCK_WAIT_S="0.5"),
         cwd=tmp_path,
     )
@@ -658,17 +663,21 @@ def test_ctrl_c_during_exec_kills_the_run_and_exits_130(tmp_path: Path) -> None:
     marker = f"{time.monotonic_ns() % 10**9}.75"
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\nprint('started', flush=True)\ntime.sleep(600)\n"
     (tmp_path / "job.py").write_text(code)
+    home = tmp_path / "data"
+    light = register_light(home)  # no builtin preload: Ctrl-C is the subject, not the zygote's imports
     process = subprocess.Popen(
         [
             *_CLI_DUMPING,
             "exec",
             "--timeout",
             "600",
+            "--env",
+            light,
             "--workdir",
             str(tmp_path),
             str(tmp_path / "job.py"),
         ],
-        env=_env(),
+        env=_env(ALPHAAGENT_HOME=str(home)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -775,8 +784,10 @@ def test_a_spec_with_its_own_user_and_no_identity_given_runs_as_that_user_and_sa
 def test_history_shows_the_names_the_session_state_did_not_keep(tmp_path: Path) -> None:
     # Given a turn whose step leaves a lock beside a number
     home = tmp_path / "data"
+    light = register_light(home)  # the state's report is the subject, not the builtin preload
     spec_file = _write(
-        tmp_path / "spec.json", _spec("c-state", "import threading\nlock = threading.Lock()\nn = 1")
+        tmp_path / "spec.json",
+        _spec("c-state", "import threading\nlock = threading.Lock()\nn = 1", environment_id=light),
     )
     env = _env(ALPHAAGENT_HOME=str(home))
     assert _cli("run", str(spec_file), env=env, cwd=tmp_path).returncode == 0
@@ -788,4 +799,4 @@ def test_history_shows_the_names_the_session_state_did_not_keep(tmp_path: Path) 
     assert "not kept: lock (a lock or event (TypeError:" in state_line, text.stdout
     [run] = json.loads(data.stdout)
     assert set(run["state"]["skipped"]) == {"lock"} and "n" in run["state"]["saved"]
-    assert run["environment_id"] == "builtin"
+    assert run["environment_id"] == light

@@ -68,6 +68,7 @@ def test_every_option_that_takes_one_value_is_refused_given_twice_with_different
         "--version",
     } <= names
     assert {"--timeout", "--home", "--user", "--port", "--network", "--backend", "--python"} <= names
+    parser = build_parser()  # one for the checks of argparse's own parse (a parse changes no parser)
     for command, action in table:
         first, second = _two_values(action)
         option = action.option_strings[-1]
@@ -91,7 +92,7 @@ def test_every_option_that_takes_one_value_is_refused_given_twice_with_different
         assert list(tmp_path.iterdir()) == [], argv
         # And the same value twice is that value (argparse's own parse; main would run the command)
         _GIVEN.clear()
-        parsed = build_parser().parse_args([*command.split(), *base, option, first, option, first])
+        parsed = parser.parse_args([*command.split(), *base, option, first, option, first])
         assert _given_twice() is None and getattr(parsed, action.dest) == converted[0], argv
 
 
@@ -138,7 +139,7 @@ def _spec(conversation: str | None, code: str = "print('hi')", **fields: Any) ->
 def test_run_with_a_conversation_given_twice_runs_nothing_and_once_runs_there(tmp_path: Path) -> None:
     home = tmp_path / "home"
     spec = tmp_path / "tiny.json"
-    spec.write_text(json.dumps(_spec("tiny")))
+    spec.write_text(json.dumps(_spec("tiny", environment_id="light")))  # registered below, once refused
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")} | {
         "ALPHAAGENT_HOME": str(home)
     }
@@ -150,7 +151,9 @@ def test_run_with_a_conversation_given_twice_runs_nothing_and_once_runs_there(tm
         "alphaagent: error: --conversation: given twice with different values ('dupA' and 'dupB'); give it once\n"
     )
     assert not home.exists()
-    # When the same conversation is given twice, Then the turn runs there
+    # When the same conversation is given twice, Then the turn runs there (in an environment without
+    # the builtin preload: what is checked is where the turn ran, not what its zygote imported)
+    register_light(home)
     done = run_cli(
         ["run", str(spec), "--conversation", "dupA", "--conversation", "dupA", "--json"], env=env, text=True
     )
@@ -302,8 +305,9 @@ def test_run_of_a_spec_without_scope_names_the_flags_that_supply_one(
         (["conversations", "--json"], b""),
         # help, which argparse writes (and would let a failed write pass as success)
         (["help"], b""),
-        # output larger than a pipe's buffer, written while the command runs
-        (["exec", "-"], b"for i in range(20000):\n    print('line', i)\n"),
+        # output larger than a pipe's buffer, written while the command runs (in an environment
+        # without the builtin preload: the pipe is the subject, not what the zygote imports)
+        (["exec", "-", "--env", "light"], b"for i in range(20000):\n    print('line', i)\n"),
     ],
 )
 def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
@@ -311,6 +315,8 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
     env["ALPHAAGENT_HOME"] = str(tmp_path / "home")
+    if "--env" in argv:
+        register_light(tmp_path / "home")
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the command writes anything: no race
     try:
@@ -381,13 +387,14 @@ def past_work(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     second fetches a file), and one in ``b`` whose output cannot be registered. Returns the data directory and the turn ids."""
     tmp = tmp_path_factory.mktemp("past")
     home = tmp / "home"
+    light = register_light(home)  # the lists are the subject, not the zygote's preload
     six = "print(1)\nprint(2)\nprint(3)\nprint(4); print(5); print(6)"
     penguins = Path(__file__).parents[2] / "examples" / "penguins" / "penguins.csv"  # a file root by default
     fetched = [{"kind": "connector", "connector": "file", "request": {"path": str(penguins)}}]
     ids = {
-        "a1": _run(home, _spec("a", six), tmp),
-        "a2": _run(home, _spec("a", inputs=fetched), tmp),
-        "b1": _run(home, _spec("b", outputs=[{"kind": "report", "name": "nowhere"}]), tmp),
+        "a1": _run(home, _spec("a", six, environment_id=light), tmp),
+        "a2": _run(home, _spec("a", inputs=fetched, environment_id=light), tmp),
+        "b1": _run(home, _spec("b", outputs=[{"kind": "report", "name": "nowhere"}], environment_id=light), tmp),
     }
     return home, ids
 

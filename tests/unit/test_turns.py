@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from assertions import assert_status
 from cli_runner import run_cli
+from sandboxes import register_light
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.artifacts import MAX_XLSX_UNPACKED_BYTES
@@ -1279,6 +1280,14 @@ def test_a_terminal_status_never_regresses(agent: AlphaAgent) -> None:
 # ----------------------------------------------------------------------------- crash
 
 
+@pytest.fixture(scope="module")
+def doomed_environment(agent: AlphaAgent) -> str:
+    """An environment without the builtin preload, registered in the module's data directory, for
+    the turns that are killed: the command that runs one starts a zygote of its own (~2 CPU-s with
+    the builtin preload, ~0.2 without), and what is checked is what the kill leaves behind."""
+    return register_light(agent.home)
+
+
 def _start_doomed_turn(agent: AlphaAgent, tmp_path: Path, spec: dict[str, Any]) -> subprocess.Popen[bytes]:
     """``alphaagent run`` of ``spec`` in its own process group, with a 2 s lease; returns once the
     step has started (it writes work/started, then sleeps)."""
@@ -1315,7 +1324,7 @@ DOOMED_STEP = "open('reports/notes.md', 'w').write('half-way')\nopen('work/start
 
 
 def test_a_killed_turn_leaves_no_half_registered_artifact_and_does_not_block_the_next(
-    agent: AlphaAgent, tmp_path: Path
+    agent: AlphaAgent, doomed_environment: str, tmp_path: Path
 ) -> None:
     # Given a conversation with a registered report, and a turn killed (SIGKILL, whole process
     # group) while its step runs
@@ -1326,7 +1335,12 @@ def test_a_killed_turn_leaves_no_half_registered_artifact_and_does_not_block_the
     )
     assert_status(first, "completed")
     doomed = _spec(
-        conversation, DOOMED_STEP, turn_id=new_ulid(), outputs=output, constraints={"run_timeout_s": 40}
+        conversation,
+        DOOMED_STEP,
+        turn_id=new_ulid(),
+        outputs=output,
+        constraints={"run_timeout_s": 40},
+        environment_id=doomed_environment,
     )
     _kill_group(_start_doomed_turn(agent, tmp_path, doomed))
     killed_at = time.monotonic()
@@ -1355,11 +1369,17 @@ def test_a_killed_turn_leaves_no_half_registered_artifact_and_does_not_block_the
 
 
 def test_a_killed_turn_delivered_again_gets_an_answer_once_its_lease_expired(
-    agent: AlphaAgent, tmp_path: Path
+    agent: AlphaAgent, doomed_environment: str, tmp_path: Path
 ) -> None:
     # Given a turn killed while its step runs (at-least-once delivery will hand it over again)
     conversation = _conversation()
-    doomed = _spec(conversation, DOOMED_STEP, turn_id=new_ulid(), constraints={"run_timeout_s": 40})
+    doomed = _spec(
+        conversation,
+        DOOMED_STEP,
+        turn_id=new_ulid(),
+        constraints={"run_timeout_s": 40},
+        environment_id=doomed_environment,
+    )
     _kill_group(_start_doomed_turn(agent, tmp_path, doomed))
     # When, after its 2 s lease expired, the same spec is delivered again
     time.sleep(2.5)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from assertions import assert_status
 from cli_runner import run_cli
+from sandboxes import light_agent, register_light
 from starlette.testclient import TestClient
 from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, T0, TOKEN, Home, lay_out
 
@@ -446,8 +447,11 @@ def test_browsing_every_page_writes_nothing(alice: TestClient, home: LocalHome) 
 
 
 def test_turns_json_lists_a_turn_that_run_completed(tmp_path: Path) -> None:
-    # Given a spec with one pinned step, run from the command line
+    # Given a spec with one pinned step, run from the command line (in an environment without the
+    # builtin preload: the lists are the subject, not what the zygote imports)
+    home = tmp_path / "home"
     spec = {
+        "environment_id": register_light(home),
         "spec_version": 1,
         "user_id": "me",
         "scope": {"conversation_id": "c1"},
@@ -456,7 +460,6 @@ def test_turns_json_lists_a_turn_that_run_completed(tmp_path: Path) -> None:
         "steps": [{"title": "count", "code": "open('datasets/counts.csv', 'w').write('n\\n1\\n2\\n3\\n')"}],
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    home = tmp_path / "home"
     ran = _cli("run", str(tmp_path / "spec.json"), "--user", "me", home=home)
     assert ran.returncode == 0, ran.stderr
     # When its turns and the user's conversations are listed
@@ -480,9 +483,8 @@ def test_only_loopback_addresses_count_as_this_machine_and_ipv6_urls_get_bracket
 
 
 def test_the_viewer_names_each_turns_environment_and_the_state_not_kept(tmp_path: Path) -> None:
-    from alphaagent.api import AlphaAgent
-
-    # Given a turn whose step leaves a lock in the session's globals
+    # Given a turn whose step leaves a lock in the session's globals (run by a sandbox without the
+    # builtin preload: the environment is still builtin, which is what the pages must name)
     spec = {
         "spec_version": 1,
         "user_id": ALICE,
@@ -490,7 +492,7 @@ def test_the_viewer_names_each_turns_environment_and_the_state_not_kept(tmp_path
         "goal": "keep a lock",
         "steps": [{"title": "lock", "code": "import threading\nlock = threading.Lock()\nn = 1"}],
     }
-    with AlphaAgent(tmp_path) as agent:
+    with light_agent(tmp_path) as agent:
         result = agent.run_analysis(spec)
     assert_status(result, "completed")
     client = client_for(tmp_path)
