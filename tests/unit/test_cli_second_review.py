@@ -394,7 +394,9 @@ def past_work(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     ids = {
         "a1": _run(home, _spec("a", six, environment_id=light), tmp),
         "a2": _run(home, _spec("a", inputs=fetched, environment_id=light), tmp),
-        "b1": _run(home, _spec("b", outputs=[{"kind": "report", "name": "nowhere"}], environment_id=light), tmp),
+        "b1": _run(
+            home, _spec("b", outputs=[{"kind": "report", "name": "nowhere"}], environment_id=light), tmp
+        ),
     }
     return home, ids
 
