@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from after_import import when_imported
 from clocks import FakeClock
 from moto_account import FAKE_CREDENTIALS, MotoAccount, serialise_conditional_writes, share_sdk_data
 
@@ -37,8 +38,11 @@ def _serialise_moto_dynamodb() -> None:
     DynamoHandler.call_action = call_action  # type: ignore[method-assign]
 
 
-_serialise_moto_dynamodb()
-serialise_conditional_writes()  # moto's check-then-write of a conditional S3 write, atomic as in S3
+# The process's patches of moto and botocore, each applied as its module is first imported (by
+# whichever test needs it): a worker that runs no AWS test never imports them.
+when_imported("moto.dynamodb.responses", _serialise_moto_dynamodb)
+# moto's check-then-write of a conditional S3 write, atomic as in S3
+when_imported("moto.s3.responses", serialise_conditional_writes)
 
 
 def _take_ctrl_c_as_a_terminal_does() -> None:
@@ -55,7 +59,8 @@ def _take_ctrl_c_as_a_terminal_does() -> None:
 
 
 _take_ctrl_c_as_a_terminal_does()
-share_sdk_data()  # every test's new boto3 session would re-parse the SDK's data files
+# Every test's new boto3 session would re-parse the SDK's data files.
+when_imported("botocore.session", share_sdk_data)
 
 
 @pytest.fixture(scope="session", autouse=True)

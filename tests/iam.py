@@ -51,9 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-import boto3
 import cfn
-from botocore.exceptions import ClientError
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_PYTHON = ROOT / ".venv-tools" / "bin" / "python"
@@ -814,6 +812,8 @@ class Iam:
     # -- hooks ---------------------------------------------------------------------------------
 
     def install(self) -> None:
+        import boto3
+
         self._session = boto3._get_default_session()._session
         self._session.register("before-parameter-build", self._keep_params, unique_id="iam-params")
         self._session.register("before-call", self._before_call, unique_id="iam-before")
@@ -896,6 +896,8 @@ class Iam:
         return message
 
     def _deny(self, component: str, role: str, action: str, resource: str, operation: str) -> None:
+        from botocore.exceptions import ClientError
+
         message = self._record(component, role, action, resource, operation)
         raise ClientError(
             {

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import functools
-import os
 import threading
-from typing import Any, ClassVar
-
-import boto3
-import botocore.loaders
-import botocore.session
+from typing import Any
 
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -32,6 +27,8 @@ class MotoAccount:
     @functools.cache  # noqa: B019 - one account per test: the cache dies with it
     def client(self, service: str) -> Any:
         """The account's boto3 client for ``service`` (one per service)."""
+        import boto3
+
         return boto3.client(service, region_name=self.region)
 
     def bucket(self, name: str, *, versioned: bool = False) -> Any:
@@ -82,43 +79,13 @@ class MotoAccount:
 # -- the SDK's data files, read once per process ---------------------------------------------------
 
 
-class _SharedDataLoader(botocore.loaders.Loader):
-    """botocore's loader of its data files (service models, endpoints, partitions), with one cache
-    per search path for the whole process instead of one per session.
-
-    mock_aws replaces boto3's default session for every test, and each new session's first client
-    re-reads and re-parses endpoints.json and the service's model (~100 ms of CPU a client, most of
-    a small moto test). The files are the installed SDK's and never change while the tests run, and
-    botocore already shares the parsed data between all the clients of one session (nothing mutates
-    it), so sharing it between sessions changes no behaviour. Only the files are shared: every
-    session keeps its own credentials, configuration, event handlers and clients.
-    """
-
-    _caches: ClassVar[dict[tuple[str, ...], dict[Any, Any]]] = {}
-
-    @property
-    def _cache(self) -> dict[Any, Any]:
-        # Keyed by the search path at lookup time: boto3 appends its own data directory to a
-        # session's loader after creating it, and a different path may find different files.
-        return self._caches.setdefault(tuple(self.search_paths), {})
-
-    @_cache.setter
-    def _cache(self, _value: dict[Any, Any]) -> None:
-        """``Loader.__init__`` assigns a fresh dict; every instance reads the shared one instead."""
-
-
-def _create_loader(search_path_string: str | None = None) -> botocore.loaders.Loader:
-    """``botocore.loaders.create_loader`` (the same search path rules) making a :class:`_SharedDataLoader`."""
-    if search_path_string is None:
-        return _SharedDataLoader()
-    paths = [os.path.expanduser(os.path.expandvars(p)) for p in search_path_string.split(os.pathsep)]
-    return _SharedDataLoader(extra_search_paths=paths)
-
-
 def share_sdk_data() -> None:
     """Make every botocore session of the process read the SDK's data files through one cache
-    (:class:`_SharedDataLoader`). Idempotent."""
-    botocore.session.create_loader = _create_loader
+    (tests/sdk_data.py). Idempotent. tests/conftest.py calls it when botocore is first imported."""
+    import botocore.session
+    from sdk_data import create_loader
+
+    botocore.session.create_loader = create_loader
 
 
 _VALID_DEFINITIONS: set[str] = set()

@@ -12,15 +12,10 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
-
-pytest.importorskip("mcp")
-
-import anyio
-from mcp import Client as McpClient
+from installed import skip_unless_installed
 
 from alphaagent.client import AwsClient, connect
 from alphaagent.errors import NotFoundError
-from alphaagent.mcp_server import build_server
 from integration.test_turn_machine import (  # the fixture is used by name below
     BUCKET,
     REGION,
@@ -35,6 +30,8 @@ from integration.test_turn_machine import (  # the fixture is used by name below
     turn_stack,  # noqa: F401 - the stack fixture requests it (one stack per module)
     upload_measurements,
 )
+
+skip_unless_installed("mcp")
 
 __all__ = ["stack"]
 
@@ -122,6 +119,10 @@ def test_another_users_spec_is_refused_before_anything_is_sent(stack: Stack) -> 
 
 
 def test_the_mcp_server_on_the_aws_backend_returns_the_same_result_shape(stack: Stack) -> None:
+    import anyio
+
+    from alphaagent.mcp_server import build_server
+
     # Given the MCP server of a client of the stack
     scope = conversation()
     upload_measurements(stack, scope)
@@ -134,6 +135,8 @@ def test_the_mcp_server_on_the_aws_backend_returns_the_same_result_shape(stack: 
         progress.append(message or "")
 
     async def scenario() -> tuple[Any, Any, Any]:
+        from mcp import Client as McpClient
+
         async with McpClient(server) as client:
             ran = await client.call_tool("run_analysis", {"spec": spec}, progress_callback=on_progress)
             listed = await client.call_tool("list_artifacts", {"scope": scope.model_dump()})
@@ -160,6 +163,10 @@ def test_the_mcp_server_on_the_aws_backend_returns_the_same_result_shape(stack: 
 
 
 def test_aws_refusing_the_submit_is_an_error_result_not_a_crash(stack: Stack) -> None:
+    import anyio
+
+    from alphaagent.mcp_server import build_server
+
     # Given a server whose client names a queue that does not exist
     client = connect(
         backend="aws",
@@ -172,6 +179,8 @@ def test_aws_refusing_the_submit_is_an_error_result_not_a_crash(stack: Stack) ->
     server = build_server(client)
 
     async def scenario() -> Any:
+        from mcp import Client as McpClient
+
         async with McpClient(server) as mcp:
             return await mcp.call_tool("run_analysis", {"spec": unbound(analysis_spec(conversation()))})
 

@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from assertions import assert_status
 from moto_account import MotoAccount
@@ -228,6 +227,8 @@ def test_the_table_has_the_documented_keys_and_ttl_attribute(aws: Any) -> None:
 
 
 def test_no_client_is_created_before_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+
     # Given a store built without a client, and boto3 that would fail if asked for one
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a client was created")

@@ -20,15 +20,12 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
-from botocore.exceptions import ClientError
 from clocks import FakeClock
 from iam import Iam, Physical
-from moto.s3.models import S3Backend
-from moto.s3.responses import S3Response
 from moto_account import MotoAccount
 from pydantic import ValidationError
 
-from alphaagent.aws import env_function, env_run, sync
+from alphaagent.aws import env_run, sync
 from alphaagent.aws.executor import (
     DESTINATION_HEADROOM_BYTES,
     MAX_ASYNC_PAYLOAD_BYTES,
@@ -109,6 +106,8 @@ def aws_region() -> str:
 @pytest.fixture
 def aws(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The moto account with the workspaces bucket and the state table; returns the S3 client."""
+    from alphaagent.aws import env_function
+
     for name, value in {
         "AWS_SECRET_ACCESS_KEY": SECRET,  # what test_the_run_sees_no_aws_variables looks for
         "POWERTOOLS_TRACE_DISABLED": "true",
@@ -147,6 +146,8 @@ _IAM: list[Iam] = []
 def workspace(aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> S3Workspace:
     """The handler's workspace (working copies under tmp_path) and the test sandbox, patched into the
     handler's cached getters."""
+    from alphaagent.aws import env_function
+
     workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / "working-copies")
     monkeypatch.setattr(env_function, "get_workspace", lambda: workspace)
     monkeypatch.setattr(env_function, "get_sandbox", lambda: sandbox)
@@ -156,6 +157,8 @@ def workspace(aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.Mo
 
 def invoke(code: str, context: Context | None = None, **fields: Any) -> dict[str, Any]:
     """The handler on the sample event with ``code`` (and any other field replaced)."""
+    from alphaagent.aws import env_function
+
     event = {**EVENT, "code": code, **fields}
     with _IAM[0].acting_as("EnvBuiltinFunction"):
         answer: dict[str, Any] = env_function.lambda_handler(event, context or Context())
@@ -425,6 +428,8 @@ def test_an_error_in_user_code_is_a_result_with_a_pointer(workspace: S3Workspace
 def test_a_scope_over_the_sync_cap_is_refused_naming_its_size_and_the_cap(
     aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from alphaagent.aws import env_function
+
     # Given a 100-byte sync cap and a scope of 1,010 bytes
     monkeypatch.setenv("ENV_SYNC_MAX_BYTES", "100")
     env_function.get_env_settings.cache_clear()
@@ -448,6 +453,8 @@ def test_a_scope_over_the_sync_cap_is_refused_naming_its_size_and_the_cap(
 def test_the_sessions_state_counts_against_the_sync_cap(
     aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from alphaagent.aws import env_function
+
     # Given a 1,500-byte sync cap, a scope of 1,010 bytes and the run's session's state of 1,000 bytes
     # (both share /tmp with what the run writes)
     monkeypatch.setenv("ENV_SYNC_MAX_BYTES", "1500")
@@ -540,6 +547,8 @@ def test_a_run_id_that_is_not_one_path_segment_is_refused(workspace: S3Workspace
 
 
 def test_the_lambda_sandbox_is_exclusive_and_keeps_the_working_copies() -> None:
+    from alphaagent.aws import env_function
+
     config = env_function.lambda_sandbox_config(Path("/tmp/alphaagent-workspaces"))
     assert (config.exclusive, config.isolation, config.wipe_paths) == (True, "process", ("/tmp", "/dev/shm"))
     assert config.wipe_keep == ("/tmp/alphaagent-workspaces", "/tmp/alphaagent-workspaces.lock")
@@ -566,6 +575,8 @@ def test_invocations_sharing_the_working_copies_take_turns(tmp_path: Path) -> No
 
 
 def test_settings_leave_the_sync_cap_to_the_size_of_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alphaagent.aws import env_function
+
     monkeypatch.setenv("WORKSPACES_BUCKET_NAME", BUCKET)
     monkeypatch.setenv("STATE_TABLE_NAME", TABLE)
     monkeypatch.delenv("ENV_SYNC_MAX_BYTES", raising=False)
@@ -736,6 +747,8 @@ def test_a_run_that_ends_after_its_caller_gave_up_changes_nothing_in_the_scope(
     fake_clock: FakeClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from alphaagent.aws import env_function
+
     # Given a request that is on time when it starts, and a run that takes 15 minutes: its not_after
     # has passed by the time the run ends (the executor has given up; the turn's lease still holds)
     monkeypatch.setattr(env_function, "get_sandbox", lambda: TimedSandbox(sandbox, fake_clock, 900))
@@ -878,6 +891,8 @@ def test_non_ascii_code_is_measured_as_escaped_json(workspace: S3Workspace, stor
 def test_a_failed_invoke_call_raises_env_invoke_error_naming_the_function(
     workspace: S3Workspace, store: DynamoStore
 ) -> None:
+    from botocore.exceptions import ClientError
+
     denied = ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, "Invoke")
     client = FakeLambda(error=denied)
     executor = executor_with(client, workspace, store)
@@ -895,6 +910,8 @@ class ThrottlingLambda(FakeLambda):
         self.throttles = throttles
 
     def invoke(self, **arguments: Any) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
         if len(self.calls) < self.throttles:
             self.calls.append(arguments)
             raise ClientError(
@@ -993,6 +1010,8 @@ def test_a_turn_that_no_longer_holds_its_scope_runs_nothing_there(aws: Any, work
 def test_a_run_whose_turn_loses_the_scope_stops_syncing(
     aws: Any, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from alphaagent.aws import env_function
+
     # Given a run that writes 20 files, and the turn's lease taken over after the third upload (its
     # execution was aborted and the next turn started), with every lease check reading the table and
     # one upload at a time (so "after the third" is exact)
@@ -1084,6 +1103,9 @@ the second one wait for the first claim's write instead; without that, it arrive
 def test_two_deliveries_at_the_same_time_run_the_code_once(
     aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from moto.s3.models import S3Backend
+    from moto.s3.responses import S3Response
+
     # Given two execution environments (own working copies, so no local lock orders them) and the
     # pauses of a delivery that waits for another one's result
     clock = PauseRecordingClock()
@@ -1216,6 +1238,8 @@ def test_a_failed_run_keeps_its_claim_so_a_later_delivery_does_not_run_it_again(
     fake_clock: FakeClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from alphaagent.aws import env_function
+
     # Given a run that ended after its caller stopped waiting (no result kept, a platform failure)
     monkeypatch.setattr(env_function, "get_sandbox", lambda: TimedSandbox(sandbox, fake_clock, 900))
     with pytest.raises(EnvRequestExpiredError):
@@ -1267,6 +1291,8 @@ def test_create_exclusive_retries_a_conflict_and_reports_a_persistent_one_as_tak
             self.conflicts, self.calls = conflicts, 0
 
         def put_object(self, **arguments: Any) -> dict[str, Any]:
+            from botocore.exceptions import ClientError
+
             self.calls += 1
             if self.calls <= self.conflicts:
                 raise ClientError(
@@ -1314,6 +1340,8 @@ def test_limits_within_lambdas_quotas_are_kept_as_asked(workspace: S3Workspace) 
 
 
 def test_the_lambda_sandbox_denies_the_runtime_api_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alphaagent.aws import env_function
+
     # The port comes from AWS_LAMBDA_RUNTIME_API (host:port), 9001 when unset.
     monkeypatch.setenv("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9123")
     assert env_function.lambda_sandbox_config(Path("/tmp/w")).deny_tcp_connect_ports == (9123,)
@@ -1326,6 +1354,7 @@ def test_the_run_result_says_whether_the_runtime_api_was_out_of_reach(
 ) -> None:
     import socket
 
+    from alphaagent.aws import env_function
     from alphaagent.sandbox import landlock
 
     # Given a stand-in for the Runtime API listening on 127.0.0.1, and the env function's sandbox
@@ -1528,6 +1557,8 @@ def test_the_executor_learns_of_the_result_from_the_notice_without_polling(
     sent: list[float] = []
 
     def the_function(request: EnvRequest) -> None:
+        from alphaagent.aws import env_function
+
         time.sleep(0.5)
         workspace.write_bytes(SCOPE, RESULT_KEY, a_result().model_dump_json().encode())
         with _IAM[0].acting_as("EnvBuiltinFunction"):
@@ -1614,6 +1645,8 @@ STATE_PREFIX = f"work/sessions/{SESSION}/"
 def test_a_sessions_state_travels_through_s3_to_the_next_invocation(
     aws: Any, tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from alphaagent.aws import env_function
+
     # Given the env function with multipart uploads from 5 MiB, and a run that leaves a number and a
     # 6 MB array in its session
     workspace = S3Workspace(BUCKET, client=aws, local_dir=tmp_path / "wc")
@@ -1782,6 +1815,8 @@ def local_files_with_state(workspace: S3Workspace) -> list[str]:
 def test_without_a_route_to_sqs_the_env_function_skips_the_notice(
     moto: MotoAccount, workspace: S3Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from alphaagent.aws import env_function
+
     # Given an environment in a VPC without an SQS endpoint (ENV_RUN_NOTICES false, as the stacks set
     # it there), whose notice, were it attempted, is recorded here instead of sent
     sqs = moto.client("sqs")
@@ -1805,6 +1840,8 @@ def test_without_a_route_to_sqs_the_env_function_skips_the_notice(
 def test_the_notice_client_gives_up_within_two_seconds_of_connect_attempts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from alphaagent.aws import env_function
+
     # An unreachable SQS costs at most two one-second connect attempts, not botocore's 60 s ones
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     env_function.get_sqs.cache_clear()

@@ -9,10 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import boto3
 import pytest
-from botocore.stub import Stubber
-from moto import mock_aws
 
 from alphaagent.aws import env_deploy
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
@@ -27,6 +24,9 @@ IMAGE = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/alphaagent-env-gpu-ml:abc"
 
 @pytest.fixture
 def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    import boto3
+    from moto import mock_aws
+
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -97,6 +97,9 @@ def test_builtin_and_a_mismatched_function_cannot_be_registered(table: str) -> N
 def test_env_deploy_registers_from_the_core_stacks_table_with_the_packages_file(
     table: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import boto3
+    from botocore.stub import Stubber
+
     # Given the core stack (its StateTableName output: botocore's Stubber answers DescribeStacks, with
     # the shapes the service model checks) and an environment's packages file
     cloudformation = boto3.client("cloudformation", region_name=REGION)
@@ -178,6 +181,9 @@ def test_bad_register_arguments_are_one_line_and_register_nothing(
 
 
 def test_a_core_stack_that_is_missing_or_not_a_core_stack_is_one_line() -> None:
+    import boto3
+    from botocore.stub import Stubber
+
     cloudformation = boto3.client("cloudformation", region_name=REGION)
     with Stubber(cloudformation) as stubber:
         stubber.add_client_error("describe_stacks", "ValidationError", "Stack with id nope does not exist")

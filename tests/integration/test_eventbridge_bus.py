@@ -9,9 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from botocore.exceptions import ClientError
 from moto_account import MotoAccount
 
 from alphaagent.aws.bus import (
@@ -91,6 +89,8 @@ class Aws:
     workspaces bucket."""
 
     def __init__(self) -> None:
+        import boto3
+
         self.events = boto3.client("events", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
         self.s3 = boto3.client("s3", region_name=REGION)
@@ -248,6 +248,8 @@ class ThrottledEvents:
     """An EventBridge client whose PutEvents keeps failing with throttling (after botocore's retries)."""
 
     def put_events(self, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
         raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "PutEvents")
 
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from assertions import assert_status
-from aws_lambda_powertools.utilities.parser.models import EventBridgeModel, SqsModel
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from iam import Iam, Physical
 from moto_account import MotoAccount
 from pydantic import BaseModel
@@ -47,28 +46,6 @@ EVENTS = ROOT / "events"
 # the repository root, as Lambda does (pytest's rootdir insertion only adds tests/).
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-(
-    acquire_lock,
-    finalize_turn,
-    prepare_turn,
-    record_event,
-    release_lock,
-    release_orphan_lock,
-    start_turn,
-    sweep_notice_queues,
-) = (
-    importlib.import_module(f"functions.{name}")
-    for name in (
-        "acquire_lock",
-        "finalize_turn",
-        "prepare_turn",
-        "record_event",
-        "release_lock",
-        "release_orphan_lock",
-        "start_turn",
-        "sweep_notice_queues",
-    )
-)
 REGION = "eu-west-1"
 TABLE = "alphaagent-state-test"
 BUCKET = "alphaagent-workspaces-123456789012-eu-west-1"
@@ -80,6 +57,8 @@ RUN_ID = "01JDQ8ZA0000000000000000RN"
 
 
 def _sqs_batch(event: dict[str, Any]) -> None:
+    from aws_lambda_powertools.utilities.parser.models import SqsModel
+
     batch = SqsModel.model_validate(event)
     for record in batch.Records:
         spec_from_message(record.body, message_id=record.messageId, sent_ms=0)
@@ -200,6 +179,8 @@ def published_events(aws: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def executions(aws: dict[str, Any]) -> list[dict[str, Any]]:
+    import boto3
+
     client = boto3.client("stepfunctions", region_name=REGION)
     found: list[dict[str, Any]] = client.list_executions(stateMachineArn=aws["machine"])["executions"]
     return found
@@ -227,6 +208,10 @@ def test_every_model_has_its_sample_event() -> None:
 
 
 def test_the_same_spec_delivered_three_times_starts_one_execution(aws: dict[str, Any]) -> None:
+    import boto3
+
+    from functions import start_turn
+
     # Given one spec record, delivered three times (two redeliveries of the message)
     event = load("start_turn_sqs.json")
     # When the starter handles each delivery
@@ -242,6 +227,8 @@ def test_the_same_spec_delivered_three_times_starts_one_execution(aws: dict[str,
 
 
 def test_a_spec_submitted_event_without_turn_id_takes_the_events_turn_id(aws: dict[str, Any]) -> None:
+    from functions import start_turn
+
     # Given a SpecSubmitted event (as the rule puts it on the queue) whose spec has no turn_id
     event = load("start_turn_spec_submitted.json")
     # When the starter handles it twice
@@ -252,6 +239,8 @@ def test_a_spec_submitted_event_without_turn_id_takes_the_events_turn_id(aws: di
 
 
 def test_a_spec_without_turn_id_gets_one_turn_per_message_not_per_delivery(aws: dict[str, Any]) -> None:
+    from functions import start_turn
+
     # Given a spec without turn_id, sent as two messages; the first is delivered twice
     record = load("start_turn_sqs.json")["Records"][0]
     spec = {k: v for k, v in json.loads(record["body"]).items() if k != "turn_id"}
@@ -282,6 +271,8 @@ def test_a_missing_setting_is_named_and_the_template_alias_is_read(
 def test_a_poison_record_is_the_only_failure_and_an_invalid_spec_is_acknowledged(
     aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from functions import start_turn
+
     # Given a batch: a good spec, an invalid spec, and a record whose start fails (poison)
     good = load("start_turn_sqs.json")["Records"][0]
     invalid = {**good, "messageId": "bad-spec", "body": json.dumps({"spec_version": 1, "goal": ""})}
@@ -306,6 +297,8 @@ def test_a_poison_record_is_the_only_failure_and_an_invalid_spec_is_acknowledged
 def test_a_turn_id_reused_for_a_different_spec_is_rejected_with_an_event(
     aws: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from functions import start_turn
+
     # Given a spec that started its turn, and the same spec respelled (defaults written out)
     record = load("start_turn_sqs.json")["Records"][0]
     spec = json.loads(record["body"])
@@ -347,6 +340,8 @@ def test_a_turn_id_reused_for_a_different_spec_is_rejected_with_an_event(
 def test_a_malformed_message_is_rejected_with_an_event_not_dropped(
     aws: dict[str, Any], capsys: pytest.CaptureFixture[str], body: str, reason: str, turn_id: str | None
 ) -> None:
+    from functions import start_turn
+
     # Given a message whose body is not a valid spec
     record = {**load("start_turn_sqs.json")["Records"][0], "messageId": "m-bad", "body": body}
     # When the starter handles it
@@ -368,6 +363,8 @@ def test_a_malformed_message_is_rejected_with_an_event_not_dropped(
 def test_a_turn_longer_than_sqs_can_hide_its_message_is_refused_before_anything_is_written(
     aws: dict[str, Any],
 ) -> None:
+    from functions import prepare_turn
+
     # Given a spec asking for a 12-hour turn (the coder's message may stay invisible 12 hours at most)
     event = load("prepare_turn.json")
     event["spec"]["constraints"] = {"turn_timeout_s": 12 * 3600}
@@ -378,6 +375,8 @@ def test_a_turn_longer_than_sqs_can_hide_its_message_is_refused_before_anything_
 
 
 def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -> None:
+    from functions import acquire_lock, finalize_turn, prepare_turn, release_lock
+
     # Given the sample task inputs of one execution
     lock = load("acquire_lock.json")
     # When the lock is taken
@@ -431,6 +430,8 @@ def test_the_turn_steps_lock_prepare_finalize_and_release(aws: dict[str, Any]) -
 
 
 def test_finalize_returns_a_pointer_however_large_the_turn_result(aws: dict[str, Any]) -> None:
+    from functions import acquire_lock, finalize_turn, prepare_turn
+
     # Given a prepared turn whose coder left a result larger than the 256 KiB execution state
     # (States.DataLimitExceeded, which no Catch takes, would end it neither completed nor released)
     acquire_lock.lambda_handler(load("acquire_lock.json"), Context())
@@ -457,6 +458,8 @@ def test_finalize_returns_a_pointer_however_large_the_turn_result(aws: dict[str,
 
 
 def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, Any]) -> None:
+    from functions import finalize_turn
+
     # Given no turn record (the lock step failed); When finalize runs on the caught failure, twice
     event = load("finalize_turn_failed.json")
     result = finalize_turn.lambda_handler(event, Context())
@@ -476,6 +479,8 @@ def test_a_failure_caught_before_prepare_publishes_turn_failed(aws: dict[str, An
 
 
 def test_another_users_scope_is_never_locked_and_answers_as_a_missing_one(aws: dict[str, Any]) -> None:
+    from functions import acquire_lock
+
     # Given alice's conversation, idle
     backend = get_backend()
     backend.store.claim_owner(SCOPE.owner_key, USER, utcnow())
@@ -495,6 +500,8 @@ def test_another_users_scope_is_never_locked_and_answers_as_a_missing_one(aws: d
 
 
 def test_a_duplicate_deliverys_failure_never_hides_the_runs_real_failure(aws: dict[str, Any]) -> None:
+    from functions import record_event
+
     # Given a run recorded failed from its failure destination (the function timed out)
     record_event.lambda_handler(load("destination_failure.json"), Context())
     # When a duplicate delivery's "gave up waiting" failure arrives for the same run
@@ -511,6 +518,8 @@ def test_a_duplicate_deliverys_failure_never_hides_the_runs_real_failure(aws: di
 
 
 def test_a_turn_refused_for_another_users_scope_touches_nothing_of_that_scope(aws: dict[str, Any]) -> None:
+    from functions import finalize_turn
+
     # Given alice's conversation, and mallory's turn for it that Prepare refused (NotFoundError)
     backend = get_backend()
     backend.store.claim_owner(SCOPE.owner_key, USER, utcnow())
@@ -559,6 +568,8 @@ def _run_result() -> RunResult:
 
 
 def test_a_destination_success_record_becomes_a_run_record(aws: dict[str, Any]) -> None:
+    from functions import record_event
+
     # Given the env function wrote its claim-check object and returned the pointer
     key = f"{SCOPE.key}/work/runs/{RUN_ID}/result.json"
     aws["s3"].put_object(Bucket=BUCKET, Key=key, Body=_run_result().model_dump_json().encode())
@@ -576,6 +587,8 @@ def test_a_destination_success_record_becomes_a_run_record(aws: dict[str, Any]) 
 def test_a_response_pointing_elsewhere_than_the_runs_claim_check_records_nothing(
     aws: dict[str, Any],
 ) -> None:
+    from functions import record_event
+
     # Given user code that wrote a result of its choosing into the scope and posted, through the
     # Runtime API, a success response pointing at it (the real claim check does not exist yet)
     forged = _run_result().model_copy(update={"stdout": "all tests passed\n"})
@@ -593,6 +606,8 @@ def test_a_response_pointing_elsewhere_than_the_runs_claim_check_records_nothing
 
 
 def test_a_failure_reported_after_the_result_never_turns_the_run_failed(aws: dict[str, Any]) -> None:
+    from functions import record_event
+
     # Given a run recorded from its success destination
     key = f"{SCOPE.key}/work/runs/{RUN_ID}/result.json"
     aws["s3"].put_object(Bucket=BUCKET, Key=key, Body=_run_result().model_dump_json().encode())
@@ -607,6 +622,8 @@ def test_a_failure_reported_after_the_result_never_turns_the_run_failed(aws: dic
 
 
 def test_a_destination_failure_record_becomes_a_failed_run(aws: dict[str, Any]) -> None:
+    from functions import record_event
+
     # When the recorder handles the destination failure event (the function timed out)
     answer = record_event.lambda_handler(load("destination_failure.json"), Context())
     # Then the run is recorded as failed with Lambda's error
@@ -618,6 +635,10 @@ def test_a_destination_failure_record_becomes_a_failed_run(aws: dict[str, Any]) 
 
 
 def test_a_failed_run_is_notified_to_the_coder_process_that_waits_for_it(aws: dict[str, Any]) -> None:
+    import boto3
+
+    from functions import record_event
+
     # Given a coder process's run-notice queue named in the failed invocation's request (the function
     # timed out: it sent no notice of its own)
     sqs = boto3.client("sqs", region_name=REGION)
@@ -638,6 +659,8 @@ def test_a_failed_run_is_notified_to_the_coder_process_that_waits_for_it(aws: di
 
 
 def test_registration_events_are_recorded(aws: dict[str, Any]) -> None:
+    from functions import record_event
+
     # When the recorder handles an ArtifactRegistered and a CitationEmitted event
     for name in ("artifact_registered.json", "citation_emitted.json"):
         record_event.lambda_handler(load(name), Context())
@@ -654,6 +677,8 @@ def test_registration_events_are_recorded(aws: dict[str, Any]) -> None:
 
 
 def test_an_aborted_executions_lock_is_released(aws: dict[str, Any]) -> None:
+    from functions import release_orphan_lock
+
     # Given the aborted execution holds the scope's lease
     store = get_backend().store
     assert store.acquire_lock(SCOPE.key, TURN_ID, utcnow(), 600)
@@ -668,6 +693,7 @@ def test_an_aborted_executions_lock_is_released(aws: dict[str, Any]) -> None:
 def test_prepare_copies_a_dataset_input_to_its_stable_name_with_a_sidecar(aws: dict[str, Any]) -> None:
     # Given a dataset registered twice in the scope on AWS (S3 + DynamoDB), v1 then v2
     from alphaagent.domain.artifacts import register_artifact
+    from functions import prepare_turn
 
     backend = get_backend()
     assert backend.store.claim_owner(SCOPE.owner_key, USER, utcnow()) == USER
@@ -743,6 +769,7 @@ def _turn_ended_event(detail_type: str) -> dict[str, Any]:
 def test_a_turns_end_is_announced_on_its_waiters_queue(aws: dict[str, Any], detail_type: str) -> None:
     # Given someone waiting for alice's turn (its notice queue exists, named by the turn)
     from alphaagent.aws.turn_notices import TurnNotice, queue_name
+    from functions import record_event
 
     url = aws["sqs"].create_queue(QueueName=queue_name(USER, TURN_ID))["QueueUrl"]
 
@@ -757,6 +784,8 @@ def test_a_turns_end_is_announced_on_its_waiters_queue(aws: dict[str, Any], deta
 
 
 def test_a_turns_end_with_nobody_waiting_is_recorded_all_the_same(aws: dict[str, Any]) -> None:
+    from functions import record_event
+
     # Given no notice queue for the turn; When the recorder records its end
     answer = record_event.lambda_handler(_turn_ended_event("TurnCompleted"), Context())
     # Then the end is recorded (the send to a queue that does not exist is not an error)
@@ -772,6 +801,7 @@ def test_the_sweeper_deletes_expired_and_old_untagged_notice_queues_only(
     import time
 
     from alphaagent.aws import queue_sweeper
+    from functions import sweep_notice_queues
 
     sqs = aws["sqs"]
     now = time.time()
@@ -803,6 +833,7 @@ def test_the_sweeper_keeps_a_queue_whose_expiry_is_ahead(aws: dict[str, Any]) ->
     import time
 
     from alphaagent.aws.queue_sweeper import EXPIRES_TAG, expiry_tags
+    from functions import sweep_notice_queues
 
     # Given a live coder process's queue (renewed: its expiry is hours ahead) and a fresh untagged one
     sqs = aws["sqs"]

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 from moto_account import MotoAccount
 
 from alphaagent.aws.sync import SKIP_NOT_REGULAR, SKIP_PATH_RULE, SkippedFile, WorkingCopies
@@ -348,6 +347,8 @@ def test_put_blob_refuses_a_file_that_changed_before_its_copy_in_an_unversioned_
     workspace.write_bytes(scope, "datasets/a.csv", b"hashed\n")
 
     def changed_source(**kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
         assert kwargs["CopySourceIfMatch"] and "VersionId" not in kwargs["CopySource"]
         raise ClientError({"Error": {"Code": "PreconditionFailed", "Message": "At least one"}}, "CopyObject")
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from clocks import FakeClock
 from iam import Iam, Physical
@@ -60,6 +59,8 @@ def aws_region() -> str:
 @pytest.fixture
 def aws(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A moto account with the stack's SpecQueue and state table, named by the client's variables."""
+    import boto3
+
     monkeypatch.setenv("ALPHAAGENT_STATE_TABLE", TABLE)
     for name in ("ALPHAAGENT_SPEC_QUEUE_URL", "ALPHAAGENT_USER"):
         monkeypatch.delenv(name, raising=False)
@@ -319,6 +320,8 @@ def test_an_aws_error_is_one_line_and_exit_2(
 def test_missing_credentials_are_a_platform_error_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import boto3
+
     # Given no AWS credentials anywhere botocore looks (no variables, no files, no instance metadata)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
@@ -417,6 +420,8 @@ def test_wait_times_out_naming_the_turn_and_the_seconds(aws: dict[str, Any]) -> 
 
 def _recorder_announces(aws: dict[str, Any], user_id: str = USER, turn_id: str = TURN_ID) -> bool:
     """What the recorder does after persisting a turn's end (as its role in template.yaml)."""
+    import boto3
+
     from alphaagent.aws.turn_notices import send_turn_notice
 
     sqs = boto3.client("sqs", region_name=REGION)
@@ -689,6 +694,8 @@ def test_without_a_notice_the_wait_reads_every_fallback_interval(
 def test_the_wait_queue_is_tagged_to_expire_after_the_wait(
     aws: dict[str, Any], fake_clock: FakeClock
 ) -> None:
+    import boto3
+
     # Given a wait of one hour for a turn
     from alphaagent.aws.client import open_turn_waiter
     from alphaagent.aws.queue_sweeper import EXPIRES_TAG

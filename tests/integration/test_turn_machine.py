@@ -36,15 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import yaml
 from assertions import assert_status
-from botocore.exceptions import ClientError
 from cfn import load_template
 from iam import Iam, Physical, without_action
-from moto.awslambda.models import LambdaBackend
-from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto_account import (
     FAKE_CREDENTIALS,
     MotoAccount,
@@ -54,7 +50,6 @@ from moto_account import (
     share_parsed_json_paths,
 )
 
-from alphaagent.aws import env_function
 from alphaagent.aws.backend import coder_backend, get_backend, get_stepfunctions_client
 from alphaagent.aws.env_deploy import CORE_PARAMETERS
 from alphaagent.aws.environments import DynamoEnvironmentRegistry
@@ -318,6 +313,8 @@ class Stack:
     """The template's resources in moto, the turn machine, the pumps and one coder worker."""
 
     def __init__(self, moto: MotoAccount, lambdas: InProcessLambda, iam: Iam) -> None:
+        import boto3
+
         self.lambdas, self.iam = lambdas, iam
         self.template = load_template(ROOT / "template.yaml")
         self.sqs = moto.client("sqs")
@@ -737,6 +734,10 @@ def turn_stack(env_sandbox: Sandbox) -> Iterator[Stack]:
     turn's CPU. Each test gets it through ``stack``, which resets what a test observes and stops the
     test's worker, pumps and invocations when it ends."""
     from moto import mock_aws
+    from moto.awslambda.models import LambdaBackend
+    from moto.awslambda_simple.models import LambdaSimpleBackend
+
+    from alphaagent.aws import env_function
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         for name, value in {
@@ -1282,6 +1283,9 @@ def test_a_spec_in_a_registered_environment_runs_in_its_own_function(stack: Stac
 
 
 def test_the_coder_cannot_invoke_an_environment_function_its_stack_did_not_deploy(stack: Stack) -> None:
+    import boto3
+    from botocore.exceptions import ClientError
+
     # Given a function named like an environment that no stack of ours deployed (another stack's,
     # or one made by hand), and one tagged as another core stack's
     stack.function("alphaagent-env-other", {})
@@ -1326,6 +1330,8 @@ def test_a_spec_naming_an_unregistered_environment_is_refused_before_anything_ru
 
 
 def test_a_waiter_learns_of_the_turns_end_from_the_recorders_notice(stack: Stack) -> None:
+    import boto3
+
     # Given a submitter allowed exactly the template's SubmitAndWaitPolicy, waiting for its turn
     # with a fallback read far beyond the turn's length (only a notice can end the wait in time)
     from alphaagent.aws.client import open_turn_waiter, submit_spec, wait_for_turn

@@ -4,11 +4,10 @@ user's work answered like missing work."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from moto_account import MotoAccount
-from starlette.testclient import TestClient
 from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, TOKEN, Home, lay_out
 
 from alphaagent.aws.store import DynamoStore
@@ -16,6 +15,9 @@ from alphaagent.aws.workspace import S3Workspace
 from alphaagent.models.common import ConversationScope
 from alphaagent.viewer.app import create_app
 from alphaagent.viewer.serve import aws_reader
+
+if TYPE_CHECKING:
+    from starlette.testclient import TestClient
 
 REGION = "eu-west-1"
 TABLE = "alphaagent-state-viewer"
@@ -37,6 +39,8 @@ def stack(moto: MotoAccount) -> Home:
 
 
 def _client(user: str) -> TestClient:
+    from starlette.testclient import TestClient
+
     app = create_app(aws_reader(TABLE, BUCKET, user, REGION), token=TOKEN)
     client = TestClient(app, base_url="http://127.0.0.1:8765")
     assert client.get(f"/?token={TOKEN}").status_code == 200

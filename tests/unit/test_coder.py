@@ -27,12 +27,7 @@ from typing import Any
 
 import pytest
 from assertions import assert_status
-
-pytest.importorskip("claude_agent_sdk")
-
-import anyio
-import psutil
-from claude_agent_sdk import query
+from installed import skip_unless_installed
 from scripted_api import Reply, ScriptedMessagesAPI, Status, text, tool_use
 
 from alphaagent.api import AlphaAgent
@@ -44,20 +39,10 @@ from alphaagent.models.common import ConversationScope, utcnow
 from alphaagent.models.records import Session, TurnResult
 from alphaagent.models.run import FileChangeReport, RunResult
 from alphaagent.models.spec import parse_spec
-from coder.agent import CLI_ENV, build_options, make_coder
 from coder.prompts import SYSTEM_PROMPT, max_turns_for, system_prompt_for
 from coder.settings import CoderSettings
-from coder.tools import (
-    ALLOWED_TOOLS,
-    MODEL_TEXT_CHARS,
-    RESULT_HEADING,
-    RunInEnvArgs,
-    ToolCalls,
-    alphaagent_tools,
-    input_schema,
-    render_run,
-)
-from coder.transcript import Transcript
+
+skip_unless_installed("claude_agent_sdk")
 
 USER = "analyst@example.com"
 API_KEY = "sk-ant-test-not-a-key"
@@ -121,6 +106,8 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def agent(
     tmp_path_factory: pytest.TempPathFactory, sources: Path, settings: CoderSettings
 ) -> Iterator[AlphaAgent]:
+    from coder.agent import make_coder
+
     home = tmp_path_factory.mktemp("home")
     with AlphaAgent(
         home,
@@ -331,6 +318,8 @@ def test_a_turn_runs_fixes_reads_registers_cites_and_summarises(
 def test_built_in_tools_are_refused_and_nothing_runs(
     agent: AlphaAgent, api: ScriptedMessagesAPI, tmp_path: Path
 ) -> None:
+    from coder.tools import ALLOWED_TOOLS
+
     # Given a model that asks for Bash, Read and Write
     canary = tmp_path / "bash-ran"
     scope = ConversationScope(conversation_id="no-builtins")
@@ -561,6 +550,8 @@ def trap(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 def _cli_environ() -> dict[str, str] | None:
+    import psutil
+
     for child in psutil.Process().children(recursive=True):
         try:
             if Path(child.cmdline()[0]).name == "claude":
@@ -606,12 +597,18 @@ def test_the_trap_catches_what_the_traffic_switch_stops(
 ) -> None:
     """The control for the test above: without the switch the same CLI does try to reach Anthropic,
     and the trap sees it — so an empty trap there means the switch worked, not that the trap is blind."""
+    import anyio
+
+    from coder.agent import CLI_ENV, build_options
+
     api.load([Reply([text("ok")])])
     ctx = _context(agent, "control")
     options = build_options(ctx, settings, tmp_path)
     options.env = {k: v for k, v in options.env.items() if k not in CLI_ENV}
 
     async def drive() -> None:
+        from claude_agent_sdk import query
+
         async for _message in query(prompt="hello", options=options):
             pass
 
@@ -637,6 +634,8 @@ def _context(agent: AlphaAgent, conversation: str) -> TurnContext:
 def test_options_allow_exactly_the_five_tools_and_nothing_from_disk(
     agent: AlphaAgent, settings: CoderSettings, tmp_path: Path
 ) -> None:
+    from coder.agent import build_options
+
     options = build_options(_context(agent, "options"), settings, tmp_path)
 
     assert options.tools == []
@@ -658,6 +657,8 @@ def test_options_allow_exactly_the_five_tools_and_nothing_from_disk(
 
 
 def test_tool_schemas_are_plain_and_closed() -> None:
+    from coder.tools import RunInEnvArgs, input_schema
+
     schema = input_schema(RunInEnvArgs)
     assert schema["required"] == ["code"] and schema["additionalProperties"] is False
     assert schema["properties"]["timeout_s"]["type"] == "number"
@@ -665,6 +666,8 @@ def test_tool_schemas_are_plain_and_closed() -> None:
 
 
 def test_a_long_run_result_is_clipped_for_the_model_with_a_pointer_to_the_whole_output() -> None:
+    from coder.tools import MODEL_TEXT_CHARS, RESULT_HEADING, render_run
+
     stdout = "".join(f"line {i:06d}\n" for i in range(20_000))
     result = RunResult(
         run_id="01RUN",
@@ -717,6 +720,8 @@ def test_settings_come_from_the_environment() -> None:
 
 
 def test_the_transcript_keeps_usage_when_the_turn_is_cut_short(agent: AlphaAgent) -> None:
+    from coder.transcript import Transcript
+
     ctx = _context(agent, "no-result")
     transcript = Transcript(ctx.turn_id, MODEL)
     usage = transcript.usage(ctx)
@@ -756,6 +761,10 @@ def test_alphaagent_run_uses_the_coder_when_a_model_is_configured(
 
 
 def test_a_tool_call_in_its_thread_is_waited_for_until_its_run_is_recorded(agent: AlphaAgent) -> None:
+    import anyio
+
+    from coder.tools import ToolCalls, alphaagent_tools
+
     # Given the tools of one turn and a run of five seconds started through them in a worker thread
     # (as the SDK does; a turn cut by its timeout stops the CLI, not the thread)
     calls = ToolCalls()

@@ -15,18 +15,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import pandas as pd
 import pytest
 from scripted_api import Reply, ScriptedMessagesAPI, text, tool_use
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
-from coder.agent import make_coder
 from coder.evaluation import (
     EXAMPLES_DIR,
     TASKS,
@@ -50,8 +45,20 @@ def _answer(value: str) -> Outcome:
     return Outcome(status="completed", artifacts={"answer": value.encode()})
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, imported by the first test that draws (pandas and
+    matplotlib cost ~1 CPU-s; a worker collecting this module may run none of these tests)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _svg(title: str | None, xlabel: str | None, ylabel: str | None, fonttype: str = "path") -> bytes:
-    with matplotlib.rc_context({"svg.fonttype": fonttype}):
+    plt = _pyplot()
+    with plt.rc_context({"svg.fonttype": fonttype}):
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3], [3, 1, 2])
         if title:
@@ -139,6 +146,10 @@ REFERENCE = {
 
 
 def _reference_outcome(name: str) -> Outcome:
+    import pandas as pd
+
+    plt = _pyplot()
+
     frames = {
         "p": pd.read_csv(EXAMPLES_DIR / "penguins/penguins.csv"),
         "w": pd.read_csv(EXAMPLES_DIR / "eval/seattle-weather.csv"),
@@ -227,6 +238,8 @@ def api() -> Iterator[ScriptedMessagesAPI]:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory, api: ScriptedMessagesAPI) -> Iterator[AlphaAgent]:
+    from coder.agent import make_coder
+
     settings = CoderSettings(
         provider="anthropic", anthropic_api_key="sk-ant-test", anthropic_base_url=api.base_url, max_retries=0
     )

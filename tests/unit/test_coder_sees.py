@@ -11,22 +11,22 @@ import json
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-
-pytest.importorskip("claude_agent_sdk")
-
-from PIL import Image
+from installed import skip_unless_installed
 from scripted_api import Reply, ScriptedMessagesAPI, text, tool_use
 
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.models.run import FileChangeReport, RunError, RunResult
 from coder import seeing
-from coder.agent import make_coder
 from coder.settings import CoderSettings
-from coder.tools import next_steps, status_line
+
+skip_unless_installed("claude_agent_sdk")
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,8 @@ def api() -> Iterator[ScriptedMessagesAPI]:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory, api: ScriptedMessagesAPI) -> Iterator[AlphaAgent]:
+    from coder.agent import make_coder
+
     settings = CoderSettings(
         provider="anthropic", anthropic_api_key="sk-ant-test", anthropic_base_url=api.base_url, max_retries=0
     )
@@ -70,6 +72,8 @@ def _images(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _decoded(block: dict[str, Any]) -> Image.Image:
+    from PIL import Image
+
     source = block["source"]
     assert source["type"] == "base64" and source["media_type"] in ("image/png", "image/jpeg")
     return Image.open(io.BytesIO(base64.b64decode(source["data"])))
@@ -230,6 +234,8 @@ def _result(**fields: Any) -> RunResult:
 
 
 def test_the_status_line_and_the_next_steps_say_what_to_do() -> None:
+    from coder.tools import next_steps, status_line
+
     changed = FileChangeReport(created=["a.csv", "b.csv"], modified=["c.csv"])
     assert status_line(_result(files=changed)) == "[run ok] exit 0 · 12 ms · files: 2 created, 1 modified"
 
@@ -267,6 +273,7 @@ def _png_header(width: int, height: int) -> bytes:
 
 
 def test_a_picture_is_never_decoded_past_its_pixel_bound() -> None:
+
     # The header alone says 10,000 x 10,000: nothing is decompressed
     shown = seeing._picture(_png_header(10_000, 10_000), "PNG")
     assert isinstance(shown, str) and "10000 x 10000 px" in shown

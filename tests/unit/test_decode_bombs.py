@@ -11,9 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from alphaagent.domain import tools
@@ -41,6 +38,9 @@ def put(ctx: Any, path: str, data: bytes) -> None:
 def dictionary_bomb(rows: int, value_bytes: int) -> bytes:
     """A parquet file whose one column repeats one dictionary value of ``value_bytes``: the value is
     stored once (and compresses to almost nothing), the rows are a run-length code of index 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * value_bytes]))
     out = io.BytesIO()
     pq.write_table(pa.table({"s": column}), out, compression="zstd")
@@ -69,6 +69,9 @@ def test_a_parquet_of_a_few_hundred_bytes_that_decodes_past_the_bound_is_refused
 def test_no_parquet_xlsx_or_pdf_is_decoded_in_the_backends_process(
     ctx: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
     # Given small, valid files of each compressed format (all far under the 1 MiB that used to be
     # decoded in the calling process)
     frame = pd.DataFrame({"species": ["Adelie", "Gentoo", None], "mass_g": [3700, None, 5000]})
@@ -112,6 +115,9 @@ def test_no_parquet_xlsx_or_pdf_is_decoded_in_the_backends_process(
 
 
 def test_a_parquet_page_far_in_skips_whole_row_groups_by_the_footer(ctx: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     out = io.BytesIO()
     pq.write_table(pa.table({"n": list(range(100_000))}), out, row_group_size=1_000)
     put(ctx, "datasets/long.parquet", out.getvalue())
@@ -191,6 +197,9 @@ def test_a_csv_page_of_wide_rows_stops_at_its_byte_budget(ctx: Any) -> None:
 
 
 def test_the_viewer_pages_parquet_and_xlsx_in_the_bounded_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
     from alphaagent.viewer.preview import dataset_page
 
     # A bomb is a reason on the page, not gigabytes in the viewer's process (a page of 50 rows of
@@ -264,6 +273,8 @@ def test_on_s3_a_large_csv_is_profiled_from_its_sample_never_read_whole(
 def test_decoding_children_are_bounded_in_number(ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
+    import pandas as pd
+
     from alphaagent.domain import decoding
 
     # Given every decoding turn taken (as by MAX_CHILDREN calls still decoding)
@@ -285,6 +296,8 @@ def test_decoding_children_are_bounded_in_number(ctx: Any, monkeypatch: pytest.M
 
 
 def _small_parquet() -> bytes:
+    import pandas as pd
+
     out = io.BytesIO()
     pd.DataFrame({"n": [7, 8]}).to_parquet(out)
     return out.getvalue()

@@ -12,7 +12,6 @@ from alphaagent.environments import Environment, LambdaStart, StaticRegistry, bu
 from alphaagent.models.common import utcnow
 from alphaagent.models.records import Session
 from alphaagent.models.spec import parse_spec
-from coder.agent import build_options
 from coder.prompts import MAX_PROMPT_PACKAGES, SYSTEM_PROMPT, environment_prompt, system_prompt_for
 from coder.settings import CoderSettings
 
@@ -43,6 +42,8 @@ def test_an_environment_without_packages_or_with_many_says_so() -> None:
 
 
 def test_the_turns_options_carry_the_prompt_of_the_specs_environment(tmp_path: Path) -> None:
+    from coder.agent import build_options
+
     # Given a backend whose registry holds gpu-ml, and a turn of a spec that names it
     with AlphaAgent(tmp_path / "home") as agent:
         backend = dataclasses.replace(agent.backend, environments=StaticRegistry([builtin_lambda(), GPU]))

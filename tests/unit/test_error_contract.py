@@ -10,6 +10,7 @@ name. No AWS.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import re
@@ -55,14 +56,21 @@ def _names(rules: list[dict[str, Any]]) -> set[str]:
     return {name for rule in rules for name in rule["ErrorEquals"] if not SERVICE_ERROR.match(name)}
 
 
+def _invoking(states: dict[str, Any]) -> dict[str, Any]:
+    """The ``lambda:invoke`` Task states of ``states``."""
+    return {
+        name: state
+        for name, state in states.items()
+        if state.get("Resource") == "arn:aws:states:::lambda:invoke"
+    }
+
+
 def _lambda_handlers() -> dict[str, Any]:
     """Each ``lambda:invoke`` Task state -> the handler of the function the template substitutes."""
     template = load_template(ROOT / "template.yaml")
     substitutions = template["Resources"]["TurnStateMachine"]["Properties"]["DefinitionSubstitutions"]
     handlers = {}
-    for name, state in _states().items():
-        if state.get("Resource") != "arn:aws:states:::lambda:invoke":
-            continue
+    for name, state in _invoking(_states()).items():
         variable = re.fullmatch(r"\$\{(\w+)\}", state["Parameters"]["FunctionName"])
         assert variable, f"{name}: FunctionName is not a substitution"
         logical = substitutions[variable.group(1)]["Fn::GetAtt"][0]
@@ -71,8 +79,12 @@ def _lambda_handlers() -> dict[str, Any]:
     return handlers
 
 
+@functools.cache
 def _contracts() -> dict[str, tuple[set[str], set[str]]]:
-    """Each Task state fed by our code -> (the names it can produce, those of them that are retryable)."""
+    """Each Task state fed by our code -> (the names it can produce, those of them that are retryable).
+
+    Read by the first test that needs it: it imports every step's handler, and with them Powertools'
+    tracer (~1 CPU-s), which a worker collecting this module should not pay."""
     contracts = {}
     for name, handler in _lambda_handlers().items():
         classes = getattr(handler, "error_contract", None)
@@ -83,25 +95,34 @@ def _contracts() -> dict[str, tuple[set[str], set[str]]]:
     return contracts
 
 
-CONTRACTS = _contracts()
+STATES = sorted(
+    {
+        *_invoking(
+            yaml.load(ASL.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["States"]
+        ),
+        "Code",
+    }
+)
+"""The Task states fed by our code (the keys of ``_contracts()``), listed at collection from the
+machine's definition alone (libyaml's loader where installed: the parametrize ids need only names)."""
 
 
-@pytest.mark.parametrize("state", sorted(CONTRACTS))
+@pytest.mark.parametrize("state", STATES)
 def test_every_name_a_step_retries_or_catches_is_one_it_can_produce(state: str) -> None:
     # Given the Task state's Retry and Catch, and the names its producer can send
     task = _states()[state]
-    produced, _ = CONTRACTS[state]
+    produced, _ = _contracts()[state]
 
     # Then nothing is matched that never arrives (a base class, a renamed class, a typo)
     matched = _names(task.get("Retry", [])) | _names(task.get("Catch", []))
     assert matched <= produced, f"{state}: matches {sorted(matched - produced)}, never produced"
 
 
-@pytest.mark.parametrize("state", sorted(CONTRACTS))
+@pytest.mark.parametrize("state", STATES)
 def test_every_name_a_step_can_produce_is_retried_or_caught_by_name(state: str) -> None:
     # Given the names the step's producer can send
     task = _states()[state]
-    produced, retryable = CONTRACTS[state]
+    produced, retryable = _contracts()[state]
 
     # Then each retryable one is retried, each other one caught by name, and the rest by States.ALL
     retried, caught = _names(task.get("Retry", [])), _names(task.get("Catch", []))

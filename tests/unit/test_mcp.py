@@ -22,22 +22,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from assertions import assert_status
+from installed import skip_unless_installed
 from sandboxes import register_light
 
-pytest.importorskip("mcp")
-
-import anyio
-import anyio.from_thread
-import httpx2
-from mcp import Client, ClientSession, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, ImageContent, TextContent
-
 from alphaagent.client import connect
+
+skip_unless_installed("mcp")
+
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp.types import CallToolResult
 
 ALICE, BOB = "alice@example.com", "bob@example.com"
 PENGUINS = "species,mass_g\nAdelie,3700\nAdelie,3800\nGentoo,5076\nGentoo,5200\nChinstrap,3733\n"
@@ -88,6 +86,8 @@ def server_env(home: Path, sources: Path) -> dict[str, str]:
 
 @asynccontextmanager
 async def mcp_session(home: Path, sources: Path, user: str = ALICE) -> AsyncIterator[Client]:
+    from mcp import Client, StdioServerParameters
+
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "alphaagent.cli", "mcp", "--user", user],
@@ -110,6 +110,8 @@ class Alice:
 
 @pytest.fixture(scope="module")
 def alice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alice]:
+    import anyio.from_thread
+
     root = tmp_path_factory.mktemp("mcp")
     sources = root / "sources"
     sources.mkdir()
@@ -138,6 +140,8 @@ def penguin_spec(sources: Path, conversation: str, **fields: Any) -> dict[str, A
 
 
 def text_of(result: CallToolResult) -> str:
+    from mcp.types import TextContent
+
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
 
 
@@ -145,6 +149,8 @@ def text_of(result: CallToolResult) -> str:
 
 
 def test_an_orchestrator_runs_a_spec_and_reads_its_artifacts_over_stdio(alice: Alice) -> None:
+    from mcp.types import ImageContent
+
     home, sources = alice.home, alice.sources
     progress: list[tuple[float, str | None]] = []
 
@@ -393,6 +399,8 @@ def post(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]
 
 
 def test_streamable_http_refuses_a_request_without_the_bearer_token(http_server: tuple[str, str]) -> None:
+    import anyio.from_thread
+
     url, token = http_server
 
     # When a request comes without a token, with a wrong one, or with the token not as a bearer
@@ -411,6 +419,10 @@ def test_streamable_http_refuses_a_request_without_the_bearer_token(http_server:
 
     # And with the token, the SDK's own client lists the tools
     async def scenario() -> set[str]:
+        import httpx2
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
         async with (
             httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
             streamable_http_client(url, http_client=http) as (read, write),

@@ -11,14 +11,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from installed import skip_unless_installed
 
-pytest.importorskip("mcp")
-
-import anyio
-from mcp import Client as McpClient
-
-from alphaagent.mcp_server import TOOL_ARGUMENTS, build_server
 from alphaagent.models.records import Turn
+
+skip_unless_installed("mcp")
 
 SCOPE = {"conversation_id": "c"}
 
@@ -41,6 +38,10 @@ def _turns() -> list[Turn]:
 
 def _calls(*calls: tuple[str, dict[str, Any]]) -> list[Any]:
     """Each ``(tool, arguments)`` called on a server whose client only lists three turns."""
+    import anyio
+
+    from alphaagent.mcp_server import build_server
+
     called: list[str] = []
 
     def turns(scope: Any) -> list[Turn]:
@@ -50,6 +51,8 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> list[Any]:
     server = build_server(SimpleNamespace(turns=turns))  # type: ignore[arg-type]
 
     async def scenario() -> list[Any]:
+        from mcp import Client as McpClient
+
         async with McpClient(server) as mcp:
             return [await mcp.call_tool(name, arguments) for name, arguments in calls]
 
@@ -120,11 +123,16 @@ def test_list_turns_keeps_the_n_newest_as_turns_limit_does() -> None:
 
 
 def test_the_tools_publish_that_they_take_no_other_argument_and_initialize_names_the_version() -> None:
+    import anyio
+
     from alphaagent.cli import _version
+    from alphaagent.mcp_server import TOOL_ARGUMENTS, build_server
 
     server = build_server(SimpleNamespace())  # type: ignore[arg-type]
 
     async def scenario() -> tuple[Any, Any]:
+        from mcp import Client as McpClient
+
         async with McpClient(server) as mcp:
             return mcp.server_info, await mcp.list_tools()
 

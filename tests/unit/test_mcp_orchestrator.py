@@ -12,20 +12,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytest
 from assertions import assert_status
+from installed import skip_unless_installed
 from sandboxes import register_light
-
-pytest.importorskip("claude_agent_sdk")
-pytest.importorskip("mcp")
-
-import anyio
-from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query
 from scripted_api import Reply, ScriptedMessagesAPI, text, tool_use
 
-from coder.agent import CLI_ENV
+skip_unless_installed("claude_agent_sdk", "mcp")
+
+if TYPE_CHECKING:
+    from claude_agent_sdk import ClaudeAgentOptions
 
 USER = "orchestrator@example.com"
 API_KEY = "sk-ant-test-not-a-key"
@@ -42,6 +39,10 @@ STEP = (
 
 
 def orchestrator_options(api: ScriptedMessagesAPI, home: Path, private: Path) -> ClaudeAgentOptions:
+    from claude_agent_sdk import ClaudeAgentOptions
+
+    from coder.agent import CLI_ENV
+
     (private / "config").mkdir(parents=True)
     (private / "cwd").mkdir()
     server_env = {
@@ -83,6 +84,9 @@ def orchestrator_options(api: ScriptedMessagesAPI, home: Path, private: Path) ->
 
 
 def test_the_agent_sdk_orchestrates_a_turn_through_alphaagent_mcp(tmp_path: Path) -> None:
+    import anyio
+    from claude_agent_sdk import ResultMessage
+
     home = tmp_path / "home"
     spec: dict[str, Any] = {
         "spec_version": 1,
@@ -114,6 +118,9 @@ def test_the_agent_sdk_orchestrates_a_turn_through_alphaagent_mcp(tmp_path: Path
         options = orchestrator_options(api, home, tmp_path / "private")
 
         async def drive() -> None:
+            import anyio
+            from claude_agent_sdk import query
+
             with anyio.fail_after(300):
                 async for message in query(prompt="Which region grew fastest?", options=options):
                     messages.append(message)

@@ -9,13 +9,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import boto3
-import botocore.session
 import pytest
 from moto_account import reuse_parsed_state_machines, share_sdk_data
 
 
 def test_new_sessions_share_the_parsed_service_models_and_nothing_else() -> None:
+    import boto3
+
     # Given the shared cache (conftest installs it; again here, as it is idempotent)
     share_sdk_data()
     # When two sessions load the same model
@@ -28,6 +28,9 @@ def test_new_sessions_share_the_parsed_service_models_and_nothing_else() -> None
 
 
 def test_a_loader_with_another_search_path_has_its_own_cache(tmp_path: Path) -> None:
+    import boto3
+    import botocore.session
+
     # Given a data path with a model of its own (as AWS_DATA_PATH would add)
     share_sdk_data()
     (tmp_path / "sqs" / "2012-11-05").mkdir(parents=True)

@@ -8,8 +8,6 @@ import threading
 import time
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from alphaagent.aws.notices import RunNotice, RunNotices
 from alphaagent.aws.turn_notices import TurnNotice, TurnWaiter
 
@@ -29,6 +27,8 @@ class _NewQueueSQS:
         return {"QueueUrl": f"https://sqs.us-east-1.amazonaws.com/123456789012/{kwargs['QueueName']}"}
 
     def receive_message(self, **kwargs: Any) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
         if time.monotonic() - self.created < self.settle_s:
             raise ClientError(
                 {"Error": {"Code": "AWS.SimpleQueueService.NonExistentQueue", "Message": "does not exist"}},

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 from moto_account import MotoAccount
 
@@ -17,6 +16,9 @@ from alphaagent.domain.turns import check_spec_against
 from alphaagent.environments import StaticRegistry, builtin_local
 from alphaagent.errors import ToolError
 from alphaagent.models.spec import parse_spec
+
+if TYPE_CHECKING:
+    import boto3
 
 CAP_BYTES = 1024
 SETTINGS = ConnectorSettings(s3_prefixes=("research-data/shared/", "open-bucket"), max_bytes=CAP_BYTES)
@@ -33,6 +35,8 @@ class RecordingS3:
 
 @pytest.fixture
 def s3(moto: MotoAccount, monkeypatch: pytest.MonkeyPatch) -> RecordingS3:
+    import boto3
+
     for bucket in ("research-data", "open-bucket"):
         client = moto.bucket(bucket)
     client.put_object(Bucket="research-data", Key="shared/penguins.csv", Body=b"species,mass\nAdelie,3700\n")

@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from assertions import assert_status
 from sandboxes import light
@@ -148,6 +147,8 @@ def assert_valid_json_payload(result: RunResult) -> None:
 
 def live_processes_with(tag: str) -> list[str]:
     """Processes (not zombies) whose command line or name carries ``tag``, as readable descriptions."""
+    import psutil
+
     found = []
     for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
         info = proc.info
@@ -163,6 +164,8 @@ class PeakRss:
     """Samples this process's RSS every few milliseconds; ``growth`` is peak minus the starting RSS."""
 
     def __init__(self) -> None:
+        import psutil
+
         self._process = psutil.Process()
         self._stop = threading.Event()
         self.baseline = self.peak = self._process.memory_info().rss

@@ -13,13 +13,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from assertions import assert_status
 from cli_runner import run_cli
 from sandboxes import light_agent, register_light
-from starlette.testclient import TestClient
 from viewer_data import ALICE, BOB, CONV, HOSTILE, PNG, T0, TOKEN, Home, lay_out
 
 from alphaagent.local.store import SqliteStore
@@ -28,6 +27,9 @@ from alphaagent.models.common import ConversationScope
 from alphaagent.viewer.app import PAGE_CSP, create_app, tree_rows
 from alphaagent.viewer.preview import dataset_page
 from alphaagent.viewer.serve import local_reader
+
+if TYPE_CHECKING:
+    from starlette.testclient import TestClient
 
 
 class LocalHome(Home):
@@ -47,6 +49,8 @@ def home(tmp_path: Path) -> Iterator[LocalHome]:
 
 
 def client_for(root: Path, user: str = ALICE, **kwargs: Any) -> TestClient:
+    from starlette.testclient import TestClient
+
     app = create_app(local_reader(root, user), token=TOKEN, live_poll_s=0.05, **kwargs)
     return TestClient(app, base_url="http://127.0.0.1:8765")
 

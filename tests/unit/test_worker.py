@@ -28,10 +28,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from assertions import assert_status
-from moto import mock_aws
 from moto_account import MotoAccount
 from sandboxes import light_agent
 
@@ -85,6 +83,8 @@ class Aws:
     """A CoderQueue and a state machine whose only state waits for the worker's answer."""
 
     def __init__(self) -> None:
+        import boto3
+
         self.sqs = boto3.client("sqs", region_name=REGION)
         self.sfn = RecordingClient(boto3.client("stepfunctions", region_name=REGION))
         self.queue_url = self.sqs.create_queue(QueueName="CoderQueue")["QueueUrl"]
@@ -158,6 +158,8 @@ MOTO_CONFIG: dict[str, Any] = {"stepfunctions": {"execute_state_machine": True}}
 
 def mocked_aws() -> AbstractContextManager[Any]:
     """The moto account of a scenario run in a child process (the ``moto`` fixture is in-process)."""
+    from moto import mock_aws
+
     return mock_aws(config=MOTO_CONFIG)
 
 
