@@ -325,7 +325,11 @@ OUT_06_STDERR = (
     'print("\\n".join(rows), file=sys.stderr)\n'
     'print("END-OF-REPORT", file=sys.stderr)'
 )
-OUT_06_EXPECTED = "\n".join(f"id={i},value={i * i}" for i in range(120_000)) + "\nEND-OF-REPORT\n"
+
+
+def _out_06_expected() -> str:
+    """What OUT_06 prints (~2.9 MB; built by the test that needs it, not by every worker's collection)."""
+    return "\n".join(f"id={i},value={i * i}" for i in range(120_000)) + "\nEND-OF-REPORT\n"
 
 
 @pytest.mark.parametrize(
@@ -340,25 +344,26 @@ def test_out_06_large_report_keeps_head_and_tail_flags_the_size_and_spills_it_wh
     light_sandbox: Sandbox, scope: Path, code: str, stream: str
 ) -> None:
     # Given the case's 120,000-row report (about 2.9 MB) printed in one go
+    expected = _out_06_expected()
     # When it runs
     result = run(light_sandbox, code, scope)
 
     # Then it succeeds, flagged truncated with the true size
     assert_status(result, "ok")
     assert getattr(result, f"{stream}_truncated")
-    assert getattr(result, f"{stream}_bytes") == len(OUT_06_EXPECTED)
+    assert getattr(result, f"{stream}_bytes") == len(expected)
     # And the text is head + marker + tail within 1 MiB, and the tail ('END-OF-REPORT') survives
     text = getattr(result, stream)
     assert len(text.encode()) <= RETURNED_CAP
     head, _omitted, _kept, total, tail = split_at_marker(text)
-    assert total == len(OUT_06_EXPECTED)
-    assert head.startswith("id=0,value=0\nid=1,value=1\n") and OUT_06_EXPECTED.startswith(head)
-    assert tail.endswith("id=119999,value=14399760001\nEND-OF-REPORT\n") and OUT_06_EXPECTED.endswith(tail)
+    assert total == len(expected)
+    assert head.startswith("id=0,value=0\nid=1,value=1\n") and expected.startswith(head)
+    assert tail.endswith("id=119999,value=14399760001\nEND-OF-REPORT\n") and expected.endswith(tail)
     # And the whole report is in the spill file the result points to (the coder's route to the rest;
     # being told to write datasets/ instead is the coder prompt's job, not this layer's)
     spill_path = getattr(result, f"{stream}_path")
     assert spill_path == f"work/runs/{result.run_id}/{stream}.txt"
-    assert (scope / spill_path).read_text() == OUT_06_EXPECTED
+    assert (scope / spill_path).read_text() == expected
     assert result.files_changed == []
 
 
