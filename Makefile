@@ -52,6 +52,11 @@ test: $(STAMP) $(LINT_STAMP) browser-deps ## Run the test suite (what CI runs)
 test-profile: $(STAMP) $(LINT_STAMP) browser-deps ## The suite as `make test` runs it, then its CPU per module (tests/cpu_profile.py)
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p cpu_profile
 
+# The suite starts with its costliest modules (tests/conftest.py), weighed by the last run's seconds
+# in pytest's cache or, where the cache has none (a fresh clone, CI), by tests/module_weights.json.
+test-weights: ## After a `make test`: rewrite tests/module_weights.json (seconds per module) from pytest's cache
+	$(PY) tests/module_weights.py
+
 # Offline: no telemetry, no credentials, any region (cfn-lint and `sam validate --lint` read no account).
 LINT_ENV := SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1
 
@@ -234,4 +239,4 @@ deploy-check: $(LINT_STAMP) ## sam deploy with the saved configuration and no cr
 clean: ## Remove the virtualenv and caches (not the data directory)
 	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv browser-deps test tools lint demo bench lock build images deploy env-args env-deploy deploy-check clean
+.PHONY: help venv browser-deps test test-weights tools lint demo bench lock build images deploy env-args env-deploy deploy-check clean

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import module_weights
 import pytest
 from after_import import when_imported
 from clocks import FakeClock
@@ -147,10 +148,10 @@ def moto(monkeypatch: pytest.MonkeyPatch, aws_region: str, moto_config: Any) -> 
 # the end can steal only tests not yet started, so one long module scheduled last keeps the other
 # worker idle for its whole length. The costliest modules of the last run (their summed durations,
 # kept in pytest's cache) therefore go first; a module's tests stay together and in their order,
-# so its module-scoped fixtures are set up once per worker as before. Without a cache (a fresh
-# clone) the order is pytest's own.
+# so its module-scoped fixtures are set up once per worker as before. A module the cache has no
+# figure for (every module, on a fresh clone) weighs what tests/module_weights.json says.
 
-_MODULE_COSTS_KEY = "alphaagent/module_seconds"
+_MODULE_COSTS_KEY = module_weights.CACHE_KEY
 
 
 def _module_of(nodeid: str) -> str:
@@ -159,7 +160,8 @@ def _module_of(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cache = getattr(config, "cache", None)
-    costs: dict[str, float] = cache.get(_MODULE_COSTS_KEY, {}) if cache is not None else {}
+    cached: dict[str, float] = cache.get(_MODULE_COSTS_KEY, {}) if cache is not None else {}
+    costs = {**module_weights.committed(), **cached}
     if not costs:
         return
     first_seen: dict[str, int] = {}
