@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 from cfn import load_template
-from packaging.specifiers import SpecifierSet
 
 from alphaagent.aws import store
 from coder.worker import CoderMessage
@@ -219,6 +218,8 @@ def test_every_handler_module_exists_and_defines_lambda_handler() -> None:
 
 
 def test_python_runtime_is_313_everywhere() -> None:
+    from packaging.specifiers import SpecifierSet
+
     # Template: every zip function runs python3.13 (per function, or from Globals).
     template = _template()
     global_runtime = template.get("Globals", {}).get("Function", {}).get("Runtime")

@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 import yaml
 from cfn import load_template
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 from alphaagent.environments import BUILTIN_PACKAGES, builtin_lambda, builtin_local
 
@@ -26,6 +24,9 @@ TOOLS = ROOT / ".venv-tools" / "bin"
 
 
 def _pins(lines: list[str]) -> dict[str, str]:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
     pins = {}
     for line in lines:
         line = line.split("#", 1)[0].strip()
