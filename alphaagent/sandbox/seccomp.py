@@ -24,6 +24,17 @@ Docker's default seccomp profile blocks the keyring calls too.
   whose ``cgroup.procs`` the uid may write, a check Landlock does not hook and a read-only mount
   does not make (a red-team root run moved a child to the v2 root at both levels), and a classic
   BPF filter cannot read the flags, which ``clone3`` passes in memory;
+- ``unshare`` and ``clone`` with any ``CLONE_NEW*`` flag, ``setns``, and every mount call:
+  ``mount``, ``umount2``, ``pivot_root`` and the new mount API (``fsopen``, ``fsconfig``,
+  ``fsmount``, ``fspick``, ``open_tree``, ``move_mount``, ``mount_setattr``) (``EPERM``, what an
+  unprivileged caller gets where unprivileged user namespaces are off). In a user and network
+  namespace of its own a red-team run had every capability there: the whole rtnetlink write
+  surface (veth, dummy links, tc qdiscs and filters: ``net/sched``, the source of many local root
+  exploits) and ``fsmount`` of cgroup2 and tmpfs (a cgroup2 mounted so was writable where Landlock
+  was off, past the read-only ``/sys/fs/cgroup``). Plain ``clone`` (threads, ``fork``,
+  ``posix_spawn``, ``subprocess``) and ``unshare`` of ``CLONE_FILES``/``CLONE_FS`` still work; a
+  program that sandboxes itself with user namespaces (Chromium's sandbox, bubblewrap, ``unshare``)
+  does not;
 - every call of another ABI than the kernel's native one (i386 on x86_64, arm32 on aarch64: their
   numbers differ, so they could step around the filter), and the x32 ABI on x86_64 (``EPERM``);
 - ``socket`` of every family but ``AF_INET``, ``AF_INET6``, ``AF_UNIX`` and ``AF_NETLINK``
@@ -119,6 +130,19 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "add_key": 248,
         "request_key": 249,
         "clone3": 435,
+        "clone": 56,
+        "unshare": 272,
+        "setns": 308,
+        "mount": 165,
+        "umount2": 166,
+        "pivot_root": 155,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
         "socket": 41,
         "socketpair": 53,
         "io_uring_setup": 425,
@@ -138,6 +162,19 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "add_key": 217,
         "request_key": 218,
         "clone3": 435,
+        "clone": 220,
+        "unshare": 97,
+        "setns": 268,
+        "mount": 40,
+        "umount2": 39,
+        "pivot_root": 41,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
         "socket": 198,
         "socketpair": 199,
         "io_uring_setup": 425,
@@ -161,6 +198,39 @@ WHICH_AND_WHO = {"setpriority": 0, "ioprio_set": 1}
 IOPRIO_WHO_PROCESS) and who 0 (``process``)."""
 KEYRINGS = ("keyctl", "add_key", "request_key")
 """Refused at every level: a user namespace does not separate the session keyring."""
+MOUNTS = (
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+)
+"""Refused at every level (``EPERM``): entering another namespace, and every call that makes, moves
+or changes a mount (the old API and the new one of Linux 5.2+). Without a user namespace of its own a
+run has no capability for them anyway; refused outright so that a namespace a filter bug let through
+would still reach no mount."""
+CLONE_NEWTIME = 0x00000080  # include/uapi/linux/sched.h
+CLONE_NEWUSER = 0x10000000
+CLONE_NEW_IN_CLONE = (
+    0x00020000  # CLONE_NEWNS
+    | 0x02000000  # CLONE_NEWCGROUP
+    | 0x04000000  # CLONE_NEWUTS
+    | 0x08000000  # CLONE_NEWIPC
+    | CLONE_NEWUSER
+    | 0x20000000  # CLONE_NEWPID
+    | 0x40000000  # CLONE_NEWNET
+)
+"""The namespace flags ``clone`` takes (its low byte is the exit signal, so ``CLONE_NEWTIME``, 0x80,
+is ``unshare``'s and ``clone3``'s only)."""
+CLONE_NEW_IN_UNSHARE = CLONE_NEW_IN_CLONE | CLONE_NEWTIME
+"""``unshare``'s namespace flags; its other flags (``CLONE_FILES``, ``CLONE_FS``, ``CLONE_SYSVSEM``)
+stay allowed."""
 PROCESS_ONLY_DENIED = ("process_madvise",)
 INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 """The families a run's ``socket`` may name besides ``AF_UNIX`` (where allowed) and ``AF_NETLINK``
@@ -227,8 +297,10 @@ def program(
     if machine == "x86_64":
         lines.append((BPF_JSET_K, "deny", 0, X32_SYSCALL_BIT))
     lines.append((BPF_JEQ_K, "enosys", 0, numbers["clone3"]))
-    for name in KEYRINGS + (PROCESS_ONLY_DENIED if process else ()):
+    for name in KEYRINGS + MOUNTS + (PROCESS_ONLY_DENIED if process else ()):
         lines.append((BPF_JEQ_K, "deny", 0, numbers[name]))
+    lines.append((BPF_JEQ_K, "clone", 0, numbers["clone"]))
+    lines.append((BPF_JEQ_K, "unshare", 0, numbers["unshare"]))
     if process:
         for name in SELF_IN_ARG0:
             lines.append((BPF_JEQ_K, "self_arg0", 0, numbers[name]))
@@ -243,6 +315,15 @@ def program(
         for which in sorted(set(WHICH_AND_WHO.values())):
             lines += [f"which_{which}", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "deny", which)]
             lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_JEQ_K, "allow", "deny", 0)]
+    # clone(flags, ...) and unshare(flags): the flags are args[0] on both architectures, an unsigned
+    # long whose namespace bits all lie in its low word. Threads, fork, vfork and posix_spawn pass
+    # none of them.
+    lines += ["clone", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JSET_K, "deny", "allow", CLONE_NEW_IN_CLONE)]
+    lines += [
+        "unshare",
+        (BPF_LD_W_ABS, 0, 0, _arg_low(0)),
+        (BPF_JSET_K, "deny", "allow", CLONE_NEW_IN_UNSHARE),
+    ]
     # socket(family, type, protocol) and socketpair(family, type, protocol, sv): the low words of
     # args[0], args[1] and args[2] are the family, the type (with its flags, masked off) and the
     # protocol (all three are ints to the kernel).
@@ -306,7 +387,8 @@ def leave_session_keyring() -> int:
 
 def probe(level: str = "process") -> str | None:
     """Why the filter of ``level`` cannot be in force here, or None: installed in a throwaway child
-    (with ``no_new_privs``), ``keyctl`` must fail with EPERM, ``clone3`` with ENOSYS and a
+    (with ``no_new_privs``), ``keyctl`` and ``unshare(CLONE_NEWUSER)`` must fail with EPERM,
+    ``clone3`` with ENOSYS and a
     ``NETLINK_SOCK_DIAG`` socket with EPROTONOSUPPORT; at the
     ``process`` level ``socket(AF_UNIX)`` must fail with EACCES, and ``prlimit`` on its parent with
     EPERM while on itself it works."""
@@ -325,7 +407,8 @@ def probe(level: str = "process") -> str | None:
                 raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
             install(level)
             answers = {}
-            for name, args in (("keyctl", (0, -3, 0)), ("clone3", (0, 0))):
+            probes = (("keyctl", (0, -3, 0)), ("clone3", (0, 0)), ("unshare", (CLONE_NEWUSER,)))
+            for name, args in probes:
                 done = libc.syscall(numbers[name], *(ctypes.c_long(a) for a in args))
                 answers[name] = ctypes.get_errno() if done < 0 else 0
             try:  # sock_diag, which any process may otherwise open
@@ -333,7 +416,12 @@ def probe(level: str = "process") -> str | None:
                 answers["netlink"] = 0
             except OSError as exc:
                 answers["netlink"] = exc.errno or 0
-            expected = {"keyctl": errno.EPERM, "clone3": errno.ENOSYS, "netlink": errno.EPROTONOSUPPORT}
+            expected = {
+                "keyctl": errno.EPERM,
+                "clone3": errno.ENOSYS,
+                "unshare": errno.EPERM,
+                "netlink": errno.EPROTONOSUPPORT,
+            }
             if level == "process":
                 import resource
 

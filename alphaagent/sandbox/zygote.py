@@ -988,21 +988,17 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     - its own /tmp and /dev/shm (tmpfs of ``tmp_bytes`` and ``shm_bytes``), and its own /dev (made
       when the spare was, see ``_minimal_dev``);
     - ``hidden_paths`` (the supervisor's home, the backend's data directory), /run and /var/run (unix
-      sockets of host services), covered by empty tmpfs; with network, the folder of resolv.conf's
-      target bound back where it lies under them;
+      sockets of host services), covered by empty tmpfs; with network, resolv.conf's target file
+      (only the file) bound back where it lies under them;
     - the working directory bound back read-write at its own path, and the interpreter's prefixes
       and module paths bound back read-only where they were hidden.
     """
     cwd = os.path.realpath(req["cwd"])
     readable = [os.path.realpath(p) for p in _interpreter_paths()]
-    if network:
-        # The resolver's configuration stays readable where it lives under /run (systemd-resolved's
-        # stub-resolv.conf, NetworkManager's): its folder alone is bound back, read-only.
-        resolv = os.path.dirname(os.path.realpath("/etc/resolv.conf"))
-        if os.path.isdir(resolv):
-            readable.append(resolv)
+    resolv = resolver_file() if network else None
     try:
         held = {path: os.open(_on_host(path), os.O_PATH | os.O_DIRECTORY) for path in {cwd, *readable}}
+        resolv_fd = os.open(resolv, os.O_PATH | os.O_CLOEXEC) if resolv else None
     finally:
         _close_host_dev()
     # Sized tmpfs: their pages are RAM, charged to the run's memory cgroup where it has one, and
@@ -1018,7 +1014,7 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     # S-user folders, /run/user's session buses, systemd --user and agents, which run a command
     # outside the sandbox): hidden at every network setting, since with the network on the run may
     # make AF_UNIX sockets and a read-only mount does not stop a connect. With the network on only
-    # the folder resolv.conf links to (above) comes back.
+    # the file resolv.conf links to comes back (below).
     for hidden in [*req.get("hidden_paths", []), "/run", "/var/run"]:
         real = os.path.realpath(hidden)
         if os.path.isdir(real) and not os.path.islink(hidden) and real not in covered:
@@ -1035,6 +1031,14 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
             continue
         os.makedirs(path, exist_ok=True)
         _mount(f"/proc/self/fd/{held[path]}", path, None, MS_BIND | MS_REC)
+    if resolv is not None and resolv_fd is not None:
+        if is_covered(resolv) and not any(resolv.startswith(p + "/") for p in lost):
+            # The file alone, on an empty file of its own in the cover, at the same path: its
+            # folder (systemd-resolved's /run/systemd/resolve) holds the service's sockets too.
+            os.makedirs(os.path.dirname(resolv), exist_ok=True)
+            os.close(os.open(resolv, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            _mount(f"/proc/self/fd/{resolv_fd}", resolv, None, MS_BIND)
+        os.close(resolv_fd)
     if cwd not in lost:
         _mount(cwd, cwd, None, MS_BIND | MS_REC)
     # The working directory is the one place the run may write outside /tmp and /dev/shm.
@@ -1043,6 +1047,14 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
         os.close(fd)
     for hidden_dir in covered[2:]:  # the empty covers themselves are not writable either
         _mount("none", hidden_dir, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def resolver_file() -> str | None:
+    """The file /etc/resolv.conf resolves to, when it is a regular file: with the network on it stays
+    readable where it lies under a hidden folder (systemd-resolved's stub-resolv.conf in
+    /run/systemd/resolve, NetworkManager's in /run/NetworkManager), and nothing else of that folder."""
+    real = os.path.realpath("/etc/resolv.conf")
+    return real if os.path.isfile(real) else None
 
 
 def _on_host(path: str) -> str:
@@ -2342,6 +2354,19 @@ def _sibling(name: str) -> types.ModuleType:
 
 _STATE: Any = None
 _seccomp: Any = None  # ``seccomp.py``, loaded by the zygote (``_filter``)
+
+
+def kernel_files(namespaced: bool, landlock: int, process_calls: str) -> str:
+    """Whether a run can write beneath /proc, /sys and cgroupfs (and so, as root, leave its pids and
+    memory cgroups): ``read_only`` where the run's Landlock domain denies it (its rules at either
+    level grant no write there), or with namespaces where the read-only mounts hold, which needs the
+    seccomp filter: without it a run makes a user and mount namespace of its own and ``fsmount``s a
+    writable cgroup2 (a red-team run wrote ``cgroup.procs`` so with Landlock off); else ``writable``."""
+    if landlock or (namespaced and process_calls == "filtered"):
+        return "read_only"
+    return "writable"
+
+
 """``state.py`` (live session state), loaded once by the zygote before it forks (``main``)."""
 
 
@@ -2385,9 +2410,7 @@ def main() -> None:
         "clone_refused": zygote.clone_refused
         or (None if _clone_usable() else f"{_thread_count()} threads in the zygote after the preload"),
         "landlock_abi": zygote.landlock_abi,
-        # Whether a run can write beneath /proc, /sys and cgroupfs (and so, as root, leave its pids
-        # and memory cgroups): read-only mounts with namespaces, the run's Landlock domain without.
-        "kernel_files": "read_only" if zygote.namespaced or zygote.landlock_abi else "writable",
+        "kernel_files": kernel_files(zygote.namespaced, zygote.landlock_abi, zygote.process_calls),
         # Whether the run's seccomp filter is in force (``IsolationReport.process_calls`` says what it
         # refuses at each level).
         "process_calls": zygote.process_calls,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import platform
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from assertions import assert_status
 from sandboxes import light_at
 
 from alphaagent.models.run import RunLimits, RunResult
-from alphaagent.sandbox import zygote
+from alphaagent.sandbox import seccomp, zygote
 from alphaagent.sandbox.cgroup import RunCgroups
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
@@ -335,3 +336,67 @@ def test_the_namespaces_levels_landlock_rules_refuse_a_write_even_where_a_mount_
     os.waitpid(pid, 0)
     # Then it writes in that folder and to device files, and nowhere else
     assert answers == {str(allowed / "x"): "written", str(beside / "x"): "EACCES", "/dev/null": "written"}
+
+
+CGROUP2_OF_ITS_OWN = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(name, *args):
+    done = libc.syscall(NR[name], *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    return done if done >= 0 else -ctypes.get_errno()
+answers = {"unshare": call("unshare", 0x10000000 | 0x00020000 | 0x02000000)}  # user, mount, cgroup
+fs = call("fsopen", b"cgroup2", 0)
+answers["fsopen"] = fs if fs < 0 else "opened"
+if fs >= 0:
+    call("fsconfig", fs, 6, None, None, 0)  # FSCONFIG_CMD_CREATE
+    mount = call("fsmount", fs, 0, 0)
+    try:
+        fd = os.open("cgroup.procs", os.O_WRONLY, dir_fd=mount)
+        os.write(fd, str(os.getpid()).encode())
+        answers["cgroup.procs"] = "written"
+    except OSError as exc:
+        answers["cgroup.procs"] = -exc.errno
+print(json.dumps({k: errno.errorcode.get(-v, v) if isinstance(v, int) and v < 0 else v
+                  for k, v in answers.items()}))
+"""
+
+
+def test_without_landlock_the_namespaces_level_is_read_only_beneath_cgroupfs_by_its_filter(
+    tmp_path: Path,
+) -> None:
+    # Given a namespaces-level sandbox without the Landlock rules (landlock=False, as on an old kernel)
+    with light_at("namespaces", landlock=False) as sandbox:
+        if sandbox.info.get("process_calls") != "filtered":
+            pytest.skip(f"no seccomp filter here: {sandbox.info.get('process_calls_detail')}")
+        # When a run, with the network on and off, makes a user, mount and cgroup namespace of its
+        # own to fsmount a writable cgroup2 and write its pid into cgroup.procs (a red-team run did)
+        numbers = {name: seccomp.SYSCALLS[platform.machine()][name] for name in ("unshare", *seccomp.MOUNTS)}
+        results = [
+            sandbox.run(f"NR = {numbers!r}\n" + CGROUP2_OF_ITS_OWN, cwd=tmp_path, network=network)
+            for network in (False, True)
+        ]
+    # Then both are refused, and the report's read_only stands on the filter that refused them
+    for result in results:
+        assert_status(result, "ok")
+        assert json.loads(result.stdout) == {"unshare": "EPERM", "fsopen": "EPERM"}
+        assert result.isolation.kernel_files == "read_only"
+    assert sandbox.info.get("kernel_files") == "read_only"
+
+
+@pytest.mark.parametrize(
+    ("namespaced", "landlock", "process_calls", "expected"),
+    [
+        (True, 0, "filtered", "read_only"),  # read-only mounts, and no mount namespace of its own
+        (True, 0, "open", "writable"),  # a user namespace and fsmount of a cgroup2 of its own
+        (True, 7, "open", "read_only"),  # the Landlock domain grants no write beneath them
+        (False, 7, "filtered", "read_only"),
+        (False, 0, "filtered", "writable"),  # root writes cgroupfs files
+    ],
+)
+def test_the_report_of_kernel_files_follows_what_is_in_force(
+    namespaced: bool, landlock: int, process_calls: str, expected: str
+) -> None:
+    # When the zygote reports kernel_files for a level, a Landlock ABI and whether its filter works
+    # Then it says read_only only where Landlock or (with namespaces) the filter keeps the writes out
+    assert zygote.kernel_files(namespaced, landlock, process_calls) == expected

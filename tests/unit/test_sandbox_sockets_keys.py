@@ -186,6 +186,8 @@ for t in threads: t.start()
 for t in threads: t.join()
 with multiprocessing.get_context("fork").Pool(2) as pool:
     squares = pool.map(abs, [-1, -2, -3])
+with multiprocessing.get_context("spawn").Pool(1) as pool:
+    spawn_pool = pool.map(abs, [-8])
 with concurrent.futures.ProcessPoolExecutor(2) as executor:
     negated = list(executor.map(abs, [-4, -5]))
 with concurrent.futures.ThreadPoolExecutor(2) as executor:
@@ -193,7 +195,7 @@ with concurrent.futures.ThreadPoolExecutor(2) as executor:
 spawned = os.waitstatus_to_exitcode(os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0)[1])
 child = subprocess.run([sys.executable, "-c", "print('child')"], capture_output=True, text=True, check=True)
 print(json.dumps({"asyncio": asyncio.run(main()), "threads": sorted(results), "pool": squares,
-                  "process_pool": negated, "thread_pool": doubled, "posix_spawn": spawned,
+                  "spawn_pool": spawn_pool, "process_pool": negated, "thread_pool": doubled, "posix_spawn": spawned,
                   "subprocess": child.stdout.strip()}))
 """
 
@@ -208,11 +210,80 @@ def test_threads_subprocesses_asyncio_and_process_pools_still_work(box: Sandbox,
         "asyncio": [42, [0, 1, 2], 6],
         "threads": [0, 1, 2, 3],
         "pool": [1, 2, 3],
+        "spawn_pool": [8],
         "process_pool": [4, 5],
         "thread_pool": [6, 7],
         "posix_spawn": 0,
         "subprocess": "child",
     }
+
+
+# -- namespaces and mounts of the run's own --------------------------------------------------------
+
+NAMESPACES = """
+import ctypes, errno, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(name, *args):
+    done = libc.syscall(NR[name], *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    return done if done >= 0 else errno.errorcode[ctypes.get_errno()]
+answers = {}
+# the red team's way in: a user and network namespace of its own, every capability there
+answers["unshare user+net"] = call("unshare", 0x10000000 | 0x40000000)
+if answers["unshare user+net"] == 0:  # then the rtnetlink write surface: a dummy link
+    import struct
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as nl:
+        name = struct.pack("=HH", 8, 3) + b"rt0\\0"
+        kind = struct.pack("=HH", 16, 18) + struct.pack("=HH", 10, 1) + b"dummy\\0\\0\\0"
+        body = struct.pack("=BxHiII", 0, 0, 0, 0, 0) + name + kind
+        nl.send(struct.pack("=LHHLL", 16 + len(body), 16, 0x605, 1, 0) + body)
+        answers["new link"] = -struct.unpack("=i", nl.recv(4096)[16:20])[0]
+for flag, bit in (("user", 0x10000000), ("net", 0x40000000), ("mount", 0x20000), ("cgroup", 0x02000000),
+                  ("pid", 0x20000000), ("ipc", 0x08000000), ("uts", 0x04000000), ("time", 0x80)):
+    answers[f"unshare {flag}"] = call("unshare", bit)
+pid = call("clone", 0x10000000 | 17, 0, 0, 0, 0)  # CLONE_NEWUSER | SIGCHLD, on a copy of this stack
+if pid == 0:
+    os._exit(0)
+if isinstance(pid, int):
+    os.waitpid(pid, 0)
+answers["clone user"] = pid if isinstance(pid, str) else "cloned"
+fs = call("fsopen", b"cgroup2", 0)
+answers["fsopen cgroup2"] = fs if isinstance(fs, str) else "opened"
+answers["fspick /"] = call("fspick", -100, b"/", 0)
+answers["open_tree clone"] = call("open_tree", -100, b"/tmp", 1 | 0x80000)  # OPEN_TREE_CLONE | CLOEXEC
+answers["mount tmpfs"] = call("mount", b"none", b"/tmp", b"tmpfs", 0, None)
+answers["umount2 /tmp"] = call("umount2", b"/tmp", 2)  # MNT_DETACH
+answers["pivot_root"] = call("pivot_root", b"/tmp", b"/tmp")
+answers["setns"] = call("setns", os.open("/proc/self/ns/net", os.O_RDONLY), 0)
+answers["move_mount"] = call("move_mount", -1, b"", -100, b"/tmp", 4)
+answers["fsconfig"] = call("fsconfig", -1, 6, None, None, 0)
+answers["fsmount"] = call("fsmount", -1, 0, 0)
+answers["mount_setattr"] = call("mount_setattr", -100, b"/tmp", 0, None, 0)
+# what stays: unshare without a namespace flag, threads and fork (clone without one)
+answers["unshare files"] = call("unshare", 0x400)
+child = os.fork()
+if child == 0:
+    os._exit(0)
+answers["fork"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["network off", "network on"])
+def test_a_run_can_make_no_namespace_nor_mount_of_its_own(
+    box: Sandbox, tmp_path: Path, network: bool
+) -> None:
+    # When a run tries to make a user (and network, mount, cgroup...) namespace of its own, by
+    # unshare and by clone, to enter one, and to mount (cgroup2 by the new mount API, tmpfs by the old)
+    numbers = {
+        name: seccomp.SYSCALLS[platform.machine()][name] for name in ("unshare", "clone", *seccomp.MOUNTS)
+    }
+    result = run(box, f"NR = {numbers!r}\n" + NAMESPACES, tmp_path, network=network)
+    # Then every one of them is refused with EPERM, and unshare without a namespace flag and fork work
+    assert_status(result, "ok")
+    answers = json.loads(result.stdout)
+    assert answers.pop("unshare files") == 0 and answers.pop("fork") == 0
+    assert answers == dict.fromkeys(answers, "EPERM")  # a "new link" entry would be a number
 
 
 # -- clone3(CLONE_INTO_CGROUP) ---------------------------------------------------------------------
@@ -573,3 +644,59 @@ def test_each_levels_filter_assembles_for_each_known_architecture(
     assert code[-1] == (seccomp.BPF_RET_K, 0, 0, seccomp.SECCOMP_RET_ERRNO | errno.EPERM)
     with pytest.raises(ValueError, match="level"):
         seccomp.program(machine, level="vm")
+
+
+def _view_with_resolver_under_run(scope: Path) -> dict[str, object]:
+    """In a forked child's private mount namespace: a host whose /etc/resolv.conf links into a folder
+    of /run that also holds a service's socket (systemd-resolved's /run/systemd/resolve), then the
+    run's view with the network on (``zygote._private_view``); what of that folder the view shows."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - reports through the pipe
+        answer: dict[str, object] = {}
+        try:
+            os.close(r)
+            if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+            zygote._mount("none", "/", None, zygote.MS_REC | zygote.MS_PRIVATE)  # nothing leaks out
+            zygote._mount("tmpfs", "/run", "tmpfs", 0, "size=64k")
+            os.makedirs("/run/rtfake")
+            Path("/run/rtfake/resolv.conf").write_text("nameserver 10.255.255.53\n")
+            with socket.socket(socket.AF_UNIX) as service:
+                service.bind("/run/rtfake/service.sock")
+                zygote._mount("tmpfs", "/etc", "tmpfs", 0, "size=64k")
+                os.symlink("/run/rtfake/resolv.conf", "/etc/resolv.conf")
+                zygote._private_view({"cwd": str(scope), "tmp_bytes": 1 << 20, "shm_bytes": 1 << 20}, True)
+                answer = {
+                    "folder": sorted(os.listdir("/run/rtfake")),
+                    "resolv.conf": Path("/etc/resolv.conf").read_text(),
+                    "run": sorted(os.listdir("/run")),
+                }
+        except BaseException as exc:
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            os.write(w, json.dumps(answer).encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        answer = json.loads(fh.read() or b"{}")
+    os.waitpid(pid, 0)
+    return answer
+
+
+def test_with_the_network_on_only_resolv_confs_target_file_comes_back_not_its_folder(tmp_path: Path) -> None:
+    # Given a host whose /etc/resolv.conf links into a folder of /run holding a service's socket
+    # (simulated in a private mount namespace, as root)
+    if os.geteuid() != 0:
+        pytest.skip("the simulation mounts: root only")
+    # When the run's view is made with the network on
+    answer = _view_with_resolver_under_run(tmp_path)
+    if str(answer.get("error", "")).startswith("PermissionError"):
+        pytest.skip(f"no private mount namespace here: {answer['error']}")
+    # Then DNS's configuration reads, and nothing else of its folder (the socket) is there
+    assert answer == {
+        "folder": ["resolv.conf"],
+        "resolv.conf": "nameserver 10.255.255.53\n",
+        "run": ["rtfake"],
+    }
