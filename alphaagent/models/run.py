@@ -194,9 +194,11 @@ class IsolationReport(BaseModel):
       screen server, D-Bus and ``systemd --user``, an ssh ControlMaster) takes commands that run
       outside the sandbox, so ``files_only`` and ``reachable`` mean the run can leave it.
     - ``kernel_files``: ``read_only`` when the run could write nothing beneath ``/proc``, ``/sys`` or
-      a cgroup filesystem (read-only mounts at the ``namespaces`` level; at the ``process`` level the
-      run's Landlock domain, Linux 5.19+), so a root run cannot move itself out of its pids and memory
-      cgroups; ``writable`` otherwise (then only the uid's file permissions stand in the way).
+      a cgroup filesystem (the run's Landlock domain, Linux 5.19+, at either level; at the
+      ``namespaces`` level also read-only mounts, which hold where the seccomp filter refuses the
+      run a user namespace and mount of its own), so a root run cannot move itself out of its pids
+      and memory cgroups; ``writable`` otherwise (then only the uid's file permissions stand in the
+      way).
     - ``process_calls``: ``filtered`` when the run's seccomp filter (``alphaagent.sandbox.seccomp``)
       was in force. At both levels it refuses the kernel keyrings (``keyctl``, ``add_key``,
       ``request_key``: a user namespace does not separate the supervisor's session keyring) and
@@ -211,7 +213,8 @@ class IsolationReport(BaseModel):
       the ``process`` level change every process of its uid and connect to its unix sockets.
       The filter also refuses, at both levels, every socket family but ``AF_INET``, ``AF_INET6``,
       ``AF_UNIX`` and ``AF_NETLINK`` (``EAFNOSUPPORT``: ``AF_VSOCK``, ``AF_PACKET``, ``AF_ALG``...),
-      netlink protocols but ``NETLINK_ROUTE`` (``EPROTONOSUPPORT``) and ``io_uring_setup``.
+      netlink protocols but ``NETLINK_ROUTE`` (``EPROTONOSUPPORT``) and ``io_uring_setup``, and
+      (``EPERM``) ``unshare``/``clone`` with a ``CLONE_NEW*`` flag, ``setns`` and every mount call.
     - ``landlock_abi``: the ABI of the Landlock domain the run was in (the kernel's; 0: none, where
       the kernel has no Landlock, only ABI 1, or the sandbox's ``landlock`` setting is off). At the
       ``process`` level its file rules deny writes beneath ``/proc``, ``/sys`` and cgroupfs; at the
