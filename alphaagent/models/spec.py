@@ -156,22 +156,25 @@ class Spec(_Strict):
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
+    """An error's location as a reader writes it (``inputs[0].connector``). Pydantic inserts the
+    name of the union branch it tried where a union is (``inputs, 0, "connector", "connector"``:
+    the second is the field), so a part is left out only where the spec's models are a union and it
+    names one of them, never where it is a field: a field may share a branch's name."""
     text = ""
+    models: list[type[BaseModel]] = [Spec]
     for part in loc:
         if isinstance(part, int):
-            text += f"[{part}]"
-        elif part in (
-            "document",
-            "dataset",
-            "connector",
-            "node_artifact",
-            "ConversationScope",
-            "NodeScope",
-            "function-after[check_workspace_path(), str]",
-        ):
-            continue  # the discriminator's branch name is noise to a reader
-        else:
-            text += f".{part}" if text else str(part)
+            text += f"[{part}]"  # an item of the list the previous part named
+            continue
+        branch = [m for m in models if m.__name__ == part or _kind_of(m) == part]
+        if branch and len(models) > 1:
+            models = branch  # the discriminated union's branch name: noise to a reader
+            continue
+        owning = [m for m in models if part in m.model_fields]
+        if not owning and not str(part).isidentifier():
+            continue  # a validator's name pydantic gives a union of plain types (`function-after[...]`)
+        models = [x for m in owning for x in _models_in(m.model_fields[str(part)].annotation)]
+        text += f".{part}" if text else str(part)
     return text or "spec"
 
 
