@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
@@ -301,6 +302,48 @@ def describe_validation_error(exc: ValidationError, missing: Mapping[str, str] |
     return f"{location}: {message}"
 
 
+class _NotJsonNumber(str):
+    """The text of a number JSON has not (``NaN``, ``Infinity``, ``-Infinity``, which Python's
+    ``json`` reads; or ``1e400``, which overflows a float to infinity), left in the parsed
+    document where it was so that its refusal names the field (``_refuse_numbers_not_json``)."""
+
+
+def _finite_or_not_json(text: str) -> float | _NotJsonNumber:
+    value = float(text)
+    return value if math.isfinite(value) else _NotJsonNumber(text)
+
+
+def _json_path(path: list[int | str]) -> str:
+    """A location in the spec's JSON as the refusals write it (``constraints.run_timeout_s``,
+    ``inputs[0].request["a b"]``); the keys are the sender's, so one that is not a name is JSON."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part.isidentifier():
+            text += f".{part}" if text else part
+        else:
+            text += f"[{shown_json(part)}]"
+    return text or "spec"
+
+
+def _refuse_numbers_not_json(document: dict[str, Any]) -> None:
+    """Refuse a number JSON has not, naming where it is: a spec is JSON (RFC 8259 has no NaN and
+    no infinity), and ``NaN`` would otherwise reach a bound's check as ``got nan``. The walk is
+    iterative: a document's nesting is bounded only by what ``json.loads`` read."""
+    stack: list[tuple[list[int | str], Any]] = [([], document)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _NotJsonNumber):
+            too_large = value not in ("NaN", "Infinity", "-Infinity")
+            why = " (beyond the largest number, about 1.8e308)" if too_large else ""
+            raise InvalidSpecError(f"{_json_path(path)}: must be a finite JSON number, got {value}{why}")
+        items = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        )
+        stack.extend(([*path, key], item) for key, item in reversed(list(items)))
+
+
 def parse_spec(
     raw: bytes | str,
     overrides: dict[str, Any] | None = None,
@@ -321,7 +364,9 @@ def parse_spec(
             f"spec: {len(data)} bytes is larger than the {MAX_SPEC_BYTES // 1024} KiB limit"
         )
     try:
-        document = json.loads(data.decode("utf-8"))
+        document = json.loads(
+            data.decode("utf-8"), parse_constant=_NotJsonNumber, parse_float=_finite_or_not_json
+        )
     except UnicodeDecodeError as exc:
         raise InvalidSpecError(f"spec: not valid UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
@@ -332,6 +377,7 @@ def parse_spec(
         raise InvalidSpecError(f"spec: cannot be read ({type(exc).__name__})") from None
     if not isinstance(document, dict):
         raise InvalidSpecError("spec: must be a JSON object")
+    _refuse_numbers_not_json(document)
     document = {**(defaults or {}), **document, **(overrides or {})}
     try:
         spec = Spec.model_validate(document)

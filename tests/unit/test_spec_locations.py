@@ -18,8 +18,14 @@ from alphaagent.models.spec import SpecInput, SpecOutput, parse_spec
 
 def _example(model: type[BaseModel]) -> dict[str, Any]:
     """A valid item of ``model``: every required field with a value its rule takes."""
-    values = {"path": "docs/a.csv", "name": "a", "connector": "file", "request": {}, "node_id": "n",
-              "artifact": "a"}
+    values = {
+        "path": "docs/a.csv",
+        "name": "a",
+        "connector": "file",
+        "request": {},
+        "node_id": "n",
+        "artifact": "a",
+    }
     item: dict[str, Any] = {}
     for name, field in model.model_fields.items():
         if name == "kind":
@@ -51,7 +57,9 @@ def _refusal(list_name: str, item: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize(("list_name", "model", "name"), _CASES, ids=lambda v: getattr(v, "__name__", v))
-def test_a_wrong_value_is_refused_under_its_fields_name(list_name: str, model: type[BaseModel], name: str) -> None:
+def test_a_wrong_value_is_refused_under_its_fields_name(
+    list_name: str, model: type[BaseModel], name: str
+) -> None:
     item = {**_example(model), name: [[]]}  # a list of a list: no field of a spec takes one
     assert _refusal(list_name, item).startswith(f"{list_name}[0].{name}: "), (model.__name__, name)
 
