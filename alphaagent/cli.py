@@ -649,6 +649,15 @@ def _emit_turn_result(args: argparse.Namespace, result: TurnResult, scope_root: 
     return EXIT_OK if result.status == "completed" else EXIT_FAILED
 
 
+def _running_as(args: argparse.Namespace, spec: Spec) -> str:
+    """The first progress line of ``run``: the user and scope the turn runs as, and where the user
+    came from, so that a later read as another user (``conversation X not found``) is explained."""
+    from alphaagent.domain.labels import scope_label
+
+    source = "the spec's user_id" if spec.user_id != args.user else args.user_source or "the default"
+    return f"running as user {spec.user_id!r} ({source}) in {scope_label(spec.scope)}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a spec end to end on the local backend: progress and each run's output, as it is
     produced, on standard error (output lines prefixed ``  | `` and ``  stderr | ``); the result on
@@ -661,11 +670,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     watcher = ReaderMayLeave(sys.stderr)  # a reader of the progress that leaves fails no turn
     live = LiveOutput(watcher, stdout_prefix="  | ", stderr_prefix="  stderr | ")  # type: ignore[arg-type]
 
-    def progress(message: str) -> None:
+    def say(message: str) -> None:
         live.end_lines()  # a run's unfinished last line ends before the next progress line
         print(printable_text(message), file=watcher, flush=True)
 
-    with _agent(args, with_coder=spec.steps is None, writes=True) as agent, waits_told_to(progress):
+    started: list[bool] = []
+
+    def progress(message: str) -> None:
+        # The turn's first line says whom it runs as (once its checks passed: a refusal stays one line).
+        if not started:
+            started.append(True)
+            say(_running_as(args, spec))
+        say(message)
+
+    with _agent(args, with_coder=spec.steps is None, writes=True) as agent, waits_told_to(say):
         result = agent.run_analysis(spec, progress=progress, on_output=live)
         scope_root = agent.home / spec.scope.key
     live.end_lines()
