@@ -285,6 +285,8 @@ class ConnectorSettings:
             try:
                 if backend == "aws" and marker.aws_check is not None:
                     items = marker.aws_check(items)
+                if backend == "local" and marker.local_check is not None:
+                    items = marker.local_check(items)
                 _REGISTRY[name].Settings.model_validate({field: items})
             except (ValueError, ValidationError) as exc:
                 raise ValueError(f"{variable}: {_first_message(exc)}") from None

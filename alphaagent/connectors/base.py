@@ -48,13 +48,15 @@ class EnvVar:
     template's functions and the coder task); ``None`` where that backend has no such setting.
     ``separator`` splits a list; ``local_default`` is the local value when the variable is unset;
     ``aws_check`` a further rule for the stack's value (raises ``ValueError``), where the template
-    builds something from it (an IAM resource)."""
+    builds something from it (an IAM resource); ``local_check`` one for a value set locally (it
+    returns the items as meant: a root exists, ``~`` expanded), not for ``local_default``."""
 
     local: str | None
     aws: str | None
     separator: str = ","
     local_default: Any = None
     aws_check: Callable[[Any], Any] | None = None
+    local_check: Callable[[Any], Any] | None = None
 
     def name(self, backend: str) -> str | None:
         """The variable's name on ``backend`` (``"local"`` or ``"aws"``)."""

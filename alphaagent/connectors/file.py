@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from alphaagent.connectors.base import ConnectorRequest, EnvVar, Fetched, FetchLimits
 from alphaagent.errors import ToolError
+from alphaagent.wording import shown_json, shown_typed
 
 NAME = "file"
 
@@ -24,6 +25,22 @@ class Request(ConnectorRequest):
     path: str = Field(description="An absolute path inside an allowed directory.")
 
 
+def check_local_roots(roots: tuple[str, ...]) -> tuple[str, ...]:
+    """The roots of ``ALPHAAGENT_FILE_ROOTS`` as meant: ``~`` expanded (a shell leaves it in a
+    quoted value), each an absolute path to an existing directory. A relative root would be
+    resolved against whatever directory a command starts in, and a missing one matches nothing:
+    both would only show later as every path refused. Raises ``ValueError`` saying the rule."""
+    meant = []
+    for root in roots:
+        path = Path(root).expanduser()
+        if not path.is_absolute():
+            raise ValueError(f"{shown_typed(root)} is not an absolute path (each root is /... or ~/...)")
+        if not path.is_dir():
+            raise ValueError(f"{shown_typed(root)} is not an existing directory")
+        meant.append(str(path))
+    return tuple(meant)
+
+
 class Settings(BaseModel):
     """Where the ``file`` connector may read."""
 
@@ -31,11 +48,18 @@ class Settings(BaseModel):
 
     file_roots: Annotated[
         tuple[Path, ...],
-        EnvVar(local="ALPHAAGENT_FILE_ROOTS", aws=None, separator=os.pathsep, local_default=(EXAMPLES_DIR,)),
+        EnvVar(
+            local="ALPHAAGENT_FILE_ROOTS",
+            aws=None,
+            separator=os.pathsep,
+            local_default=(EXAMPLES_DIR,),
+            local_check=check_local_roots,
+        ),
     ] = Field(
         (),
         description="Directories the file connector may read from (resolved; symlinks out refused);"
-        " os.pathsep-separated. Local default: the checkout's examples/.",
+        " os.pathsep-separated, each an absolute path (~ expanded) to an existing directory. Local"
+        " default: the checkout's examples/; setting it replaces the default.",
     )
     forbidden_roots: tuple[Path, ...] = Field(
         (), description="Never readable, even inside a file root (the backend's data directory)."
@@ -61,19 +85,22 @@ def check(request: Request, settings: Settings, limits: FetchLimits) -> Path:
     if any(
         real == hidden.resolve() or hidden.resolve() in real.parents for hidden in settings.forbidden_roots
     ):
-        raise ToolError(f"request.path: {raw} is inside the platform's data directory")
+        raise ToolError(f"request.path: {shown_json(raw)} is inside the platform's data directory")
     roots = [root.resolve() for root in settings.file_roots]
     if not any(real == root or root in real.parents for root in roots):
         allowed = ", ".join(str(r) for r in roots) or "none configured"
+        where = f" (resolves to {real})" if str(real) != raw else ""
         raise ToolError(
-            f"request.path: {raw} resolves to {real}, outside the file connector's allowed"
+            f"request.path: {shown_json(raw)}{where} is outside the file connector's allowed"
             f" directories ({allowed}; set ALPHAAGENT_FILE_ROOTS)"
         )
     if not real.is_file():
-        raise ToolError(f"request.path: {raw} is not a file")
+        raise ToolError(f"request.path: {shown_json(raw)} is not a file")
     size = real.stat().st_size
     if size > limits.max_bytes:
-        raise ToolError(f"request.path: {raw} is {size} bytes, over the connector cap of {limits.max_bytes}")
+        raise ToolError(
+            f"request.path: {shown_json(raw)} is {size} bytes, over the connector cap of {limits.max_bytes}"
+        )
     return real
 
 
