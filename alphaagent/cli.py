@@ -45,7 +45,15 @@ from alphaagent.models.bounds import (
 )
 from alphaagent.program import DEFAULT_PROGRAM
 from alphaagent.suggest import did_you_mean, did_you_mean_name
-from alphaagent.wording import number_rule, shown_json, shown_typed
+from alphaagent.wording import (
+    ENVIRONMENT_ID_RULE,
+    SCOPE_ID_RULE,
+    USER_ID_RULE,
+    id_refusal,
+    number_rule,
+    shown_json,
+    shown_typed,
+)
 
 # Only the standard library and the error classes at import: `--version`, `COMMAND --help` and a
 # usage error answer without pydantic or the backend (benchmarked by bench/cli_start.py); each
@@ -148,11 +156,8 @@ class _Id:
         return text
 
 
-_SCOPE_ID = _Id(SCOPE_ID_PATTERN, lambda text: "1-80 characters of letters, digits, '_' and '-'")
-_ENVIRONMENT_ID = _Id(
-    ENVIRONMENT_ID_PATTERN,
-    lambda text: f"{shown_typed(text)}: 1-32 characters of a-z, 0-9 and '-', starting with a letter",
-)
+_SCOPE_ID = _Id(SCOPE_ID_PATTERN, lambda text: id_refusal(SCOPE_ID_RULE, shown_typed(text)))
+_ENVIRONMENT_ID = _Id(ENVIRONMENT_ID_PATTERN, lambda text: id_refusal(ENVIRONMENT_ID_RULE, shown_typed(text)))
 
 
 def _option_name(action: argparse.Action) -> str:
@@ -529,13 +534,13 @@ def _scope_from(args: argparse.Namespace, *, required: bool = True) -> Scope | N
                 raise InvalidRequestError("--workflow and --node go together")
             return NodeScope(workflow_execution_id=workflow, node_id=node)
     except ValidationError as exc:
-        field = str(exc.errors()[0]["loc"][0])
+        field, typed = str(exc.errors()[0]["loc"][0]), str(exc.errors()[0]["input"])
         flag = {
             "conversation_id": "--conversation",
             "workflow_execution_id": "--workflow",
             "node_id": "--node",
         }[field]
-        raise InvalidRequestError(f"{flag}: 1-80 characters of letters, digits, '_' and '-'") from None
+        raise InvalidRequestError(f"{flag}: {id_refusal(SCOPE_ID_RULE, shown_typed(typed))}") from None
     if required:
         raise InvalidRequestError("name the scope: --conversation ID, or --workflow EXEC --node ID")
     return None
@@ -1849,7 +1854,7 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
     try:
         TypeAdapter(UserId).validate_python(args.user)
     except ValidationError:
-        return f"{args.user_source or 'user'}: 1-128 characters of letters, digits and . _ @ : -"
+        return f"{args.user_source or 'user'}: {id_refusal(USER_ID_RULE, shown_typed(args.user))}"
     return None
 
 

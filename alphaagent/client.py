@@ -43,6 +43,7 @@ from alphaagent.models.common import ConversationScope, NodeScope, Scope, UserId
 from alphaagent.models.records import ArtifactVersion, Turn, TurnResult
 from alphaagent.models.spec import Spec, parse_spec
 from alphaagent.ports import FileInfo
+from alphaagent.wording import SCOPE_ID_RULE, USER_ID_RULE, id_refusal, shown_json
 
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
@@ -58,8 +59,6 @@ default ``constraints.turn_timeout_s`` of 900 s with room for a queue and a cold
 
 LOCAL_WORKERS = 4
 """Turns a local client runs at once with ``wait=False`` (more queue; each holds its scope's lease)."""
-
-_USER_RULE = "1-128 characters of letters, digits and . _ @ : -"
 
 
 class SubmittedTurn(BaseModel):
@@ -84,7 +83,7 @@ def resolve_user(user: str | None = None) -> str:
     try:
         return TypeAdapter(UserId).validate_python(chosen)
     except ValidationError:
-        raise InvalidRequestError(f"user: {_USER_RULE}") from None
+        raise InvalidRequestError(f"user: {id_refusal(USER_ID_RULE, shown_json(chosen))}") from None
 
 
 def parse_scope(value: Scope | Mapping[str, Any]) -> Scope:
@@ -101,8 +100,11 @@ def parse_scope(value: Scope | Mapping[str, Any]) -> Scope:
         if keys == {"workflow_execution_id", "node_id"}:
             return NodeScope.model_validate(dict(value))
     except ValidationError as exc:
-        field = ".".join(str(part) for part in exc.errors()[0]["loc"])
-        raise InvalidRequestError(f"scope.{field}: 1-80 characters of letters, digits, '_' and '-'") from None
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise InvalidRequestError(
+            f"scope.{field}: {id_refusal(SCOPE_ID_RULE, shown_json(first['input']))}"
+        ) from None
     raise InvalidRequestError(
         "scope: give {conversation_id}, or {workflow_execution_id, node_id};"
         f" got {{{', '.join(sorted(map(str, keys)))}}}"

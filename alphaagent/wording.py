@@ -26,6 +26,24 @@ SHOWN_CHARS = 80
 echoed whole); a longer one is cut and ends with ``…``."""
 
 
+SCOPE_ID_RULE = "1-80 characters of letters, digits, '_' and '-'"
+"""A conversation, workflow execution or node id (DESIGN §4.1: ``[A-Za-z0-9_-]{1,80}``)."""
+USER_ID_RULE = "1-128 characters of letters, digits and . _ @ : -"
+"""A user id (DESIGN §4.1: ``[A-Za-z0-9._@:-]{1,128}``)."""
+ENVIRONMENT_ID_RULE = "1-32 characters of a-z, 0-9 and '-', starting with a letter"
+"""An environment id (``[a-z][a-z0-9-]{0,31}``)."""
+ARTIFACT_NAME_RULE = "1-64 characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+"""An artifact name (DESIGN §4.1: ``[a-z0-9][a-z0-9._-]{0,63}``)."""
+CONNECTOR_NAME_RULE = "1-32 characters of a-z, 0-9, '_' and '-', starting with a letter"
+"""A connector's name (``[a-z][a-z0-9_-]{0,31}``)."""
+
+
+def id_refusal(rule: str, shown: str) -> str:
+    """The one wording of an id that breaks its rule, for a spec's field, an option and a setting
+    alike: ``must be RULE, got VALUE`` (``shown`` by ``shown_json`` or ``shown_typed``)."""
+    return f"must be {rule}, got {shown}"
+
+
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """``1 older turn``, ``2 older turns``: ``n`` and ``noun``, plural (``noun + "s"`` unless
     ``plural`` is given) when ``n`` is not 1."""

@@ -163,7 +163,11 @@ def build_environment(arguments: argparse.Namespace) -> Environment:
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        raise InvalidRequestError(f"{where}: {error['msg']}") from None
+        # An id's rule and a length bound in the words of every other refusal, the value as typed.
+        from alphaagent.models.rules import string_rule
+        from alphaagent.wording import shown_typed
+
+        raise InvalidRequestError(f"{where}: {string_rule(error, shown_typed) or error['msg']}") from None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -35,9 +35,11 @@ from alphaagent.errors import InvalidEnvironmentError, NotFoundError
 from alphaagent.local import interpreter_probe
 from alphaagent.local.store import SqliteStore
 from alphaagent.models.common import printable_text, utcnow
+from alphaagent.models.rules import string_rule
 from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.environment import zygote_environment
 from alphaagent.sandbox.supervisor import Sandbox
+from alphaagent.wording import shown_typed
 
 MIN_PYTHON = (3, 11)
 """The zygote's floor (DESIGN §5: it runs under any Python >= 3.11)."""
@@ -140,12 +142,9 @@ def register_environment(
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "environment"
-        value = {"environment_id": environment_id, "description": "", "preload": ""}.get(field, "")
-        rule = {"environment_id": "1-32 characters of a-z, 0-9 and '-', starting with a letter"}.get(
-            field, first["msg"].removeprefix("Value error, ")
-        )
-        shown = f"{value!r}: " if value else ""
-        raise InvalidEnvironmentError(field, f"{shown}{rule}") from None
+        # An id's rule and a length bound in the words of every other refusal, the value as typed.
+        rule = string_rule(first, shown_typed) or first["msg"].removeprefix("Value error, ")
+        raise InvalidEnvironmentError(field, rule) from None
     _refuse_taken(registry, environment_id)
     packages = _probe(path)
     config = base.model_copy(update={"python": path, "preload": candidate.preload, "warmup": ""})

@@ -24,7 +24,17 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from alphaagent.wording import number_rule
+from alphaagent.models.bounds import ENVIRONMENT_ID_PATTERN, SCOPE_ID_PATTERN
+from alphaagent.wording import (
+    ARTIFACT_NAME_RULE,
+    CONNECTOR_NAME_RULE,
+    ENVIRONMENT_ID_RULE,
+    SCOPE_ID_RULE,
+    USER_ID_RULE,
+    count,
+    id_refusal,
+    number_rule,
+)
 
 _NUMBER_ERRORS = frozenset(
     {
@@ -71,6 +81,39 @@ WORDED_ERRORS = TYPE_ERRORS | frozenset(_BOUNDS)
 _UNITS = {"_s": "seconds", "_seconds": "seconds", "_mb": "MiB", "_bytes": "bytes"}
 """The unit a field's name ends with (``run_timeout_s``, ``ALPHAAGENT_LOCK_LEASE_S``), as the CLI's
 options name theirs (``--timeout: must be a number of seconds > 0 and ≤ 900``)."""
+
+
+ID_RULES: dict[str, str] = {
+    SCOPE_ID_PATTERN: SCOPE_ID_RULE,
+    r"^[A-Za-z0-9._@:-]{1,128}$": USER_ID_RULE,
+    ENVIRONMENT_ID_PATTERN: ENVIRONMENT_ID_RULE,
+    r"^[a-z0-9][a-z0-9._-]{0,63}$": ARTIFACT_NAME_RULE,
+    r"^[a-z][a-z0-9_-]{0,31}$": CONNECTOR_NAME_RULE,
+}
+"""The words of each id pattern of the models (``alphaagent.models.common``; a test keeps every
+pattern of the spec here), for ``string_rule``."""
+
+
+def string_rule(error: ErrorDetails, shown: Callable[[Any], str]) -> str | None:
+    """``must be RULE, got VALUE`` for an id that breaks its pattern (``ID_RULES``), a string out of
+    its length bounds or a list out of its item bounds; None for any other error."""
+    kind, ctx = error["type"], error.get("ctx", {})
+    got = shown(error.get("input"))
+    if kind == "string_pattern_mismatch" and str(ctx.get("pattern")) in ID_RULES:
+        return id_refusal(ID_RULES[str(ctx["pattern"])], got)
+    if kind == "string_too_short":
+        return f"must be at least {count(int(ctx['min_length']), 'character')}, got {got}"
+    if kind == "string_too_long":
+        length = len(error["input"]) if isinstance(error.get("input"), str) else 0
+        return (
+            f"must be at most {count(int(ctx['max_length']), 'character')}, got {count(length, 'character')}"
+        )
+    if kind == "too_short":
+        return f"must have at least {count(int(ctx['min_length']), 'item')}, got {got}"
+    if kind == "too_long":
+        items = count(int(ctx["actual_length"]), "item")
+        return f"must have at most {count(int(ctx['max_length']), 'item')}, got {items}"
+    return None
 
 
 def _kinds(annotation: Any) -> list[Any]:

@@ -29,7 +29,7 @@ from alphaagent.models.common import (
     WorkspacePath,
     unknown_field,
 )
-from alphaagent.models.rules import WORDED_ERRORS, union_tag, value_rule
+from alphaagent.models.rules import WORDED_ERRORS, string_rule, union_tag, value_rule
 from alphaagent.wording import shown_json
 
 if TYPE_CHECKING:
@@ -282,6 +282,8 @@ def describe_validation_error(exc: ValidationError, missing: Mapping[str, str] |
         message = "required, one of " + ", ".join(json.dumps(tag) for tag in tags)
     elif location == "turn_id" and first["type"] == "string_pattern_mismatch":
         message = "a 26-character ULID; leave it out to get a fresh one"
+    elif (worded := string_rule(first, shown_json)) is not None:
+        message = worded  # an id's rule in words, a length or item bound, and the value as JSON
     elif first["type"] == "missing":
         # A misspelled required field is reported by pydantic as missing plus an unknown sibling:
         # the typo is named where it is, with the suggestion every unknown field gets.

@@ -162,7 +162,10 @@ def test_env_deploy_registers_from_the_core_stacks_table_with_the_packages_file(
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--environment-id", "GPU", "--image", IMAGE], "environment_id: String should match pattern"),
+        (
+            ["--environment-id", "GPU", "--image", IMAGE],
+            "environment_id: must be 1-32 characters of a-z, 0-9 and '-', starting with a letter, got 'GPU'",
+        ),
         (["--environment-id", "gpu-ml", "--image", IMAGE, "--memory-mb", "64"], "limits.memory_mb:"),
         (["--environment-id", "builtin", "--image", IMAGE], "builtin is the main stack's own"),
         (

@@ -200,7 +200,7 @@ def test_a_bad_user_from_the_environment_is_named(empty: tuple[Path, Path]) -> N
     home, cwd = empty
     done = _cli("files", "--conversation", "c", env=_env(HOME=str(home), ALPHAAGENT_USER="a b"), cwd=cwd)
     assert done.returncode == 2
-    assert done.stderr.startswith("alphaagent: error: $ALPHAAGENT_USER: 1-128 characters")
+    assert done.stderr.startswith("alphaagent: error: $ALPHAAGENT_USER: must be 1-128 characters")
 
 
 # ----------------------------------------------------------------------------- live output

@@ -290,7 +290,7 @@ def test_a_users_own_scope_is_offered_to_them(home: LocalHome, capsys: pytest.Ca
         (["exec", "-", "--workdir", "afile"], "--workdir: afile is not a directory"),
         (
             ["env", "add", "Bad_Id", "--python", sys.executable],
-            "ID: 'Bad_Id': 1-32 characters of a-z, 0-9 and '-', starting with a letter"
+            "ID: must be 1-32 characters of a-z, 0-9 and '-', starting with a letter, got 'Bad_Id'"
             " (see alphaagent env add --help)",
         ),
         (["env", "remove", "builtin"], "ID: 'builtin' is built in and cannot be removed"),

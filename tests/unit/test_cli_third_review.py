@@ -58,7 +58,7 @@ def test_env_add_with_a_bad_id_and_no_python_names_the_id(capsys: pytest.Capture
     assert usage_error(["env", "add", "BAD!ID"], capsys) == (
         2,
         "",
-        "alphaagent: error: ID: 'BAD!ID': 1-32 characters of a-z, 0-9 and '-', starting with a letter"
+        "alphaagent: error: ID: must be 1-32 characters of a-z, 0-9 and '-', starting with a letter, got 'BAD!ID'"
         " (see alphaagent env add --help)\n",
     )
     # and a good id without --python still says what is missing

@@ -51,7 +51,7 @@ def test_a_spec_without_user_id_runs_as_the_clients_user_and_can_be_waited_for(t
 
 def test_a_bad_spec_is_refused_before_anything_runs_even_without_waiting(tmp_path: Path) -> None:
     with connect(backend="local", user="ann", home=tmp_path, coder=None) as client:
-        with pytest.raises(InvalidSpecError, match=r"^goal: String should have at least 1 character"):
+        with pytest.raises(InvalidSpecError, match=r"^goal: must be at least 1 character, got \"\"$"):
             client.run_analysis(spec("c1", goal=""), wait=False)
         with pytest.raises(InvalidSpecError, match=r"^steps: this spec has no pinned steps"):
             client.run_analysis(spec("c1", steps=None), wait=False)
@@ -88,7 +88,7 @@ def test_the_identity_rule_and_the_settings_errors_name_the_field(
     assert resolve_user() == "local"
     monkeypatch.setenv("ALPHAAGENT_USER", "env-user")
     assert resolve_user() == "env-user" and resolve_user("flag-user") == "flag-user"
-    with pytest.raises(InvalidRequestError, match=r"^user: 1-128 characters"):
+    with pytest.raises(InvalidRequestError, match=r"^user: must be 1-128 characters"):
         connect(backend="local", user="no spaces", home=tmp_path)
     with pytest.raises(InvalidRequestError, match=r"^backend: 'gcp' is not one of local, aws"):
         connect(backend="gcp", home=tmp_path)  # type: ignore[arg-type]
@@ -113,7 +113,7 @@ def test_parse_scope_names_the_field() -> None:
     assert parse_scope({"workflow_execution_id": "w", "node_id": "n"}) == NodeScope(
         workflow_execution_id="w", node_id="n"
     )
-    with pytest.raises(InvalidRequestError, match=r"^scope\.node_id: 1-80 characters"):
+    with pytest.raises(InvalidRequestError, match=r"^scope\.node_id: must be 1-80 characters"):
         parse_scope({"workflow_execution_id": "w", "node_id": "../x"})
     with pytest.raises(InvalidRequestError, match=r"^scope: give \{conversation_id\}.*got \{node_id\}"):
         parse_scope({"node_id": "n"})

@@ -391,11 +391,11 @@ def home_with_taken(tmp_path_factory: pytest.TempPathFactory, bare_python: str) 
         ("preload-not-a-name", "--preload: 'os path' is not a module name"),
         (
             "bad-id",
-            "ID: 'Not_Valid': 1-32 characters of a-z, 0-9 and '-', starting with a letter",
+            "ID: must be 1-32 characters of a-z, 0-9 and '-', starting with a letter, got 'Not_Valid'",
         ),
         ("builtin-id", "ID: 'builtin' is built in and always registered"),
         ("taken-id", "ID: 'taken' is registered already (alphaagent env remove taken first)"),
-        ("long-description", "--description: String should have at most 1000 characters"),
+        ("long-description", "--description: must be at most 1000 characters, got 1001 characters"),
         ("timeout-above-lambda", "--timeout: must be a number of seconds > 0 and ≤ 900, got '901'"),
     ],
 )

@@ -244,11 +244,11 @@ def test_a_bad_spec_is_an_error_result_naming_the_field_and_writes_nothing(alice
         "unknown field": (penguin_spec(sources, "bad-2", colour="red"), "colour: unknown field"),
         "bad scope id": (
             penguin_spec(sources, "bad/3"),
-            "scope.conversation_id: String should match pattern",
+            "scope.conversation_id: must be 1-80 characters of letters, digits, '_' and '-', got \"bad/3\"",
         ),
         "bad output name": (
             penguin_spec(sources, "bad-4", outputs=[{"kind": "chart", "name": "Mass Chart"}]),
-            "outputs[0].name: String should match pattern",
+            "outputs[0].name: must be 1-64 characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit, got \"Mass Chart\"",
         ),
         "no steps, no model": (
             penguin_spec(sources, "bad-5", steps=None),
@@ -446,7 +446,7 @@ def test_streamable_http_refuses_a_request_without_the_bearer_token(http_server:
             "alphaagent: error: --queue-url, --table",
         ),
         (["--backend", "aws"], "alphaagent: error: --queue-url: give the stack's SpecQueueUrl output"),
-        (["--user", "two words"], "alphaagent: error: --user: 1-128 characters"),
+        (["--user", "two words"], "alphaagent: error: --user: must be 1-128 characters"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2_before_anything_starts(

@@ -40,6 +40,7 @@ from alphaagent.domain.backend import ConnectorSettings, TurnSettings
 from alphaagent.domain.tools import TurnContext, run_in_env
 from alphaagent.errors import AlphaAgentError, InvalidSpecError, NotFoundError
 from alphaagent.models.common import ConversationScope, NodeScope, Scope
+from alphaagent.wording import shown_typed
 
 ALICE, BOB = "alice", "bob"
 CONVERSATION = "c-x"
@@ -649,7 +650,7 @@ def test_other_bad_users_are_refused_the_same_way(
     assert (code, out, err) == (
         2,
         "",
-        "alphaagent: error: --user: 1-128 characters of letters, digits and . _ @ : -\n",
+        f"alphaagent: error: --user: must be 1-128 characters of letters, digits and . _ @ : -, got {shown_typed(user)}\n",
     )
     assert not home.exists()
 
