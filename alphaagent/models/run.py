@@ -207,10 +207,12 @@ class IsolationReport(BaseModel):
       level it also refuses ``AF_UNIX`` sockets (see ``host_unix_sockets``) and any change to
       another process's limits, priority, CPU affinity, scheduling or memory placement
       (``prlimit64``, ``setpriority``, ``sched_set*``, ``ioprio_set``, ``migrate_pages``,
-      ``move_pages``, ``process_madvise``), which at the ``namespaces`` level the run's pid
-      namespace keeps off the host's processes. ``open`` otherwise (seccomp unavailable, or an
-      architecture other than x86_64 and aarch64): then a run may use its uid's keyrings, and at
-      the ``process`` level change every process of its uid and connect to its unix sockets.
+      ``move_pages``, ``process_madvise``) and any taking of another process (``ptrace``'s
+      ``PTRACE_ATTACH``/``PTRACE_SEIZE``, ``process_vm_readv``/``writev``, ``pidfd_getfd``), which
+      at the ``namespaces`` level the run's pid namespace keeps off the host's processes. ``open``
+      otherwise (seccomp unavailable, or an architecture other than x86_64 and aarch64): then a
+      run may use its uid's keyrings, and at the ``process`` level change every process of its
+      uid and connect to its unix sockets.
       The filter also refuses, at both levels, every socket family but ``AF_INET``, ``AF_INET6``,
       ``AF_UNIX`` and ``AF_NETLINK`` (``EAFNOSUPPORT``: ``AF_VSOCK``, ``AF_PACKET``, ``AF_ALG``...),
       netlink protocols but ``NETLINK_ROUTE`` (``EPROTONOSUPPORT``) and ``io_uring_setup``, and

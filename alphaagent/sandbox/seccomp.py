@@ -66,7 +66,16 @@ host's processes), ``EPERM`` for:
   ``sched_setattr``, ``migrate_pages``, ``move_pages`` whose pid argument is not 0 (the caller);
 - ``setpriority`` unless ``PRIO_PROCESS`` with who 0, ``ioprio_set`` unless
   ``IOPRIO_WHO_PROCESS`` with who 0;
-- ``process_madvise`` (its target is a pidfd, which the filter cannot tell from the caller's own).
+- ``process_madvise`` (its target is a pidfd, which the filter cannot tell from the caller's own);
+- ``ptrace`` with ``PTRACE_ATTACH`` or ``PTRACE_SEIZE``, ``process_vm_readv``,
+  ``process_vm_writev`` and ``pidfd_getfd``: where Landlock is off (an old kernel, Lambda's, or
+  ``landlock=False``) nothing else keeps a run from another process of its uid outside the sandbox
+  that is dumpable (the user's shell, an editor): a red-team run attached to the shell that started
+  the supervisor and made it call ``unshare(CLONE_NEWUSER)``, outside this filter, rlimits and
+  Landlock. ``PTRACE_TRACEME`` and every request on a tracee stay, so a debugger that starts its
+  program as a child (``gdb prog``) works; one that attaches (``strace -p``, ``gdb -p``, py-spy,
+  and ``strace prog``, which seizes its child) does not. A dumpable process's ``/proc/<pid>/mem``
+  is a path, which a classic-BPF filter cannot see: without Landlock it stays writable (README).
 
 Naming oneself by pid rather than 0 is refused too (``os.sched_setaffinity(os.getpid(), ...)``,
 ``pthread_setaffinity_np``): a classic-BPF filter sees the arguments, not who the caller is.
@@ -126,6 +135,10 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "migrate_pages": 256,
         "move_pages": 279,
         "process_madvise": 440,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "pidfd_getfd": 438,
         "keyctl": 250,
         "add_key": 248,
         "request_key": 249,
@@ -158,6 +171,10 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "migrate_pages": 238,
         "move_pages": 239,
         "process_madvise": 440,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "pidfd_getfd": 438,
         "keyctl": 219,
         "add_key": 217,
         "request_key": 218,
@@ -231,7 +248,13 @@ is ``unshare``'s and ``clone3``'s only)."""
 CLONE_NEW_IN_UNSHARE = CLONE_NEW_IN_CLONE | CLONE_NEWTIME
 """``unshare``'s namespace flags; its other flags (``CLONE_FILES``, ``CLONE_FS``, ``CLONE_SYSVSEM``)
 stay allowed."""
-PROCESS_ONLY_DENIED = ("process_madvise",)
+PROCESS_ONLY_DENIED = ("process_madvise", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
+"""Refused at the ``process`` level whatever their arguments (the module's docstring says why)."""
+PTRACE_ATTACH = 16  # include/uapi/linux/ptrace.h
+PTRACE_SEIZE = 0x4206
+PTRACE_TAKING = (PTRACE_ATTACH, PTRACE_SEIZE)
+"""The ``ptrace`` requests that take a process the caller did not start as its tracee; refused at
+the ``process`` level (``PTRACE_TRACEME`` and requests on a tracee stay)."""
 INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 """The families a run's ``socket`` may name besides ``AF_UNIX`` (where allowed) and ``AF_NETLINK``
 with ``NETLINK_ROUTE``; every other family is refused at every level with ``EAFNOSUPPORT``."""
@@ -306,6 +329,7 @@ def program(
             lines.append((BPF_JEQ_K, "self_arg0", 0, numbers[name]))
         for name, which in WHICH_AND_WHO.items():
             lines.append((BPF_JEQ_K, f"which_{which}", 0, numbers[name]))
+        lines.append((BPF_JEQ_K, "ptrace", 0, numbers["ptrace"]))
     lines.append((BPF_JEQ_K, "eacces", 0, numbers["io_uring_setup"]))
     lines.append((BPF_JEQ_K, "socket", 0, numbers["socket"]))
     lines.append((BPF_JEQ_K, "socketpair", 0, numbers["socketpair"]))
@@ -315,6 +339,10 @@ def program(
         for which in sorted(set(WHICH_AND_WHO.values())):
             lines += [f"which_{which}", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "deny", which)]
             lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_JEQ_K, "allow", "deny", 0)]
+        # ptrace(request, pid, ...): the request is an int in the low word of args[0].
+        lines += ["ptrace", (BPF_LD_W_ABS, 0, 0, _arg_low(0))]
+        lines += [(BPF_JEQ_K, "deny", 0, request) for request in PTRACE_TAKING]
+        lines += [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
     # clone(flags, ...) and unshare(flags): the flags are args[0] on both architectures, an unsigned
     # long whose namespace bits all lie in its low word. Threads, fork, vfork and posix_spawn pass
     # none of them.

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +176,88 @@ def test_on_an_unknown_architecture_the_filter_is_reported_open_not_installed(
     assert seccomp.probe() == "no syscall numbers for sparc64"
     with pytest.raises(RuntimeError, match="sparc64"):
         seccomp.install()
+
+
+TAKING_CALLS = {
+    "x86_64": {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438},
+    "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438},
+}
+"""The kernel's numbers of the calls that take another process (its unistd tables), the test's own."""
+
+TAKE_ANOTHER_PROCESS = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+PTRACE_TRACEME, PTRACE_DETACH, PTRACE_ATTACH, PTRACE_SEIZE = 0, 17, 16, 0x4206
+
+
+def call(*args):
+    done = libc.syscall(*(ctypes.c_long(a) for a in args))
+    return "ok" if done >= 0 else errno.errorcode[ctypes.get_errno()]
+
+
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+answers = {}
+for name, request in (("attach", PTRACE_ATTACH), ("seize", PTRACE_SEIZE)):
+    answers[name] = call(NR["ptrace"], request, TARGET, 0, 0)
+    if answers[name] == "ok":
+        call(NR["ptrace"], PTRACE_DETACH, TARGET, 0, 0)
+mine = ctypes.create_string_buffer(8)
+local, remote = Iovec(ctypes.addressof(mine), 8), Iovec(ctypes.addressof(mine), 8)
+for name in ("process_vm_readv", "process_vm_writev"):
+    # Its own buffer's address: unmapped in the target (EFAULT) or, by chance, read or written
+    answers[name] = call(NR[name], TARGET, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
+pidfd = os.pidfd_open(TARGET)
+answers["pidfd_getfd"] = call(NR["pidfd_getfd"], pidfd, 0, 0)
+# A debugger that starts its program as a child (gdb prog): the child asks to be traced
+child = os.fork()
+if child == 0:
+    os._exit(0 if call(NR["ptrace"], PTRACE_TRACEME, 0, 0, 0) == "ok" else 1)
+answers["traceme"] = "ok" if os.waitpid(child, 0)[1] == 0 else "refused"
+print(json.dumps(answers))
+"""
+
+
+def _without_capabilities() -> None:
+    # A root run has no capabilities, and the kernel lets a tracer take only a process whose
+    # capabilities it has all of: the outside process gets none either, as a user's shell has none
+    # (PR_CAPBSET_DROP of every capability; a non-root test has none to drop).
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    for capability in range(64):
+        prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP
+
+
+def test_without_landlock_a_process_level_run_cannot_take_over_a_process_outside_it(tmp_path: Path) -> None:
+    # Given a process-level sandbox where Landlock is not in force (an old kernel, Lambda's, or
+    # landlock=False), and a dumpable process of the same uid outside it (the user's shell)
+    numbers = TAKING_CALLS.get(platform.machine())
+    if numbers is None:
+        pytest.skip(f"no syscall numbers for {platform.machine()} here")
+    target = subprocess.Popen(["sleep", "120"], preexec_fn=_without_capabilities)
+    try:
+        with light_at("process", landlock=False) as sandbox:
+            if sandbox.info.get("process_calls") != "filtered":
+                pytest.skip(f"no seccomp filter here: {sandbox.info.get('process_calls_detail')}")
+            # When a run attaches to it, reads or writes its memory and takes its descriptors
+            code = f"NR = {numbers!r}\nTARGET = {target.pid}\n" + TAKE_ANOTHER_PROCESS
+            result = run(sandbox, code, tmp_path)
+        # Then every way in is refused (a red-team run attached to the shell that started the
+        # supervisor and made it unshare a user namespace, outside the filter), the process is
+        # untouched, and a child that asks its parent to trace it still may
+        assert_status(result, "ok")
+        answers = json.loads(result.stdout)
+        assert answers == {
+            "attach": "EPERM",
+            "seize": "EPERM",
+            "process_vm_readv": "EPERM",
+            "process_vm_writev": "EPERM",
+            "pidfd_getfd": "EPERM",
+            "traceme": "ok",
+        }, answers
+        assert target.poll() is None
+    finally:
+        target.kill()
+        target.wait()
