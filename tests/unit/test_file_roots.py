@@ -7,6 +7,9 @@ spec's value as JSON and the resolved path once. In process: nothing is run."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,7 +72,19 @@ def test_the_cli_refuses_such_a_setting_in_one_line(
     assert not (tmp_path / "home").exists()
 
 
-def test_a_file_outside_the_roots_shows_the_value_as_json_and_the_resolved_path_once(tmp_path: Path) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A folder with a short path: a long value is shortened in a refusal (``wording.shown_json``),
+    and pytest's own temporary paths are longer on some machines than on others."""
+    folder = Path(tempfile.mkdtemp(prefix="fr", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_file_outside_the_roots_shows_the_value_as_json_and_the_resolved_path_once(short_dir: Path) -> None:
+    tmp_path = short_dir
     (tmp_path / "root").mkdir()
     (tmp_path / "a.csv").write_text("x\n")
     settings = Settings(file_roots=(tmp_path / "root",))
