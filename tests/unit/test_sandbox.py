@@ -207,11 +207,13 @@ def test_cpu_limit_is_distinct_from_the_wall_clock(any_sandbox: Sandbox, tmp_pat
     # figure: SIGXCPU at the soft limit, SIGKILL at the hard one a second later), not the wall clock.
     # Measured in CPU time, not wall time: on a loaded machine a CPU second takes many wall seconds.
     # (The kernel fires the limit on the exact run time; wait4's user + system split of it is
-    # estimated from ticks and reads a few tens of ms either side: 971 and 995 ms seen.)
+    # estimated from ticks and reads a few tens of ms either side on a quiet machine, 971 and 995 ms
+    # seen, and up to ~160 ms under at a load of 15-26 on this 2-core VM: 838 and 892 ms seen. A
+    # limit that fired early, at a tenth of its second, or never, still fails.)
     assert_status(result, "killed")
     assert result.error is not None and result.error.name == "CpuLimitExceeded"
     assert "CPU time limit exceeded (1 s)" in (result.reason or "")
-    assert result.cpu_ms is not None and 900 <= result.cpu_ms < 2500, result.cpu_ms
+    assert result.cpu_ms is not None and 750 <= result.cpu_ms < 2500, result.cpu_ms
     assert result.duration_ms < limits.timeout_s * 1000
 
 
