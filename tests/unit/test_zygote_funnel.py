@@ -153,7 +153,10 @@ def test_a_spare_that_died_idle_is_replaced(stalling_box: Sandbox, tmp_path: Pat
     spares = descendants(zygote)
     assert spares
     for pid in spares:
-        os.kill(pid, signal.SIGKILL)
+        # A descendant may end between the listing and the kill: the helper that forks a namespaced
+        # spare exits once it has handed the spare's pid over (seen in a full run)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     # When a run is submitted at once
     result = box.run("print('after')", cwd=tmp_path, limits=RunLimits(timeout_s=30))
     # Then it runs on a new spare, in the same zygote
