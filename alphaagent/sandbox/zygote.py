@@ -692,15 +692,19 @@ def _add_write_rules(ruleset: int, rights: int) -> None:
             # truncating alone (and its own entry, in a split directory, can be neither removed nor
             # renamed: its parent grants nothing).
             granted = rights | LANDLOCK_DIR_WRITE_RIGHTS if stat.S_ISDIR(mode) else rights
-            rule = _PathBeneath(granted, fd)
-            _check(
-                _libc.syscall(
-                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
-                ),
-                f"landlock_add_rule ({path})",
-            )
+            _add_rule(ruleset, fd, granted, path)
         finally:
             os.close(fd)
+
+
+def _add_rule(ruleset: int, fd: int, rights: int, path: str) -> None:
+    """Grant ``rights`` beneath the file or directory open as ``fd`` (``O_PATH``); ``path`` names
+    it in the error."""
+    rule = _PathBeneath(rights, fd)
+    _check(
+        _libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0),
+        f"landlock_add_rule ({path})",
+    )
 
 
 def _add_rules(ruleset: int, grants: list[tuple[str, int]]) -> None:
@@ -712,13 +716,7 @@ def _add_rules(ruleset: int, grants: list[tuple[str, int]]) -> None:
         except OSError:
             continue
         try:
-            rule = _PathBeneath(rights, fd)
-            _check(
-                _libc.syscall(
-                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
-                ),
-                f"landlock_add_rule ({path})",
-            )
+            _add_rule(ruleset, fd, rights, path)
         finally:
             os.close(fd)
 
@@ -775,13 +773,7 @@ def _enter_landlock_domain(
     try:
         root = os.open("/", os.O_PATH | os.O_CLOEXEC)
         try:
-            rule = _PathBeneath(LANDLOCK_ACCESS_FS_REFER, root)
-            _check(
-                _libc.syscall(
-                    SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
-                ),
-                "landlock_add_rule",
-            )
+            _add_rule(ruleset, root, LANDLOCK_ACCESS_FS_REFER, "/")
         finally:
             os.close(root)
         if deny_kernel_writes:
