@@ -298,6 +298,30 @@ def test_run_of_a_spec_without_scope_names_the_flags_that_supply_one(
 # ----------------------------------------------------------------------------- a closed pipe
 
 
+def _run_without_a_reader(
+    argv: list[str], stream: str, home: Path, cwd: Path, **options: Any
+) -> subprocess.CompletedProcess[bytes]:
+    """``alphaagent ARGV`` as a fresh process on data directory ``home``, its ``stream`` ("stdout"
+    or "stderr") a pipe whose reader is gone before the command writes anything (no race); the
+    other stream is captured."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
+    env["ALPHAAGENT_HOME"] = str(home)
+    read, write = os.pipe()
+    os.close(read)
+    other = "stderr" if stream == "stdout" else "stdout"
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "alphaagent.cli", *argv],
+            **{stream: write, other: subprocess.PIPE},
+            env=env,
+            cwd=cwd,
+            timeout=120,
+            **options,
+        )
+    finally:
+        os.close(write)
+
+
 @pytest.mark.parametrize(
     ("argv", "stdin"),
     [
@@ -313,24 +337,9 @@ def test_run_of_a_spec_without_scope_names_the_flags_that_supply_one(
 def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
     argv: list[str], stdin: bytes, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
-    env["ALPHAAGENT_HOME"] = str(tmp_path / "home")
     if "--env" in argv:
         register_light(tmp_path / "home")
-    read, write = os.pipe()
-    os.close(read)  # the reader is gone before the command writes anything: no race
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "alphaagent.cli", *argv],
-            stdout=write,
-            stderr=subprocess.PIPE,
-            input=stdin,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-        )
-    finally:
-        os.close(write)
+    done = _run_without_a_reader(argv, "stdout", tmp_path / "home", tmp_path, input=stdin)
     # Then as a Unix tool killed by SIGPIPE: 141, nothing on stderr (no traceback, no "Exception ignored")
     # but the progress line of a wait for the environment's zygote, which is not about the pipe
     said = [
@@ -346,21 +355,7 @@ def test_a_reader_of_the_progress_that_went_away_fails_no_turn(tmp_path: Path) -
     steps = [{"title": f"step {n}", "code": f"print({n})"} for n in (1, 2)]
     spec = {**_spec("gone", environment_id=environment), "steps": steps}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHAAGENT_")}
-    env["ALPHAAGENT_HOME"] = str(home)
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "alphaagent.cli", "run", "spec.json", "--json"],
-            stdout=subprocess.PIPE,
-            stderr=write,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-        )
-    finally:
-        os.close(write)
+    done = _run_without_a_reader(["run", "spec.json", "--json"], "stderr", home, tmp_path)
     # Then the turn completes and is recorded so: the progress was only for whoever watched
     assert done.returncode == 0, done.stdout
     assert json.loads(done.stdout)["status"] == "completed"
