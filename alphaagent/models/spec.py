@@ -157,7 +157,13 @@ class Spec(_Strict):
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
-    """An error's location as a reader writes it (``inputs[0].connector``). Pydantic inserts the
+    """An error's location as a reader writes it (``inputs[0].connector``): see ``_walk``."""
+    return _walk(loc)[0]
+
+
+def _walk(loc: tuple[int | str, ...]) -> tuple[str, list[type[BaseModel]]]:
+    """Follow an error's location through the spec's models: the location as a reader writes it,
+    and the models at its end (the candidates of a union, one model otherwise). Pydantic inserts the
     name of the union branch it tried where a union is (``inputs, 0, "connector", "connector"``:
     the second is the field), so a part is left out only where the spec's models are a union and it
     names one of them, never where it is a field: a field may share a branch's name."""
@@ -176,7 +182,7 @@ def _location(loc: tuple[int | str, ...]) -> str:
             continue  # a validator's name pydantic gives a union of plain types (`function-after[...]`)
         models = [x for m in owning for x in _models_in(m.model_fields[str(part)].annotation)]
         text += f".{part}" if text else str(part)
-    return text or "spec"
+    return text or "spec", models
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -200,18 +206,8 @@ def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
 
 
 def _models_at(loc: tuple[int | str, ...]) -> list[type[BaseModel]]:
-    """The spec's models at ``loc`` (the candidates of a union, one model otherwise)."""
-    models: list[type[BaseModel]] = [Spec]
-    for part in loc:
-        if isinstance(part, int):
-            continue  # an item of the list the previous part named
-        branch = [m for m in models if m.__name__ == part or _kind_of(m) == part]
-        if branch and len(models) > 1:
-            models = branch  # pydantic names the union member it tried: that one's fields
-            continue
-        owning = [m for m in models if part in m.model_fields]
-        models = [x for m in owning for x in _models_in(m.model_fields[str(part)].annotation)]
-    return models
+    """The spec's models at ``loc`` (the candidates of a union, one model otherwise): see ``_walk``."""
+    return _walk(loc)[1]
 
 
 def _field_at(loc: tuple[int | str, ...]) -> FieldInfo | None:
