@@ -30,7 +30,7 @@ from alphaagent.models.common import (
     unknown_field,
 )
 from alphaagent.models.rules import WORDED_ERRORS, string_rule, union_tag, value_rule
-from alphaagent.wording import shown_json
+from alphaagent.wording import SHOWN_CHARS, shown_json
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -313,12 +313,13 @@ def _finite_or_not_json(text: str) -> float | _NotJsonNumber:
 
 def _json_path(path: list[int | str]) -> str:
     """A location in the spec's JSON as the refusals write it (``constraints.run_timeout_s``,
-    ``inputs[0].request["a b"]``); the keys are the sender's, so one that is not a name is JSON."""
+    ``inputs[0].request["a b"]``); the keys are the sender's, so one that is not a name, or is
+    longer than a shown value, is JSON (and cut as ``shown_json`` cuts a value)."""
     text = ""
     for part in path:
         if isinstance(part, int):
             text += f"[{part}]"
-        elif part.isidentifier():
+        elif part.isidentifier() and len(part) <= SHOWN_CHARS:
             text += f".{part}" if text else part
         else:
             text += f"[{shown_json(part)}]"

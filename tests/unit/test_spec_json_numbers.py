@@ -46,6 +46,19 @@ def test_one_deep_in_a_connector_request_is_named_where_it_is() -> None:
     assert str(refused.value) == 'inputs[0].request["a b"][1]: must be a finite JSON number, got NaN'
 
 
+def test_a_key_too_long_to_show_is_cut_in_the_line_as_a_value_is() -> None:
+    # A first-deploy audit sent a 60,000-character key: the refusal repeated it whole
+    key = "k" * 60_000
+    raw = _HEAD + '"inputs": [{"kind": "connector", "connector": "http", "request": {"' + key + '": NaN}}]}'
+    with pytest.raises(InvalidSpecError) as refused:
+        parse_spec(raw)
+    line = str(refused.value)
+    assert line.startswith('inputs[0].request["kkk') and line.endswith(
+        ": must be a finite JSON number, got NaN"
+    )
+    assert len(line) < 200, len(line)
+
+
 def test_finite_numbers_and_the_string_nan_are_taken() -> None:
     spec = parse_spec(_HEAD + '"constraints": {"run_timeout_s": 1.5e2}, "goal": "NaN"}')
     assert spec.constraints.run_timeout_s == 150.0
