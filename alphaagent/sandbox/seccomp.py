@@ -75,7 +75,9 @@ host's processes), ``EPERM`` for:
   Landlock. ``PTRACE_TRACEME`` and every request on a tracee stay, so a debugger that starts its
   program as a child (``gdb prog``) works; one that attaches (``strace -p``, ``gdb -p``, py-spy,
   and ``strace prog``, which seizes its child) does not. A dumpable process's ``/proc/<pid>/mem``
-  is a path, which a classic-BPF filter cannot see: without Landlock it stays writable (README).
+  is a path, which a classic-BPF filter cannot see: without Landlock it stays writable (README);
+- ``perf_event_open`` of any pid but 0 (a red-team run sampled another process's registers and user
+  stack, and read a secret off it), and ``kcmp`` (which files and memory two processes share).
 
 Naming oneself by pid rather than 0 is refused too (``os.sched_setaffinity(os.getpid(), ...)``,
 ``pthread_setaffinity_np``): a classic-BPF filter sees the arguments, not who the caller is.
@@ -139,6 +141,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "process_vm_readv": 310,
         "process_vm_writev": 311,
         "pidfd_getfd": 438,
+        "perf_event_open": 298,
+        "kcmp": 312,
         "keyctl": 250,
         "add_key": 248,
         "request_key": 249,
@@ -175,6 +179,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "process_vm_readv": 270,
         "process_vm_writev": 271,
         "pidfd_getfd": 438,
+        "perf_event_open": 241,
+        "kcmp": 272,
         "keyctl": 219,
         "add_key": 217,
         "request_key": 218,
@@ -248,7 +254,7 @@ is ``unshare``'s and ``clone3``'s only)."""
 CLONE_NEW_IN_UNSHARE = CLONE_NEW_IN_CLONE | CLONE_NEWTIME
 """``unshare``'s namespace flags; its other flags (``CLONE_FILES``, ``CLONE_FS``, ``CLONE_SYSVSEM``)
 stay allowed."""
-PROCESS_ONLY_DENIED = ("process_madvise", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
+PROCESS_ONLY_DENIED = ("process_madvise", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
 """Refused at the ``process`` level whatever their arguments (the module's docstring says why)."""
 PTRACE_ATTACH = 16  # include/uapi/linux/ptrace.h
 PTRACE_SEIZE = 0x4206
@@ -330,6 +336,7 @@ def program(
         for name, which in WHICH_AND_WHO.items():
             lines.append((BPF_JEQ_K, f"which_{which}", 0, numbers[name]))
         lines.append((BPF_JEQ_K, "ptrace", 0, numbers["ptrace"]))
+        lines.append((BPF_JEQ_K, "self_arg1", 0, numbers["perf_event_open"]))
     lines.append((BPF_JEQ_K, "eacces", 0, numbers["io_uring_setup"]))
     lines.append((BPF_JEQ_K, "socket", 0, numbers["socket"]))
     lines.append((BPF_JEQ_K, "socketpair", 0, numbers["socketpair"]))
@@ -339,6 +346,9 @@ def program(
         for which in sorted(set(WHICH_AND_WHO.values())):
             lines += [f"which_{which}", (BPF_LD_W_ABS, 0, 0, _arg_low(0)), (BPF_JEQ_K, 0, "deny", which)]
             lines += [(BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_JEQ_K, "allow", "deny", 0)]
+        # perf_event_open(attr, pid, ...): only the caller (pid 0); a sample of another process's
+        # registers and user stack is a read of its memory.
+        lines += ["self_arg1", (BPF_LD_W_ABS, 0, 0, _arg_low(1)), (BPF_JEQ_K, "allow", "deny", 0)]
         # ptrace(request, pid, ...): the request is an int in the low word of args[0].
         lines += ["ptrace", (BPF_LD_W_ABS, 0, 0, _arg_low(0))]
         lines += [(BPF_JEQ_K, "deny", 0, request) for request in PTRACE_TAKING]

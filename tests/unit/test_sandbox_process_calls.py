@@ -179,13 +179,27 @@ def test_on_an_unknown_architecture_the_filter_is_reported_open_not_installed(
 
 
 TAKING_CALLS = {
-    "x86_64": {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438},
-    "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438},
+    "x86_64": {
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "pidfd_getfd": 438,
+        "perf_event_open": 298,
+        "kcmp": 312,
+    },
+    "aarch64": {
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "pidfd_getfd": 438,
+        "perf_event_open": 241,
+        "kcmp": 272,
+    },
 }
 """The kernel's numbers of the calls that take another process (its unistd tables), the test's own."""
 
 TAKE_ANOTHER_PROCESS = """
-import ctypes, errno, json, os
+import ctypes, errno, json, os, struct
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 PTRACE_TRACEME, PTRACE_DETACH, PTRACE_ATTACH, PTRACE_SEIZE = 0, 17, 16, 0x4206
@@ -212,6 +226,11 @@ for name in ("process_vm_readv", "process_vm_writev"):
     answers[name] = call(NR[name], TARGET, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
 pidfd = os.pidfd_open(TARGET)
 answers["pidfd_getfd"] = call(NR["pidfd_getfd"], pidfd, 0, 0)
+# A software clock sampling the target's user space (registers and stack: a read of its memory)
+attr = ctypes.create_string_buffer(128)
+struct.pack_into("<IIQQQQQ", attr, 0, 1, 128, 0, 0, 0, 0, 1 | 1 << 5 | 1 << 6)
+answers["perf_event_open"] = call(NR["perf_event_open"], ctypes.addressof(attr), TARGET, -1, -1, 0)
+answers["kcmp"] = call(NR["kcmp"], TARGET, os.getpid(), 0, 0, 0)  # KCMP_FILE of fd 0
 # A debugger that starts its program as a child (gdb prog): the child asks to be traced
 child = os.fork()
 if child == 0:
@@ -255,6 +274,8 @@ def test_without_landlock_a_process_level_run_cannot_take_over_a_process_outside
             "process_vm_readv": "EPERM",
             "process_vm_writev": "EPERM",
             "pidfd_getfd": "EPERM",
+            "perf_event_open": "EPERM",
+            "kcmp": "EPERM",
             "traceme": "ok",
         }, answers
         assert target.poll() is None
