@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 class LocalSettings(BaseModel):
     """The environment of a local process (seconds throughout)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore", arbitrary_types_allowed=True)
+    # allow_inf_nan: every number here is a finite duration (`inf` passed `gt=0` and failed later,
+    # in the first turn, as a raw OverflowError: a new-user review).
+    model_config = ConfigDict(frozen=True, extra="ignore", arbitrary_types_allowed=True, allow_inf_nan=False)
 
     CONNECTORS_BACKEND: ClassVar[str] = "local"
 
@@ -53,10 +55,13 @@ class LocalSettings(BaseModel):
         "", description="The bearer token of `alphaagent mcp --http` (default: a random one, printed)."
     )
     ALPHAAGENT_LOCK_LEASE_S: float = Field(
-        60.0, gt=0, description="The scope lease of a turn (default 60 s)."
+        60.0, gt=0, le=86_400, description="The scope lease of a turn (default 60 s, at most a day)."
     )
     ALPHAAGENT_LOCK_WAIT_S: float = Field(
-        600.0, ge=0, description="How long a turn waits for a busy scope (default 600 s)."
+        600.0,
+        ge=0,
+        le=86_400,
+        description="How long a turn waits for a busy scope (default 600 s, at most a day).",
     )
     ALPHAAGENT_SESSION_IDLE_S: int = Field(
         15 * 60, gt=0, description="A session's idle timeout (default 900 s, DESIGN §4.7)."

@@ -32,7 +32,7 @@ def _template() -> dict[str, Any]:
         (
             "ALPHAAGENT_LOCK_LEASE_S",
             "soon",
-            "ALPHAAGENT_LOCK_LEASE_S: must be a number of seconds > 0, got 'soon'",
+            "ALPHAAGENT_LOCK_LEASE_S: must be a number of seconds > 0 and ≤ 86400, got 'soon'",
         ),
         (
             "ALPHAAGENT_LOCK_LEASE_S",
@@ -42,7 +42,13 @@ def _template() -> dict[str, Any]:
         (
             "ALPHAAGENT_LOCK_WAIT_S",
             "nan",
-            "ALPHAAGENT_LOCK_WAIT_S: must be a number of seconds ≥ 0, got 'nan'",
+            "ALPHAAGENT_LOCK_WAIT_S: must be a number of seconds from 0 to 86400, got 'nan'",
+        ),
+        # inf passed `> 0` and failed the first turn as a raw OverflowError (new-user review)
+        (
+            "ALPHAAGENT_LOCK_LEASE_S",
+            "inf",
+            "ALPHAAGENT_LOCK_LEASE_S: must be a number of seconds > 0 and ≤ 86400, got 'inf'",
         ),
         (
             "ALPHAAGENT_SESSION_IDLE_S",
@@ -83,7 +89,7 @@ def test_the_cli_answers_a_bad_setting_with_one_line_and_exit_2(
     assert main(["conversations"]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "alphaagent: error: ALPHAAGENT_LOCK_LEASE_S: must be a number of seconds > 0, got 'soon'"
+        "alphaagent: error: ALPHAAGENT_LOCK_LEASE_S: must be a number of seconds > 0 and ≤ 86400, got 'soon'"
     ], err
 
 
