@@ -36,6 +36,7 @@ from alphaagent.api import (
 from alphaagent.connectors.file import EXAMPLES_DIR
 from alphaagent.errors import InvalidRequestError
 from alphaagent.models.common import ConversationScope
+from alphaagent.models.records import TurnResult
 from alphaagent.program import DEFAULT_PROGRAM
 from alphaagent.sandbox.waiting import waits_told_to
 
@@ -80,6 +81,10 @@ def run_demo(
     with AlphaAgent(home, connectors=connectors, turns=turns) as agent, waits_told_to(say):
         print(f"turn 1 in conversation {conversation_id}", file=sys.stderr)
         first = agent.run_analysis(_load("turn1.json", conversation_id, user_id), progress=say)
+        if first.status != "completed":
+            # Turn 2 builds on turn 1's dataset: run anyway, it would fail too, and its error
+            # (no species_summary) would hide the cause. Stop with turn 1's own error.
+            return _stopped(first, json_output=json_output)
         time.sleep(DEMO_IDLE_TIMEOUT_S + 0.5)
         print("turn 2, after the first session expired, building on species_summary v1", file=sys.stderr)
         second = agent.run_analysis(_load("turn2.json", conversation_id, user_id), progress=say)
@@ -121,6 +126,19 @@ def run_demo(
         print(f"runs:      {len(history)} ({command})")
         print(f"data:      {home} (every alphaagent command reads it; --home or $ALPHAAGENT_HOME moves it)")
     return 0 if first.status == second.status == "completed" else 1
+
+
+def _stopped(first: TurnResult, *, json_output: bool) -> int:
+    """Report a failed first turn (the demo stops there) and return the exit code 1: its status,
+    the step and error that failed it, as ``alphaagent run`` prints a failed turn."""
+    if json_output:
+        print(json.dumps({"turns": [first.model_dump(mode="json")]}, indent=2))
+    where = f" in {first.failed_step}" if first.failed_step else ""
+    error = f"{first.error.name}: {first.error.value}" if first.error else "no error recorded"
+    print(f"turn 1 {first.status}{where}: {error}; the demo stops here (the second turn builds on this one)", file=sys.stderr)
+    if first.error and first.error.traceback:
+        print(first.error.traceback.rstrip(), file=sys.stderr)
+    return 1
 
 
 def follow_up_command(program: str, user_id: str, conversation_id: str, home: Path | None) -> str:

@@ -110,3 +110,34 @@ def test_the_demo_prints_a_command_that_works_from_any_directory(
     monkeypatch.setenv("PATH", str(venv_bin))
     assert program_name(".venv/bin/alphaagent") == "alphaagent"
     # (python -m alphaagent.cli is named by its interpreter: tests/unit/test_cli_newcomer.py)
+
+
+def test_a_failed_first_turn_stops_the_demo_with_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    import alphaagent.demo as demo_module
+    from alphaagent.api import AlphaAgent
+    from sandboxes import light
+
+    # Given the demo's examples with a first step that fails (on a sandbox that preloads nothing)
+    examples = tmp_path / "examples"
+    shutil.copytree(demo_module.EXAMPLES_DIR / "penguins", examples / "penguins")
+    turn1 = examples / "penguins" / "turn1.json"
+    spec = json.loads(turn1.read_text())
+    spec["steps"][0]["code"] = "raise ValueError('the first turn broke here')"
+    turn1.write_text(json.dumps(spec))
+    monkeypatch.setattr(demo_module, "EXAMPLES_DIR", examples)
+    monkeypatch.setattr(demo_module, "AlphaAgent", lambda home, **kw: AlphaAgent(home, sandbox=light(), **kw))
+    # When the demo runs
+    code = demo_module.run_demo(home=tmp_path / "home", user_id="newcomer", json_output=True)
+    # Then it stops after the first turn, exits 1, and says why that turn failed
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "turn 2" not in err, err
+    assert "species_summary" not in err, err  # not the second turn's misleading error
+    failure = [line for line in err.splitlines() if line.startswith("turn 1 failed")]
+    assert len(failure) == 1 and "ValueError: the first turn broke here" in failure[0], err
+    (only,) = json.loads(out)["turns"]
+    assert only["status"] == "failed" and only["error"]["value"] == "the first turn broke here"
