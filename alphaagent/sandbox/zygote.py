@@ -65,6 +65,7 @@ import io
 import json
 import os
 import re
+import select
 import selectors
 import signal
 import socket
@@ -974,6 +975,36 @@ def _interpreter_paths() -> tuple[str, ...]:
     )
 
 
+def _links_on_the_way(paths: tuple[str, ...]) -> dict[str, str]:
+    """Every symbolic link met while resolving ``paths`` (as the kernel walks them, one component at
+    a time), as ``{where: its text}``; ``where`` has no link in its folder part. An interpreter
+    reached through a link under /tmp (``/tmp/py -> /opt/python``) keeps ``/tmp/py/...`` in
+    ``sys.prefix``, ``sys.path`` and ``sys.executable``: binding back only the resolved folders
+    left that name dangling in the run's fresh /tmp, and the run could not import or exec it."""
+    links: dict[str, str] = {}
+    for path in paths:
+        current, pending, budget = "/", [p for p in os.path.abspath(path).split("/") if p], 40  # ELOOP's 40
+        while pending and budget > 0:
+            part = pending.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                current = os.path.dirname(current)
+                continue
+            step = os.path.join(current, part)
+            host = _on_host(step)
+            if not os.path.islink(host):
+                current = step
+                continue
+            budget -= 1
+            text = os.readlink(host)
+            links[step] = text
+            pending = [p for p in text.split("/") if p] + pending
+            if text.startswith("/"):
+                current = "/"
+    return links
+
+
 def _private_view(req: dict[str, Any], network: bool) -> None:
     """The run's view of the filesystem (everything else is read-only since the spare was made):
 
@@ -987,9 +1018,11 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     """
     cwd = os.path.realpath(req["cwd"])
     readable = [os.path.realpath(p) for p in _interpreter_paths()]
+    links = _links_on_the_way((*_interpreter_paths(), sys.executable))
     resolv = resolver_file() if network else None
     try:
-        held = {path: os.open(_on_host(path), os.O_PATH | os.O_DIRECTORY) for path in {cwd, *readable}}
+        held = {path: _hold(path, "the working directory" if path == cwd else "an interpreter path")
+                for path in {cwd, *readable}}
         resolv_fd = os.open(resolv, os.O_PATH | os.O_CLOEXEC) if resolv else None
     finally:
         _close_host_dev()
@@ -1031,6 +1064,15 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
             os.close(os.open(resolv, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
             _mount(f"/proc/self/fd/{resolv_fd}", resolv, None, MS_BIND)
         os.close(resolv_fd)
+    # The links on the way to the interpreter, made again where they lay in a cover (their text
+    # only: what they lead to is bound back above, or was never hidden). Never inside a folder
+    # bound back from the host (the link is there already, and a write would reach the host).
+    bound = [*lost, cwd]
+    for where, text in sorted(links.items()):
+        inside_bound = any(where == b or where.startswith(b + "/") for b in bound)
+        if is_covered(where) and not inside_bound and not os.path.lexists(where):
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            os.symlink(text, where)
     if cwd not in lost:
         _mount(cwd, cwd, None, MS_BIND | MS_REC)
     # The working directory is the one place the run may write outside /tmp and /dev/shm.
@@ -1039,6 +1081,16 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
         os.close(fd)
     for hidden_dir in covered[2:]:  # the empty covers themselves are not writable either
         _mount("none", hidden_dir, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _hold(path: str, what: str) -> int:
+    """An ``O_PATH`` descriptor of the directory ``path`` as the spare sees it. Raises SetupError
+    naming ``what`` and the path when it is not there: the spare's copy of the mount table may
+    predate the file system the path is on (the zygote renews its spares when it notices)."""
+    try:
+        return os.open(_on_host(path), os.O_PATH | os.O_DIRECTORY)
+    except OSError as exc:
+        raise SetupError(f"{what} {path}: {exc.strerror} in the run's view of the file systems") from None
 
 
 def resolver_file() -> str | None:
@@ -1478,6 +1530,20 @@ milliseconds on a loaded machine): the loop goes back to its socket between them
 DEMAND_MEMORY_S = 10.0
 """How long the zygote remembers a peak of concurrent runs when it sizes its pool of spares."""
 
+class MountWatch:
+    """Whether this process's mount table changed since the last look: ``/proc/self/mountinfo`` is
+    pollable (proc(5)): a mount or unmount in the namespace marks it ``POLLPRI``, and one poll
+    clears the mark. One open file and a poll with no wait per look (a few µs)."""
+
+    def __init__(self) -> None:
+        self.fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self.poll = select.poll()
+        self.poll.register(self.fd, select.POLLPRI | select.POLLERR)
+
+    def changed(self) -> bool:
+        return any(events & (select.POLLPRI | select.POLLERR) for _, events in self.poll.poll(0))
+
+
 MAX_HAND_OVER_ATTEMPTS = 3
 """Spares a request may lose (died, or stalled past ``spare_timeout_s``, before saying ``took``)
 before its run fails: a platform failure, local to that run."""
@@ -1550,6 +1616,10 @@ class Zygote:
         self.readable_credentials: list[dict[str, Any]] = []
         if not self.namespaced and not self.landlock_abi:
             self.readable_credentials = _readable_credentials(list(config.get("credential_names", [])))
+        # A namespaced spare holds the copy of the mount table made when it was forked: a file
+        # system mounted later (a scope on a disk plugged in since) is not in it. Spares are made
+        # again when the table changed (``_renew_spares``).
+        self.mounts = MountWatch() if self.namespaced else None
 
     # -- spares ----------------------------------------------------------------------------
 
@@ -1776,9 +1846,19 @@ class Zygote:
             if request.run_id == run_id:
                 request.cancelled = True  # should its spare be lost, the request is not retried
 
+    def _renew_spares(self) -> None:
+        """Drop every spare (ready or being prepared) forked before the mount table changed: each
+        holds the old copy, in which a newly mounted scope is missing. ``_provision`` forks new ones."""
+        if self.mounts is None or not self.mounts.changed():
+            return
+        for spare in [*self.spares, *self.pending.values()]:
+            self._drop_spare(spare)
+
     def _serve_waiting(self) -> None:
         """Hand every waiting request for which a spare is ready to it, oldest first; then fork
         what is missing (``_provision``)."""
+        if self.waiting:
+            self._renew_spares()
         for request in list(self.waiting):
             spare = self._take_ready(request.network)
             if spare is not None:

@@ -1,0 +1,133 @@
+"""The run's view of the file systems at the namespaces level, where a new user met it failing:
+
+- an interpreter reached through a symbolic link under /tmp (``/tmp/x/py -> a venv``): the run's
+  /tmp is a fresh tmpfs, and binding back only the link's resolved folders left the name that
+  ``sys.prefix``, ``sys.path`` and ``sys.executable`` use dangling: every import from
+  site-packages and every ``subprocess.run([sys.executable, ...])`` failed;
+- a scope on a file system mounted after the sandbox started: the spares, forked with a copy of the
+  mount table, did not have it, and the run failed with ``could not start: FileNotFoundError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from assertions import assert_status
+from sandboxes import light_at
+
+from alphaagent.models.run import RunLimits
+
+THROUGH_THE_LINK = """
+import os, subprocess, sys
+import annotated_types  # from site-packages, never imported by the zygote
+child = subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True)
+print(sys.prefix, os.path.islink(sys.prefix), child.stdout.strip() or child.stderr)
+"""
+
+
+@pytest.fixture
+def link_dir() -> Iterator[Path]:
+    """A folder of our own right under /tmp (pytest's own may be elsewhere on another machine)."""
+    folder = Path(tempfile.mkdtemp(prefix="s7view", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_an_interpreter_reached_through_a_link_under_tmp_imports_and_execs_itself(
+    link_dir: Path, tmp_path: Path
+) -> None:
+    # Given this venv reached through a link under /tmp (its interpreter is a link itself)
+    venv = Path(sys.prefix)
+    if venv == Path(sys.base_prefix):
+        pytest.skip("the tests run outside a venv: no prefix of their own to link to")
+    link = link_dir / "py"
+    link.symlink_to(venv)
+    scope = tmp_path / "scope"
+    scope.mkdir()
+    # When a run of a sandbox started with that interpreter imports from site-packages and runs it
+    with light_at("namespaces", python=str(link / "bin" / "python")) as sandbox:
+        result = sandbox.run(THROUGH_THE_LINK, cwd=scope, limits=RunLimits(timeout_s=60))
+    # Then both work, through the link's own name
+    assert_status(result, "ok")
+    assert result.stdout == f"{link} True 42\n"
+
+
+def test_the_link_is_made_again_only_in_the_run_s_own_tmp(link_dir: Path, tmp_path: Path) -> None:
+    # Given the same interpreter through a link, next to a file that is not the interpreter's
+    venv = Path(sys.prefix)
+    if venv == Path(sys.base_prefix):
+        pytest.skip("the tests run outside a venv: no prefix of their own to link to")
+    (link_dir / "py").symlink_to(venv)
+    (link_dir / "secret.txt").write_text("not for runs")
+    scope = tmp_path / "scope"
+    scope.mkdir()
+    code = (
+        "import os\n"
+        f"print(sorted(os.listdir({str(link_dir)!r})))\n"
+        f"os.remove({str(link_dir / 'py')!r})\n"
+    )
+    # When a run lists the link's folder and removes the link
+    with light_at("namespaces", python=str(link_dir / "py" / "bin" / "python")) as sandbox:
+        result = sandbox.run(code, cwd=scope, limits=RunLimits(timeout_s=60))
+    # Then it saw the link alone (nothing else of the folder), and the host's link is untouched
+    assert_status(result, "ok")
+    assert result.stdout == "['py']\n"
+    assert (link_dir / "py").is_symlink() and (link_dir / "secret.txt").exists()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(target: Path) -> None:
+    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", 0, b"size=1m") != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {os.strerror(ctypes.get_errno())}")
+
+
+def _unmount(target: Path) -> None:
+    _libc.umount2(str(target).encode(), 2)  # MNT_DETACH
+
+
+def test_a_scope_on_a_file_system_mounted_after_the_start_runs(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root here")
+    late = tmp_path / "late"
+    late.mkdir()
+    with light_at("namespaces") as sandbox:
+        # Given a sandbox whose spares are ready (a first run was served)
+        first = sandbox.run("print(1)", cwd=tmp_path, limits=RunLimits(timeout_s=60))
+        assert_status(first, "ok")
+        # When a file system is mounted after that, and a run's scope is on it
+        _mount_tmpfs(late)
+        try:
+            scope = late / "scope"
+            scope.mkdir()
+            result = sandbox.run(
+                "open('made.txt', 'w').write('here')", cwd=scope, limits=RunLimits(timeout_s=60)
+            )
+            # Then the run works, and its file is on the new file system
+            assert_status(result, "ok")
+            assert (scope / "made.txt").read_text() == "here"
+        finally:
+            _unmount(late)
+
+
+def test_a_run_whose_directory_is_missing_from_its_view_says_which(tmp_path: Path) -> None:
+    from alphaagent.sandbox import zygote
+
+    # Given a working directory that is not there
+    missing = tmp_path / "gone"
+    # When the run's view is prepared for it, Then the refusal names the directory
+    with pytest.raises(zygote.SetupError) as refused:
+        zygote._hold(str(missing), "the working directory")
+    assert str(refused.value) == (
+        f"the working directory {missing}: No such file or directory in the run's view of the file systems"
+    )
