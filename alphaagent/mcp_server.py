@@ -46,7 +46,7 @@ from alphaagent.client import Client, parse_scope
 from alphaagent.errors import AlphaAgentError, InvalidRequestError, PathRuleError
 from alphaagent.models.common import ConversationScope, NodeScope
 from alphaagent.models.records import ArtifactRef, TurnResult
-from alphaagent.models.rules import value_rule
+from alphaagent.models.rules import arguments_refusal
 from alphaagent.wording import count, shown_json
 
 SERVER_NAME = "alphaagent"
@@ -170,21 +170,8 @@ TOOL_ARGUMENTS: dict[str, type[_ToolArguments]] = {
 
 def describe_arguments_error(exc: ValidationError, model: type[BaseModel]) -> str:
     """One line naming the first offending argument of the tool whose arguments ``model`` is, and
-    its rule (an unknown argument first, with the closest known name: a misspelt one is reported by
-    pydantic as missing, too)."""
-    from alphaagent.suggest import did_you_mean
-
-    names = list(model.model_fields)
-    errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
-    first = errors[0]
-    where = ".".join(str(part) for part in first["loc"]) or "arguments"
-    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
-        guess = did_you_mean(where, names) or " (arguments: " + ", ".join(names) + ")"
-        return f"{where}: unknown argument{guess}"
-    # An argument is JSON: its rule and its value as JSON (`got "2"`), in the spec's words.
-    info = model.model_fields.get(str(first["loc"][0])) if len(first["loc"]) == 1 else None
-    rule = value_rule(first, info, shown_json, where)
-    return f"{where}: {rule or str(first['msg']).splitlines()[0]}"
+    its rule (``alphaagent.models.rules.arguments_refusal``, which the coder's tools share)."""
+    return arguments_refusal(exc, model)
 
 
 class _Server(MCPServer[Any]):

@@ -33,6 +33,7 @@ from alphaagent.domain import tools as domain
 from alphaagent.domain.tools import TurnContext, tool_error_text
 from alphaagent.errors import AlphaAgentError, PathRuleError, ToolError
 from alphaagent.models.common import ArtifactKind, check_workspace_path
+from alphaagent.models.rules import arguments_refusal
 from alphaagent.models.run import RunResult
 from alphaagent.sandbox.supervisor import iter_result_lines
 from coder import seeing
@@ -58,7 +59,12 @@ open (it has no file tools): every result we send is below it."""
 
 
 class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """A tool's arguments, as strict as the spec: an unknown argument is refused, and a value must
+    have its JSON type (``strict``: ``"3"`` is not a number, ``1`` is not ``true``); a refusal is
+    the one line ``ARG: must be RULE, got VALUE`` (``alphaagent.models.rules.arguments_refusal``),
+    returned to the model as an ``is_error`` result (DESIGN §4.6)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class RunInEnvArgs(_Args):
@@ -457,10 +463,8 @@ def _error(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "is_error": True}
 
 
-def _argument_error(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "arguments"
-    return f"InvalidArguments: {field}: {first['msg']}"
+def _argument_error(exc: ValidationError, args: type[BaseModel]) -> str:
+    return f"InvalidArguments: {arguments_refusal(exc, args)}"
 
 
 def alphaagent_tools(
@@ -484,7 +488,7 @@ def alphaagent_tools(
             try:
                 parsed = spec.args.model_validate(arguments)
             except ValidationError as exc:
-                return _error(_argument_error(exc))
+                return _error(_argument_error(exc, spec.args))
             async with serial:
                 try:
                     answer = await anyio.to_thread.run_sync(call_in_thread, spec, parsed)

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin
 
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
@@ -34,6 +35,7 @@ from alphaagent.wording import (
     count,
     id_refusal,
     number_rule,
+    shown_json,
 )
 
 _NUMBER_ERRORS = frozenset(
@@ -197,3 +199,22 @@ def union_tag(error: ErrorDetails) -> str | None:
     if error["type"] != "union_tag_invalid":
         return None
     return str(error.get("ctx", {}).get("discriminator", "")).strip("'") or None
+
+
+def arguments_refusal(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line naming the first offending argument of a tool whose arguments ``model`` is (an MCP
+    tool's, a coder tool's) and its rule: an unknown argument first, with the closest known name
+    (a misspelt one is reported by pydantic as missing, too); a value of the wrong JSON type or out
+    of its bounds as ``ARG: must be RULE, got VALUE``, the value as JSON (``got "3"``)."""
+    from alphaagent.suggest import did_you_mean
+
+    names = list(model.model_fields)
+    errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "arguments"
+    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
+        guess = did_you_mean(where, names) or " (arguments: " + ", ".join(names) + ")"
+        return f"{where}: unknown argument{guess}"
+    info = model.model_fields.get(str(first["loc"][0])) if len(first["loc"]) == 1 else None
+    rule = value_rule(first, info, shown_json, where) or string_rule(first, shown_json)
+    return f"{where}: {rule or str(first['msg']).splitlines()[0]}"
