@@ -23,9 +23,9 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePath, PurePosixPath
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
 from alphaagent.errors import (
     AlphaAgentError,
@@ -33,6 +33,7 @@ from alphaagent.errors import (
     InvalidRequestError,
     InvalidSettingError,
     InvalidSpecError,
+    ModelConfigError,
     NotFoundError,
     PathRuleError,
 )
@@ -183,13 +184,21 @@ class _Parser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.describe_home and self.description is not None:
-            self.description += f"\n\ndata directory: {_where_home()}\nidentity:       {_IDENTITY}"
+            self.description += f"\n\ndata directory: {_where_home(self.home_given)}\nidentity:       {_IDENTITY}"
             self.describe_home = False
         return super().format_help()
+
+    home_given: str | None = None
+    """The ``--home`` of ``help --home DIR``: the data directory its help names."""
 
     def print_help(self, file: Any = None) -> None:
         # argparse's own swallows a failed write: a help piped to `| head -1` must end as every
         # other output does when its reader went away (main: 141), not exit 0 as if all was read.
+        if _JSON_FLAG in _ARGV:
+            # `run --help --json`: the help as JSON, as `help run --json` prints it (argparse's
+            # --help action prints and exits before --json is even read).
+            (file or sys.stdout).write(json.dumps(help_document(self, self.command_path), indent=2) + "\n")
+            return
         (file or sys.stdout).write(self.format_help())
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -595,7 +604,7 @@ _SPEC_SCOPE_HINT: Final = {
 """What ``run`` and ``submit`` say of a spec without a scope: the flags that supply one."""
 
 
-def _spec_from(args: argparse.Namespace) -> Spec:
+def _spec_from(args: argparse.Namespace, *, local_files: bool = False) -> Spec:
     """The spec file (or stdin) of ``run``/``submit``, with the command's identity and scope flags.
 
     The identity rule: a spec without ``user_id`` runs as the command's user (``--user``, else
@@ -603,7 +612,8 @@ def _spec_from(args: argparse.Namespace) -> Spec:
     explicitly (``--user`` or ``$ALPHAAGENT_USER``) is refused, since the later reads as that user
     would not find it. A relative ``path`` of a ``file`` connector input is resolved against the
     spec file's folder (the current directory for standard input), so a spec runs the same from
-    wherever the command is started.
+    wherever the command is started. With ``local_files`` (``run``: the local backend's roots) such
+    a path is checked against ``ALPHAAGENT_FILE_ROOTS`` here, so that a refusal shows it as typed.
     """
     from alphaagent.models.spec import parse_spec
 
@@ -620,20 +630,39 @@ def _spec_from(args: argparse.Namespace) -> Spec:
             " drop one of them"
         )
     base = Path.cwd() if args.spec == "-" else Path(args.spec).absolute().parent
-    return _with_file_paths_under(spec, base)
+    return _with_file_paths_under(spec, base, check_local=local_files)
 
 
-def _with_file_paths_under(spec: Spec, base: Path) -> Spec:
+def _with_file_paths_under(spec: Spec, base: Path, *, check_local: bool = False) -> Spec:
     from alphaagent.models.spec import ConnectorInput
 
     inputs = []
-    for item in spec.inputs:
+    for i, item in enumerate(spec.inputs):
         path = item.request.get("path") if isinstance(item, ConnectorInput) else None
         relative = isinstance(path, str) and "\x00" not in path and not Path(path or "/").is_absolute()
         if isinstance(item, ConnectorInput) and item.connector == "file" and relative:
             item = item.model_copy(update={"request": {**item.request, "path": str(base / str(path))}})
+            if check_local:
+                _check_local_file(i, item.request, str(path))
         inputs.append(item)
     return spec.model_copy(update={"inputs": inputs})
+
+
+def _check_local_file(index: int, request: Mapping[str, Any], typed: str) -> None:
+    """Refuse a spec's relative ``file`` input that the local roots do not allow, showing the path
+    as the spec has it (``"data.csv" (resolves to /home/me/specs/data.csv) is outside ...``), not
+    the absolute path it was made (the backend checks it again, with the data directory, later)."""
+    from alphaagent.connectors import check_request
+    from alphaagent.connectors import file as file_connector
+    from alphaagent.errors import ToolError
+    from alphaagent.local.settings import local_settings
+
+    settings = local_settings().connector_settings
+    try:
+        parsed = cast(file_connector.Request, check_request("file", request))
+        file_connector.check(parsed, settings.of("file"), settings.limits, typed=typed)
+    except ToolError as exc:
+        raise InvalidSpecError(f"inputs[{index}].{exc}") from None
 
 
 def _emit_turn_result(args: argparse.Namespace, result: TurnResult, scope_root: PurePath) -> int:
@@ -671,7 +700,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from alphaagent.sandbox.waiting import waits_told_to
     from alphaagent.terminal import LiveOutput, ReaderMayLeave
 
-    spec = _spec_from(args)
+    spec = _spec_from(args, local_files=True)
     watcher = ReaderMayLeave(sys.stderr)  # a reader of the progress that leaves fails no turn
     live = LiveOutput(watcher, stdout_prefix="  | ", stderr_prefix="  stderr | ")  # type: ignore[arg-type]
 
@@ -1352,6 +1381,8 @@ def cmd_help(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(help_document(command, " ".join(args.topic)), indent=2))
         return EXIT_OK
+    if isinstance(command, _Parser):
+        command.home_given = args.home
     command.print_help()
     return EXIT_OK
 
@@ -1397,11 +1428,17 @@ class _VersionAction(argparse.Action):
         namespace.version_asked = True
 
 
-def _where_home() -> str:
-    """Where the data directory is, and why (for ``--help``)."""
+def _where_home(given: str | None = None) -> str:
+    """Where the data directory is, and why (for ``--help``; ``given``: ``help --home DIR``). A
+    malformed setting does not stop the help (which reads no other setting): it is named instead."""
     from alphaagent.local.settings import alphaagent_home, local_settings
 
-    settings = local_settings()
+    if given:
+        return f"{alphaagent_home(given)} (from --home)"
+    try:
+        settings = local_settings()
+    except InvalidSettingError as exc:
+        return f"not known: {exc}"
     if settings.ALPHAAGENT_HOME:
         why = "from $ALPHAAGENT_HOME"
     elif settings.XDG_DATA_HOME.startswith("/"):
@@ -1713,6 +1750,7 @@ def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     help_command.add_argument(
         "--json", action="store_true", help="print the help as JSON (its commands and options)"
     )
+    _add_home(help_command, None)  # the help says where that data directory is
     help_command.set_defaults(handler=cmd_help, parser=parser)
     version = sub.add_parser("version", help="print the version (what --version prints)")
     version.add_argument("--json", action="store_true", help='print {"name": ..., "version": ...}')
@@ -1858,6 +1896,22 @@ def _resolve_user(args: argparse.Namespace) -> str | None:
     return None
 
 
+_READS_NO_SETTINGS: Final = frozenset({"help", "version"})
+"""Commands that read no setting (nor files): a malformed one does not stop them (the help names it
+where it would say where the data directory is)."""
+
+
+def _check_model_settings() -> None:
+    """Check the model's variables (``coder.settings``) when the coder's settings are installed, so
+    that ``ALPHAAGENT_MAX_BUDGET_USD=abc`` is refused by every command, not first by a turn that uses
+    the model. Raises ``ModelConfigError`` naming the variable."""
+    try:
+        from coder.settings import CoderSettings
+    except ImportError:
+        return
+    CoderSettings.from_env(os.environ)
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROGRAM) -> int:
     """Entry point of the ``alphaagent`` console script; returns the exit code. ``prog`` is how
     the program was started (``alphaagent.program``), for the commands its help and demo print.
@@ -1904,10 +1958,16 @@ def _main(argv: Sequence[str] | None, *, prog: str) -> int:
             if refused is not None:
                 return _fail(refused, as_json=bool(args.json))
             return cmd_version(args)
-        from alphaagent.local.settings import local_settings
+        if args.command not in _READS_NO_SETTINGS:
+            # A malformed setting is one line before any command starts, whether or not the
+            # command uses it: every process-kind model the local CLI reads (settings.PROCESS_KINDS).
+            from alphaagent.local.settings import local_settings
 
-        local_settings()  # a malformed setting is one line before any command starts
+            local_settings()
+            _check_model_settings()
     except InvalidSettingError as exc:
+        return _fail(str(exc), as_json="--json" in _ARGV)
+    except ModelConfigError as exc:  # one line naming the variable, as a local setting's
         return _fail(str(exc), as_json="--json" in _ARGV)
     args.prog = prog
 

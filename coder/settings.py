@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, create_model, model_validator
 
 from alphaagent.errors import ModelConfigError
 from alphaagent.settings import describe_error
@@ -92,21 +92,25 @@ class CoderSettings(BaseModel):
         """
         bedrock = env.get("CLAUDE_CODE_USE_BEDROCK", "").strip().lower() in _TRUE
         api_key = env.get("ANTHROPIC_API_KEY", "").strip()
-        if not bedrock and not api_key:
-            return None
-        values: dict[str, object] = {
-            "provider": "bedrock" if bedrock else "anthropic",
-            "model": env.get("ALPHAAGENT_MODEL") or None,
-            "anthropic_api_key": api_key or None,
-            "anthropic_base_url": env.get("ANTHROPIC_BASE_URL") or None,
-            "aws_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-        }
-        numbers = {"max_retries": "CLAUDE_CODE_MAX_RETRIES", "max_budget_usd": "ALPHAAGENT_MAX_BUDGET_USD"}
-        for field, name in numbers.items():
-            raw = env.get(name, "").strip()
+        numbers: dict[str, object] = {}
+        for field in _NUMBERS:
+            raw = env.get(cls.ENV_NAMES[field], "").strip()
             if raw:
-                values[field] = raw
+                numbers[field] = raw
         try:
+            if not bedrock and not api_key:
+                # No model, but a malformed bound is still refused where it is read, not first
+                # when a model is set (ALPHAAGENT_MAX_BUDGET_USD=abc passed a steps-only run).
+                _bounds_model().model_validate(numbers)
+                return None
+            values: dict[str, object] = {
+                "provider": "bedrock" if bedrock else "anthropic",
+                "model": env.get("ALPHAAGENT_MODEL") or None,
+                "anthropic_api_key": api_key or None,
+                "anthropic_base_url": env.get("ANTHROPIC_BASE_URL") or None,
+                "aws_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+                **numbers,
+            }
             return cls.model_validate(values)
         except ValidationError as exc:
             # One line naming the variable and the rule, as every process kind's settings.
@@ -128,6 +132,18 @@ class CoderSettings(BaseModel):
         if self.max_retries is not None:
             env["CLAUDE_CODE_MAX_RETRIES"] = str(self.max_retries)
         return env
+
+
+_NUMBERS = ("max_retries", "max_budget_usd")
+"""The fields of ``CoderSettings`` that bound the model's use: checked even when no model is set."""
+
+
+@lru_cache(maxsize=1)
+def _bounds_model() -> type[BaseModel]:
+    """``CoderSettings``' ``_NUMBERS`` fields alone (the very same rules), for an environment that
+    sets no model: a refusal then names the variable as ``CoderSettings``' own does."""
+    fields: dict[str, Any] = {f: (CoderSettings.model_fields[f].annotation, CoderSettings.model_fields[f]) for f in _NUMBERS}
+    return create_model("ModelBounds", __config__=CoderSettings.model_config, **fields)
 
 
 @lru_cache(maxsize=1)

@@ -72,9 +72,11 @@ def describe(settings: Settings) -> str:
     return f"'file' reads an absolute path under: {roots}."
 
 
-def check(request: Request, settings: Settings, limits: FetchLimits) -> Path:
+def check(request: Request, settings: Settings, limits: FetchLimits, *, typed: str | None = None) -> Path:
     """The resolved path ``fetch`` would read, checked without reading it: inside a root, outside
-    every forbidden root, a regular file, within ``limits.max_bytes``. Raises ``ToolError``."""
+    every forbidden root, a regular file, within ``limits.max_bytes``. Raises ``ToolError``.
+    ``typed`` is the path as its author wrote it when a caller made it absolute (the CLI, for a
+    spec's relative path): a refusal shows that, and where it resolves."""
     raw = request.path
     if not raw:
         raise ToolError("request.path: the file connector needs an absolute 'path'")
@@ -82,24 +84,25 @@ def check(request: Request, settings: Settings, limits: FetchLimits) -> Path:
         raise ToolError("request.path: must not contain NUL")
     requested = Path(raw)
     real = requested.resolve()
+    shown = raw if typed is None else typed
+    where = f" (resolves to {real})" if str(real) != shown else ""
     if any(
         real == hidden.resolve() or hidden.resolve() in real.parents for hidden in settings.forbidden_roots
     ):
-        raise ToolError(f"request.path: {shown_json(raw)} is inside the platform's data directory")
+        raise ToolError(f"request.path: {shown_json(shown)} is inside the platform's data directory")
     roots = [root.resolve() for root in settings.file_roots]
     if not any(real == root or root in real.parents for root in roots):
         allowed = ", ".join(str(r) for r in roots) or "none configured"
-        where = f" (resolves to {real})" if str(real) != raw else ""
         raise ToolError(
-            f"request.path: {shown_json(raw)}{where} is outside the file connector's allowed"
+            f"request.path: {shown_json(shown)}{where} is outside the file connector's allowed"
             f" directories ({allowed}; set ALPHAAGENT_FILE_ROOTS)"
         )
     if not real.is_file():
-        raise ToolError(f"request.path: {shown_json(raw)} is not a file")
+        raise ToolError(f"request.path: {shown_json(shown)}{where} is not a file")
     size = real.stat().st_size
     if size > limits.max_bytes:
         raise ToolError(
-            f"request.path: {shown_json(raw)} is {size} bytes, over the connector cap of {limits.max_bytes}"
+            f"request.path: {shown_json(shown)} is {size} bytes, over the connector cap of {limits.max_bytes}"
         )
     return real
 

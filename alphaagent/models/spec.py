@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from alphaagent.errors import InvalidSpecError
+from alphaagent.errors import InvalidSpecError, PathRuleError
 from alphaagent.models.common import (
     ARTIFACT_FOLDERS,
     KIND_SUFFIXES,
@@ -271,6 +271,11 @@ def describe_validation_error(exc: ValidationError, missing: Mapping[str, str] |
             location = f"{location}.{tag}"
         name = str(loc[-1]) if loc else ""
         message = value_rule(first, _field_at(loc), shown_json, name) or message
+    elif first["type"] == "value_error" and isinstance(first.get("ctx", {}).get("error"), PathRuleError):
+        # A workspace path's rule (DESIGN §4.2) and the value as sent: `outputs[0].path: must stay
+        # inside the scope (...), got "../x.csv"`, not the rule alone.
+        rule = str(first["ctx"]["error"]).removeprefix("path ")
+        message = f"{rule}, got {shown_json(first.get('input'))}"
     elif first["type"] == "union_tag_not_found":
         # An input without its `kind`: which kinds there are, not "Unable to extract tag".
         tags = [tag for model in _models_at(tuple(first["loc"])) if (tag := _kind_of(model))]
