@@ -184,7 +184,9 @@ class _Parser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.describe_home and self.description is not None:
-            self.description += f"\n\ndata directory: {_where_home(self.home_given)}\nidentity:       {_IDENTITY}"
+            self.description += (
+                f"\n\ndata directory: {_where_home(self.home_given)}\nidentity:       {_IDENTITY}"
+            )
             self.describe_home = False
         return super().format_help()
 

@@ -135,7 +135,10 @@ def _stopped(first: TurnResult, *, json_output: bool) -> int:
         print(json.dumps({"turns": [first.model_dump(mode="json")]}, indent=2))
     where = f" in {first.failed_step}" if first.failed_step else ""
     error = f"{first.error.name}: {first.error.value}" if first.error else "no error recorded"
-    print(f"turn 1 {first.status}{where}: {error}; the demo stops here (the second turn builds on this one)", file=sys.stderr)
+    print(
+        f"turn 1 {first.status}{where}: {error}; the demo stops here (the second turn builds on this one)",
+        file=sys.stderr,
+    )
     if first.error and first.error.traceback:
         print(first.error.traceback.rstrip(), file=sys.stderr)
     return 1

@@ -142,7 +142,9 @@ _NUMBERS = ("max_retries", "max_budget_usd")
 def _bounds_model() -> type[BaseModel]:
     """``CoderSettings``' ``_NUMBERS`` fields alone (the very same rules), for an environment that
     sets no model: a refusal then names the variable as ``CoderSettings``' own does."""
-    fields: dict[str, Any] = {f: (CoderSettings.model_fields[f].annotation, CoderSettings.model_fields[f]) for f in _NUMBERS}
+    fields: dict[str, Any] = {
+        f: (CoderSettings.model_fields[f].annotation, CoderSettings.model_fields[f]) for f in _NUMBERS
+    }
     return create_model("ModelBounds", __config__=CoderSettings.model_config, **fields)
 
 

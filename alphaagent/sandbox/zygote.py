@@ -1021,8 +1021,10 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     links = _links_on_the_way((*_interpreter_paths(), sys.executable))
     resolv = resolver_file() if network else None
     try:
-        held = {path: _hold(path, "the working directory" if path == cwd else "an interpreter path")
-                for path in {cwd, *readable}}
+        held = {
+            path: _hold(path, "the working directory" if path == cwd else "an interpreter path")
+            for path in {cwd, *readable}
+        }
         resolv_fd = os.open(resolv, os.O_PATH | os.O_CLOEXEC) if resolv else None
     finally:
         _close_host_dev()
@@ -1529,6 +1531,7 @@ milliseconds on a loaded machine): the loop goes back to its socket between them
 
 DEMAND_MEMORY_S = 10.0
 """How long the zygote remembers a peak of concurrent runs when it sizes its pool of spares."""
+
 
 class MountWatch:
     """Whether this process's mount table changed since the last look: ``/proc/self/mountinfo`` is

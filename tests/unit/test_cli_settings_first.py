@@ -39,7 +39,11 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     [
         ("ALPHAAGENT_MAX_BUDGET_USD", "abc", "ALPHAAGENT_MAX_BUDGET_USD: must be a number > 0, got 'abc'"),
         ("ALPHAAGENT_MAX_BUDGET_USD", "0", "ALPHAAGENT_MAX_BUDGET_USD: must be a number > 0, got '0'"),
-        ("CLAUDE_CODE_MAX_RETRIES", "3.5", "CLAUDE_CODE_MAX_RETRIES: must be a whole number from 0 to 20, got '3.5'"),
+        (
+            "CLAUDE_CODE_MAX_RETRIES",
+            "3.5",
+            "CLAUDE_CODE_MAX_RETRIES: must be a whole number from 0 to 20, got '3.5'",
+        ),
     ],
 )
 def test_a_model_setting_is_checked_by_a_command_that_uses_no_model(
@@ -166,7 +170,7 @@ def test_a_relative_file_path_outside_the_roots_is_refused_as_typed(
         ("/x.csv", "outputs[0].path: must be relative to the scope (no leading '/'), got \"/x.csv\""),
         (
             "datasets//x.csv",
-            'outputs[0].path: must not contain empty segments (trailing or doubled \'/\'), got "datasets//x.csv"',
+            "outputs[0].path: must not contain empty segments (trailing or doubled '/'), got \"datasets//x.csv\"",
         ),
     ],
 )

@@ -657,11 +657,23 @@ def test_options_allow_exactly_the_five_tools_and_nothing_from_disk(
 
 
 STRICT_REFUSALS = [
-    ("run_in_env", {"code": "print(1)", "timeout_s": "3"}, 'timeout_s: must be a number of seconds > 0, got "3"'),
+    (
+        "run_in_env",
+        {"code": "print(1)", "timeout_s": "3"},
+        'timeout_s: must be a number of seconds > 0, got "3"',
+    ),
     ("run_in_env", {"code": "print(1)", "fresh": 1}, "fresh: must be true or false, got 1"),
-    ("run_in_env", {"code": "print(1)", "timeot_s": 3}, "timeot_s: unknown argument (did you mean 'timeout_s'?)"),
+    (
+        "run_in_env",
+        {"code": "print(1)", "timeot_s": 3},
+        "timeot_s: unknown argument (did you mean 'timeout_s'?)",
+    ),
     ("read_document", {"path": "docs/a.txt", "offset": "2"}, 'offset: must be a whole number ≥ 0, got "2"'),
-    ("read_document", {"path": "docs/a.txt", "limit": 2.0}, "limit: must be a whole number from 1 to 30000, got 2.0"),
+    (
+        "read_document",
+        {"path": "docs/a.txt", "limit": 2.0},
+        "limit: must be a whole number from 1 to 30000, got 2.0",
+    ),
     ("connector_fetch", {"connector": "file", "request": "x"}, 'request: must be an object, got "x"'),
     ("connector_fetch", {"connector": 7, "request": {}}, "connector: must be a string, got 7"),
     (
@@ -671,7 +683,11 @@ STRICT_REFUSALS = [
     ),
     ("register_artifact", {"kind": "dataset", "path": ["a"]}, 'path: must be a string, got ["a"]'),
     ("emit_citation", {"source": "docs/a.txt", "quote": 3}, "quote: must be a string, got 3"),
-    ("emit_citation", {"source": "docs/a.txt", "page": 3}, "page: unknown argument (arguments: source, locator, quote, claim)"),
+    (
+        "emit_citation",
+        {"source": "docs/a.txt", "page": 3},
+        "page: unknown argument (arguments: source, locator, quote, claim)",
+    ),
 ]
 
 
@@ -687,7 +703,10 @@ def test_tool_arguments_are_strict_and_refused_as_is_error_text_in_the_spec_word
         # When the model calls one with a value of the wrong JSON type or an unknown argument
         answer = anyio.run(tools[name].handler, arguments)
         # Then it gets one is_error line naming the argument, its rule and the value as JSON
-        assert answer == {"content": [{"type": "text", "text": f"InvalidArguments: {line}"}], "is_error": True}
+        assert answer == {
+            "content": [{"type": "text", "text": f"InvalidArguments: {line}"}],
+            "is_error": True,
+        }
     # and nothing ran
     assert agent.backend.store.list_runs(USER, ctx.spec.scope.key) == []
 

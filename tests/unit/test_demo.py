@@ -117,9 +117,10 @@ def test_a_failed_first_turn_stops_the_demo_with_its_own_error(
 ) -> None:
     import shutil
 
+    from sandboxes import light
+
     import alphaagent.demo as demo_module
     from alphaagent.api import AlphaAgent
-    from sandboxes import light
 
     # Given the demo's examples with a first step that fails (on a sandbox that preloads nothing)
     examples = tmp_path / "examples"

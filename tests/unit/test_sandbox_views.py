@@ -70,11 +70,7 @@ def test_the_link_is_made_again_only_in_the_run_s_own_tmp(link_dir: Path, tmp_pa
     (link_dir / "secret.txt").write_text("not for runs")
     scope = tmp_path / "scope"
     scope.mkdir()
-    code = (
-        "import os\n"
-        f"print(sorted(os.listdir({str(link_dir)!r})))\n"
-        f"os.remove({str(link_dir / 'py')!r})\n"
-    )
+    code = f"import os\nprint(sorted(os.listdir({str(link_dir)!r})))\nos.remove({str(link_dir / 'py')!r})\n"
     # When a run lists the link's folder and removes the link
     with light_at("namespaces", python=str(link_dir / "py" / "bin" / "python")) as sandbox:
         result = sandbox.run(code, cwd=scope, limits=RunLimits(timeout_s=60))
