@@ -975,6 +975,11 @@ def _interpreter_paths() -> tuple[str, ...]:
     )
 
 
+_interpreter_links: dict[str, str] = {}
+"""``_links_on_the_way`` of the interpreter's paths, walked once by the zygote at start (~1 ms on a
+busy host: not on every run's path); spares inherit it."""
+
+
 def _links_on_the_way(paths: tuple[str, ...]) -> dict[str, str]:
     """Every symbolic link met while resolving ``paths`` (as the kernel walks them, one component at
     a time), as ``{where: its text}``; ``where`` has no link in its folder part. An interpreter
@@ -1018,7 +1023,7 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     """
     cwd = os.path.realpath(req["cwd"])
     readable = [os.path.realpath(p) for p in _interpreter_paths()]
-    links = _links_on_the_way((*_interpreter_paths(), sys.executable))
+    links = _interpreter_links
     resolv = resolver_file() if network else None
     try:
         held = {
@@ -2455,7 +2460,7 @@ def _load_state_module() -> Any:
 
 
 def main() -> None:
-    global _STATE
+    global _STATE, _interpreter_links
     # Not dumpable, so are the spares forked from it: a run of the same uid cannot read or write
     # their memory through /proc/<pid>/mem (the next run would start from what it wrote).
     _prctl(PR_SET_DUMPABLE, 0)
@@ -2469,6 +2474,8 @@ def main() -> None:
     warm_error = _warm_up(config.get("warmup", ""))
     if warm_error:
         errors["warm-up"] = warm_error
+    if zygote.namespaced:  # after the preload and warm-up, which may have added module paths
+        _interpreter_links = _links_on_the_way((*_interpreter_paths(), sys.executable))
     # Objects that exist now are never collected or written again, so forked children keep sharing
     # their pages instead of copying them on the first garbage collection.
     gc.collect()
