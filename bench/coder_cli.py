@@ -45,29 +45,43 @@ from scripted_api import Reply, ScriptedMessagesAPI, text, tool_use  # noqa: E40
 
 from coder.agent import CLI_ENV  # noqa: E402
 
+BASE = "coder (CLI_ENV)"
+SWITCHES = {
+    # Each names work the coder never uses (no memory, skills, cron, background tasks,
+    # checkpoints, feature flags, plugins from a marketplace, prompt history, MCP log files).
+    "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
+    "CLAUDE_CODE_DISABLE_BUNDLED_SKILLS": "1",
+    "CLAUDE_CODE_DISABLE_CRON": "1",
+    "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1",
+    "CLAUDE_CODE_DISABLE_FILE_CHECKPOINTING": "1",
+    "CLAUDE_CODE_DISABLE_FEATURE_FLAGS": "1",
+    "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+    "CLAUDE_CODE_SKIP_PROMPT_HISTORY": "1",
+    "CLAUDE_CODE_SKIP_MCP_DEBUG_LOG_FILES": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+NO_DFG = {"BUN_JSC_useDFGJIT": "0"}
 VARIANTS: dict[str, dict[str, str]] = {
     "coder (CLI_ENV)": {},
     "+ CLAUDE_CODE_SIMPLE=1 (--bare)": {"CLAUDE_CODE_SIMPLE": "1"},
     "+ no DFG/FTL JIT (BUN_JSC_useDFGJIT=0)": {"BUN_JSC_useDFGJIT": "0"},
     "+ seeded config dir": {},
-    "+ startup switches": {
-        # Each names work the coder never uses (no memory, skills, cron, background tasks,
-        # checkpoints, feature flags, plugins from a marketplace, prompt history, MCP log files).
-        "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
-        "CLAUDE_CODE_DISABLE_BUNDLED_SKILLS": "1",
-        "CLAUDE_CODE_DISABLE_CRON": "1",
-        "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1",
-        "CLAUDE_CODE_DISABLE_FILE_CHECKPOINTING": "1",
-        "CLAUDE_CODE_DISABLE_FEATURE_FLAGS": "1",
-        "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
-        "CLAUDE_CODE_SKIP_PROMPT_HISTORY": "1",
-        "CLAUDE_CODE_SKIP_MCP_DEBUG_LOG_FILES": "1",
-        "DISABLE_AUTOUPDATER": "1",
-    },
+    "+ startup switches": SWITCHES,
+    "+ seeded (migration keys only)": {},
+    "+ switches + no DFG": {**SWITCHES, **NO_DFG},
+    "+ seeded (keys) + switches + no DFG": {**SWITCHES, **NO_DFG},
+    "+ seeded (no ids)": {},
+    "+ seeded (no ids) + switches + no DFG": {**SWITCHES, **NO_DFG},
 }
 """Variant name -> variables set over the coder's for the CLI."""
 SEEDED = "+ seeded config dir"
 """The variant whose config dir starts as a copy of one a previous turn left (migrations done)."""
+SEEDED_KEYS = ("+ seeded (migration keys only)", "+ seeded (keys) + switches + no DFG")
+"""The variants whose config dir starts with only the migration markers of that copy."""
+SEEDED_NO_IDS = ("+ seeded (no ids)", "+ seeded (no ids) + switches + no DFG")
+"""The variants whose config dir starts with that copy less what names an install or a user."""
+IDS = ("userID", "machineID")
+MIGRATION_KEYS = ("migrationVersion", "opusProMigrationComplete", "hasResetAutoModeOptInForDefaultOffer")
 
 
 @tool("ping", "Answers pong.", {"n": int})
@@ -146,30 +160,45 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs of each variant (alternating)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="only the variants whose name has this (repeatable)"
+    )
     args = parser.parse_args(argv)
+    chosen = {
+        name: extra
+        for name, extra in VARIANTS.items()
+        if name == BASE or not args.variant or any(part in name for part in args.variant)
+    }
     load = os.getloadavg()[0]
     import claude_agent_sdk
 
     cli = str(Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude")
     samples: dict[str, dict[str, list[float]]] = {
-        name: {"one": [], "six": [], "wall": []} for name in VARIANTS
+        name: {"one": [], "six": [], "wall": []} for name in chosen
     }
     firsts: dict[str, str] = {}
     versions: list[tuple[float, float]] = []
     with ScriptedMessagesAPI() as api, tempfile.TemporaryDirectory(prefix="coder-cli-seed-") as seed_root:
         seed = Path(seed_root) / "config"
         _turn(api, 1, {}, None, keep=seed)  # a warm-up (page cache) that leaves the seed
+        keys = Path(seed_root) / "keys"
+        keys.mkdir()
+        left = json.loads((seed / ".claude.json").read_text())
+        (keys / ".claude.json").write_text(json.dumps({k: left[k] for k in MIGRATION_KEYS if k in left}))
+        no_ids = Path(seed_root) / "no-ids"
+        no_ids.mkdir()
+        (no_ids / ".claude.json").write_text(json.dumps({k: v for k, v in left.items() if k not in IDS}))
         for _ in range(args.rounds):
             versions.append(_version_cpu(cli))
-            for name, extra in VARIANTS.items():
-                use = seed if name == SEEDED else None
+            for name, extra in chosen.items():
+                use = {SEEDED: seed, **dict.fromkeys(SEEDED_KEYS, keys), **dict.fromkeys(SEEDED_NO_IDS, no_ids)}.get(name)
                 one = _turn(api, 1, extra, use)
                 six = _turn(api, 6, extra, use)
                 samples[name]["one"].append(one["cpu_s"])
                 samples[name]["six"].append(six["cpu_s"])
                 samples[name]["wall"].append(one["wall_s"])
                 firsts.setdefault(name, one["first"])
-    base = firsts["coder (CLI_ENV)"]
+    base = firsts[BASE]
     rows = []
     for name, got in samples.items():
         one, six = statistics.median(got["one"]), statistics.median(got["six"])
@@ -177,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "variant": name,
                 "turn_1_reply_cpu_s": round(one, 2),
+                "turn_1_reply_cpu_range_s": [round(min(got["one"]), 2), round(max(got["one"]), 2)],
                 "turn_1_reply_wall_s": round(statistics.median(got["wall"]), 2),
                 "per_model_turn_cpu_s": round((six - one) / 5, 3),
                 "same_requests": firsts[name] == base,
@@ -194,11 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"claude --version: {result['version_cpu_s']} CPU-s, {result['version_wall_s']} s wall")
     print(f"medians of {args.rounds} alternating runs (CPU-s of the CLI)\n")
-    print("| variant | turn of 1 reply, CPU-s | wall s | per model turn, CPU-s | same requests |")
-    print("|---|---|---|---|---|")
+    print("| variant | turn of 1 reply, CPU-s | min-max | wall s | per model turn, CPU-s | same requests |")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['variant']} | {row['turn_1_reply_cpu_s']} | {row['turn_1_reply_wall_s']} |"
+            f"| {row['variant']} | {row['turn_1_reply_cpu_s']} |"
+            f" {row['turn_1_reply_cpu_range_s'][0]}-{row['turn_1_reply_cpu_range_s'][1]} |"
+            f" {row['turn_1_reply_wall_s']} |"
             f" {row['per_model_turn_cpu_s']} | {'yes' if row['same_requests'] else 'NO'} |"
         )
     print(f"\nmachine: {json.dumps(result['machine'])}")
