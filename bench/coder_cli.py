@@ -17,7 +17,31 @@ the model is sent the same thing.
 
 Usage, from the repository root::
 
-    .venv/bin/python bench/coder_cli.py [--rounds 3] [--json]
+    .venv/bin/python bench/coder_cli.py [--rounds 3] [--json] [--variant "no DFG" ...]
+
+Figures (2 cores shared with other work, medians of alternating runs, CPU-s of a turn of one
+reply; the spread is the min-max of the coder's own runs):
+
+==========================================  ==========  ==========  =====================
+variant                                     run A (5)   run B (5)   run C (7, min-max)
+==========================================  ==========  ==========  =====================
+coder (CLI_ENV)                             1.65        1.11        1.61 (1.15-1.87)
++ no DFG/FTL JIT                            1.52        -           1.63 (1.41-1.82)
++ seeded config dir (a whole .claude.json)  -           1.08        1.58 (1.06-2.06)
++ seeded, migration keys only               1.64        1.20        -
++ startup switches                          -           -           1.52 (1.28-1.71)
++ switches + no DFG                         1.47        1.10        1.47 (1.21-1.68)
++ seeded (keys) + switches + no DFG         1.27        1.23        1.52 (1.35-1.75)
++ seeded (no ids) + switches + no DFG       -           1.31        1.56 (1.37-1.78)
+==========================================  ==========  ==========  =====================
+
+(load 13-14 in run A, 3-6 in run B, 3-14 in run C; every variant sent the same requests). No
+variant, alone or combined, is cheaper than the coder by more than its own spread: the differences
+change sign from run to run. So ``CLI_ENV`` keeps only its traffic switches and a turn's config dir
+starts empty: a seed would carry a previous turn's file into the next for no measured gain (and a
+whole copy would carry its ``userID`` and ``machineID``). This VM has no hardware counters
+(``perf stat -e instructions`` is not supported), so CPU time is the only measure here; a machine
+with them can settle the last ~0.1 CPU-s.
 """
 
 from __future__ import annotations
@@ -173,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     import claude_agent_sdk
 
     cli = str(Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude")
-    samples: dict[str, dict[str, list[float]]] = {
-        name: {"one": [], "six": [], "wall": []} for name in chosen
-    }
+    samples: dict[str, dict[str, list[float]]] = {name: {"one": [], "six": [], "wall": []} for name in chosen}
     firsts: dict[str, str] = {}
     versions: list[tuple[float, float]] = []
     with ScriptedMessagesAPI() as api, tempfile.TemporaryDirectory(prefix="coder-cli-seed-") as seed_root:
@@ -191,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             versions.append(_version_cpu(cli))
             for name, extra in chosen.items():
-                use = {SEEDED: seed, **dict.fromkeys(SEEDED_KEYS, keys), **dict.fromkeys(SEEDED_NO_IDS, no_ids)}.get(name)
+                use = {
+                    SEEDED: seed,
+                    **dict.fromkeys(SEEDED_KEYS, keys),
+                    **dict.fromkeys(SEEDED_NO_IDS, no_ids),
+                }.get(name)
                 one = _turn(api, 1, extra, use)
                 six = _turn(api, 6, extra, use)
                 samples[name]["one"].append(one["cpu_s"])
