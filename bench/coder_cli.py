@@ -225,16 +225,16 @@ def main(argv: list[str] | None = None) -> int:
                 samples[name]["wall"].append(one["wall_s"])
                 firsts.setdefault(name, one["first"])
     base = firsts[BASE]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, got in samples.items():
-        one, six = statistics.median(got["one"]), statistics.median(got["six"])
+        one_s, six_s = statistics.median(got["one"]), statistics.median(got["six"])
         rows.append(
             {
                 "variant": name,
-                "turn_1_reply_cpu_s": round(one, 2),
+                "turn_1_reply_cpu_s": round(one_s, 2),
                 "turn_1_reply_cpu_range_s": [round(min(got["one"]), 2), round(max(got["one"]), 2)],
                 "turn_1_reply_wall_s": round(statistics.median(got["wall"]), 2),
-                "per_model_turn_cpu_s": round((six - one) / 5, 3),
+                "per_model_turn_cpu_s": round((six_s - one_s) / 5, 3),
                 "same_requests": firsts[name] == base,
             }
         )
