@@ -26,7 +26,6 @@ from alphaagent.domain.tools import TurnContext, run_in_env
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope
 from alphaagent.models.run import RunLimits
-from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.session import MANIFEST, StateRequest, state_files, state_path
 from alphaagent.sandbox.supervisor import Sandbox, iter_result_lines
 
@@ -35,10 +34,12 @@ MiB = 2**20
 STATE_PY = Path(__file__).resolve().parents[2] / "alphaagent" / "sandbox" / "state.py"
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
-    with Sandbox(SandboxConfig(preload=("numpy", "pandas"), warmup="")) as box:
-        yield box
+@pytest.fixture
+def sandbox(builtin_sandbox: Sandbox) -> Sandbox:
+    """The worker's builtin sandbox (numpy and pandas preloaded, as the state of frames and arrays
+    needs): a zygote of this module's own cost ~2 CPU-s more. Each test's state lives in its own
+    ``scope_root``, so sharing the zygote shares no state."""
+    return builtin_sandbox
 
 
 @pytest.fixture
