@@ -208,6 +208,20 @@ class _Parser(argparse.ArgumentParser):
         self.register("action", None, _RecordedStore)
         self.register("action", "store", _RecordedStore)
 
+    _width: int | None = None
+    """The help's width in columns, as argparse's formatter takes it (the terminal's less 2): asked
+    once per parser."""
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes a formatter for each add_argument (to check its metavar) and each one asks
+        # the terminal for its size (the environment's COLUMNS, then an ioctl): ~160 times for the
+        # ~160 options, ~2.5 ms of every command (bench/cli_start.py). One command's help has one width.
+        if self._width is None:
+            import shutil
+
+            self._width = shutil.get_terminal_size().columns - 2
+        return self.formatter_class(prog=self.prog, width=self._width)  # type: ignore[call-arg]
+
     command_path = ""
     """The command this parser reads (``turns``, ``env list``; empty for the program itself), which a
     usage error names: set by ``_globals_anywhere``."""
