@@ -23,7 +23,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
@@ -207,6 +207,20 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("action", None, _RecordedStore)
         self.register("action", "store", _RecordedStore)
+
+    _width: int | None = None
+    """The help's width in columns, as argparse's formatter takes it (the terminal's less 2): asked
+    once per parser."""
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes a formatter for each add_argument (to check its metavar) and each one asks
+        # the terminal for its size (the environment's COLUMNS, then an ioctl): ~160 times for the
+        # ~160 options, ~2.5 ms of every command (bench/cli_start.py). One command's help has one width.
+        if self._width is None:
+            import shutil
+
+            self._width = shutil.get_terminal_size().columns - 2
+        return self.formatter_class(prog=self.prog, width=self._width)  # type: ignore[call-arg]
 
     command_path = ""
     """The command this parser reads (``turns``, ``env list``; empty for the program itself), which a
@@ -1552,6 +1566,32 @@ def _describe_commands(
 def build_parser(prog: str = DEFAULT_PROGRAM) -> argparse.ArgumentParser:
     """The whole command line; ``prog`` is how the program was started (``alphaagent.program``),
     which its usage lines and examples show so that they paste as is."""
+    with _argparse_words_once():
+        return _build_parser(prog)
+
+
+@contextlib.contextmanager
+def _argparse_words_once() -> Iterator[None]:
+    """While the parsers are built, each of argparse's own words ("options", "show this help message
+    and exit", ...) is translated once, not once per parser: gettext looks for a catalogue on disk
+    (four ``stat`` calls) every time it finds none, ~66 times for the ~22 parsers, a third of
+    building them (~3 ms of every command, bench/cli_start.py). The answers are gettext's own."""
+    translate: Callable[[str], str] = argparse._  # type: ignore[attr-defined]
+    words: dict[str, str] = {}
+
+    def once(message: str) -> str:
+        if message not in words:
+            words[message] = translate(message)
+        return words[message]
+
+    argparse._ = once  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        argparse._ = translate  # type: ignore[attr-defined]
+
+
+def _build_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog,
         description=(

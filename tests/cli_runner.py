@@ -35,9 +35,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import gc
 import json
 import locale
 import os
+import runpy
 import selectors
 import socket
 import subprocess
@@ -60,10 +62,16 @@ PRELOAD = (
     "alphaagent.sandbox.supervisor",
     "alphaagent.sandbox.render",
     "alphaagent.local.executor",
+    "alphaagent.terminal",
+    "alphaagent.domain.turns",
+    "alphaagent.local.bus",
+    "alphaagent.local.environments",
+    "pydantic.type_adapter",
 )
 """What the helper imports before forking: the modules most commands import (``exec`` and ``run``
-import the sandbox; the reads import the API). A module a command needs beyond these is imported by
-the child, as a fresh process would."""
+import the sandbox; ``run`` the turn driver, ~30 ms of imports a call; the reads import the API, and
+every command with ``--user`` checks it with a ``TypeAdapter``). A module a command needs beyond
+these is imported by the child, as a fresh process would."""
 
 _MAX_REQUEST_BYTES = 1 << 20
 """One request (argv, environment, cwd) in one SOCK_SEQPACKET message; far above any test's."""
@@ -362,6 +370,17 @@ def serve(socket_path: str) -> None:
     if problems:
         print("the imports are not what a fresh process has:", *problems, sep="\n  ", file=sys.stderr)
         sys.exit(3)
+    # A fresh `-m` process has imported the cli's dependencies but not `alphaagent.cli` itself: it
+    # runs as `__main__`, and a later `import alphaagent.cli` is a module of its own.
+    sys.modules.pop("alphaagent.cli", None)
+    with contextlib.suppress(AttributeError):
+        delattr(sys.modules["alphaagent"], "cli")
+    # What `-m alphaagent.cli` runs, found and read once, as runpy.run_module would in every child
+    # (~5 ms a call to read and unmarshal the module's bytecode).
+    _, cli_spec, cli_code = runpy._get_module_details("alphaagent.cli")  # type: ignore[attr-defined]
+    # Everything built so far is the children's inheritance: out of the collector's reach, so that a
+    # collection in a child neither walks it nor copies its pages (copy-on-write) by touching them.
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(socket_path)
     listener.listen(64)
@@ -388,7 +407,9 @@ def serve(socket_path: str) -> None:
                 if pid == 0:
                     # Becomes the command; never returns here (the interpreter exits with its status).
                     connections = [connection for _, connection in children.values()]
-                    _become_command(request, fds, [selector, listener, connection, *connections])
+                    _become_command(
+                        request, fds, [selector, listener, connection, *connections], (cli_spec, cli_code)
+                    )
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
@@ -405,11 +426,12 @@ def serve(socket_path: str) -> None:
                 connection.close()
 
 
-def _become_command(request: dict[str, Any], fds: list[int], helper_objects: list[Any]) -> None:
+def _become_command(
+    request: dict[str, Any], fds: list[int], helper_objects: list[Any], cli: tuple[Any, Any]
+) -> None:
     """In the forked child: make this process what ``python -m alphaagent.cli ARGS`` started with
-    the call's environment, cwd and standard streams would be, and run it as ``-m`` does."""
-    import runpy
-
+    the call's environment, cwd and standard streams would be, and run it as ``-m`` does (``cli``:
+    the module's spec and code, as ``runpy`` finds them)."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     # Closed as objects first, so that no finaliser closes their numbers later, when the command
@@ -428,14 +450,11 @@ def _become_command(request: dict[str, Any], fds: list[int], helper_objects: lis
     sys.argv = ["-m", *request["args"]]  # runpy sets argv[0] to the module's file, as -m does
     # sys.stdin, sys.stdout and sys.stderr are the helper's start-up objects, now on the call's
     # descriptors: the helper never read or wrote through them, so nothing is buffered in them.
-    # A fresh `-m` process has imported the cli's dependencies but not `alphaagent.cli` itself: it
-    # runs as `__main__`, and a later `import alphaagent.cli` is a module of its own.
-    sys.modules.pop("alphaagent.cli", None)
-    with contextlib.suppress(AttributeError):
-        delattr(sys.modules["alphaagent"], "cli")
     interrupted = False
     try:
-        runpy.run_module("alphaagent.cli", run_name="__main__", alter_sys=True)
+        # What runpy.run_module("alphaagent.cli", run_name="__main__", alter_sys=True) does once it
+        # has found the module.
+        runpy._run_module_code(cli[1], None, "__main__", cli[0])  # type: ignore[attr-defined]
         status = 0
     except SystemExit as exc:
         status = _exit_status(exc)
