@@ -169,8 +169,15 @@ def moto(monkeypatch: pytest.MonkeyPatch, aws_region: str, moto_config: Any) -> 
 # kept in pytest's cache) therefore go first; a module's tests stay together and in their order,
 # so its module-scoped fixtures are set up once per worker as before. A module the cache has no
 # figure for (every module, on a fresh clone) weighs what tests/module_weights.json says.
+# Modules that request one of _WORKER_SHARED's session fixtures go one after another, as one unit
+# weighing their sum: the worker that sets the fixture up (and imports what they all import) then
+# runs them all, where each started on a worker of its own before.
 
 _MODULE_COSTS_KEY = module_weights.CACHE_KEY
+_WORKER_SHARED = ("env_sandbox",)
+"""Session fixtures (one per worker) that several modules need and that cost seconds to set up:
+``env_sandbox`` (tests/integration/conftest.py), the env function's sandbox of every module that
+runs turns through the stack harness."""
 
 
 def _module_of(nodeid: str) -> str:
@@ -184,12 +191,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not costs:
         return
     first_seen: dict[str, int] = {}
+    unit: dict[str, str] = {}  # module -> the unit it is scheduled in (a shared fixture, or itself)
     for index, item in enumerate(items):
-        first_seen.setdefault(_module_of(item.nodeid), index)
+        module = _module_of(item.nodeid)
+        first_seen.setdefault(module, index)
+        shared = next((name for name in _WORKER_SHARED if name in item.fixturenames), None)
+        if shared is not None:
+            unit[module] = shared
+        unit.setdefault(module, module)
+    unit_costs: dict[str, float] = {}
+    for module, name in unit.items():
+        unit_costs[name] = unit_costs.get(name, 0.0) + costs.get(module, 0.0)
+    unit_first_seen = {name: min(first_seen[m] for m in unit if unit[m] == name) for name in unit_costs}
+
+    def key(item: pytest.Item) -> tuple[float, int, float, int]:
+        module = _module_of(item.nodeid)
+        name = unit[module]
+        return (-unit_costs[name], unit_first_seen[name], -costs.get(module, 0.0), first_seen[module])
+
     # sorted() is stable: within a module the collected order holds.
-    items.sort(
-        key=lambda item: (-costs.get(_module_of(item.nodeid), 0.0), first_seen[_module_of(item.nodeid)])
-    )
+    items.sort(key=key)
 
 
 _module_seconds: dict[str, float] = {}

@@ -24,7 +24,6 @@ from integration.test_turn_machine import (  # the fixture is used by name below
     Stack,
     analysis_spec,
     conversation,
-    env_sandbox,  # noqa: F401 - the stack fixture requests it (one sandbox per module)
     iam_template,  # noqa: F401 - the stack fixture requests it
     stack,
     turn_stack,  # noqa: F401 - the stack fixture requests it (one stack per module)

@@ -59,7 +59,6 @@ from alphaagent.aws.workspace import S3Workspace
 from alphaagent.environments import Environment, LambdaStart
 from alphaagent.ids import new_ulid
 from alphaagent.models.common import ConversationScope, utcnow
-from alphaagent.sandbox.config import SandboxConfig
 from alphaagent.sandbox.supervisor import Sandbox
 from coder.worker import CoderWorker, WorkerSettings
 
@@ -713,24 +712,10 @@ MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use
 
 
 @pytest.fixture(scope="module")
-def env_sandbox() -> Iterator[Sandbox]:
-    """The env function's sandbox, one for the module: starting it (the builtin preload, which the
-    analysis steps' pandas uses) costs ~2 CPU-s, and a run sees nothing of the runs before it (the
-    sandbox's own tests say so). Not exclusive: its uid sweep is refused as root."""
-    sandbox = Sandbox(SandboxConfig(isolation="process", pool_size=0))
-    try:
-        # Started here, not by the module's first run: the start (seconds of wall under load) would
-        # count against that turn's 30 s waits alone.
-        sandbox.start()
-        yield sandbox
-    finally:
-        sandbox.close()
-
-
-@pytest.fixture(scope="module")
 def turn_stack(env_sandbox: Sandbox) -> Iterator[Stack]:
     """The stack, one per module: its moto account, resources, IAM harness and the handlers'
-    cached clients (as a warm Lambda keeps them). Building it per test cost about a fifth of a
+    cached clients (as a warm Lambda keeps them); the env function's sandbox is the worker's
+    (``env_sandbox``, tests/integration/conftest.py). Building it per test cost about a fifth of a
     turn's CPU. Each test gets it through ``stack``, which resets what a test observes and stops the
     test's worker, pumps and invocations when it ends."""
     from moto import mock_aws

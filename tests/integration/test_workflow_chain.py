@@ -26,7 +26,6 @@ from integration.test_turn_machine import (  # iam_template: the stack fixture r
     TABLE,
     USER,
     Stack,
-    env_sandbox,  # noqa: F401 - the stack fixture requests it (one sandbox per module)
     iam_template,  # noqa: F401
     stack,
     turn_stack,  # noqa: F401 - the stack fixture requests it (one stack per module)
