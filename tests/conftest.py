@@ -13,7 +13,13 @@ import module_weights
 import pytest
 from after_import import when_imported
 from clocks import FakeClock
-from moto_account import FAKE_CREDENTIALS, MotoAccount, serialise_conditional_writes, share_sdk_data
+from moto_account import (
+    FAKE_CREDENTIALS,
+    MotoAccount,
+    remember_response_methods,
+    serialise_conditional_writes,
+    share_sdk_data,
+)
 
 
 def _serialise_moto_dynamodb() -> None:
@@ -45,6 +51,8 @@ def _serialise_moto_dynamodb() -> None:
 when_imported("moto.dynamodb.responses", _serialise_moto_dynamodb)
 # moto's check-then-write of a conditional S3 write, atomic as in S3
 when_imported("moto.s3.responses", serialise_conditional_writes)
+# moto's handler methods, listed once per response class
+when_imported("moto.core.responses", remember_response_methods)
 
 
 def _take_ctrl_c_as_a_terminal_does() -> None:
