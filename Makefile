@@ -112,9 +112,12 @@ lock: ## Re-pin constraints.txt from a fresh resolve of every dependency group
 # sam build, and the build-% rule below installs the wheels of the same platform: SAM tells a makefile
 # build only ARTIFACTS_DIR, not the function's architecture (aws/aws-sam-cli#3349). Override with
 # `make build ARCHITECTURE=arm64` (and deploy with the same).
+# Each value read from samconfig.toml (ARCHITECTURE, CORE_STACK, ENV_ARCHITECTURE) is computed once, on
+# first use (`$(eval X := ...)$(X)`): as recursive variables, every reference started a Python (through a
+# pyenv shim, ~15 processes each), three to six per `make -n` of a build or deploy rule.
 ENV ?= default
 SAMCONFIG ?= samconfig.toml
-ARCHITECTURE ?= $(shell $(PYTHON) -c 'import shlex, sys, tomllib; 	p = tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("deploy", {}).get("parameters", {}); 	o = p.get("parameter_overrides", ""); o = shlex.split(o) if isinstance(o, str) else o; 	print(dict(x.split("=", 1) for x in o if "=" in x).get("Architecture", "x86_64"))' $(SAMCONFIG) $(ENV))
+ARCHITECTURE ?= $(eval ARCHITECTURE := $$(shell $(PYTHON) -c 'import shlex, sys, tomllib; 	p = tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("deploy", {}).get("parameters", {}); 	o = p.get("parameter_overrides", ""); o = shlex.split(o) if isinstance(o, str) else o; 	print(dict(x.split("=", 1) for x in o if "=" in x).get("Architecture", "x86_64"))' $(SAMCONFIG) $(ENV)))$(ARCHITECTURE)
 WHEEL_PLATFORM_x86_64 := manylinux2014_x86_64
 WHEEL_PLATFORM_arm64 := manylinux2014_aarch64
 WHEEL_PLATFORM = $(WHEEL_PLATFORM_$(ARCHITECTURE))
@@ -194,8 +197,8 @@ deploy: ## make build, then sam deploy --config-env ENV (default: default) with 
 # id, not a samconfig section. ENV_OVERRIDES adds parameters (MemorySize=..., SubnetIds=...);
 # ENV_MEMORY and ENV_TIMEOUT go to both the stack and the registry's ceilings.
 CORE_CONFIG ?= default
-CORE_STACK = $(shell $(PYTHON) -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("global", {}).get("parameters", {}).get("stack_name", "alphaagent"))' $(SAMCONFIG) $(CORE_CONFIG))
-ENV_ARCHITECTURE = $(shell $(PYTHON) -c 'import shlex, sys, tomllib; 	p = tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("deploy", {}).get("parameters", {}); 	o = p.get("parameter_overrides", ""); o = shlex.split(o) if isinstance(o, str) else o; 	print(dict(x.split("=", 1) for x in o if "=" in x).get("Architecture", "x86_64"))' $(SAMCONFIG) $(CORE_CONFIG))
+CORE_STACK = $(eval CORE_STACK := $$(shell $(PYTHON) -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("global", {}).get("parameters", {}).get("stack_name", "alphaagent"))' $(SAMCONFIG) $(CORE_CONFIG)))$(CORE_STACK)
+ENV_ARCHITECTURE = $(eval ENV_ARCHITECTURE := $$(shell $(PYTHON) -c 'import shlex, sys, tomllib; 	p = tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("deploy", {}).get("parameters", {}); 	o = p.get("parameter_overrides", ""); o = shlex.split(o) if isinstance(o, str) else o; 	print(dict(x.split("=", 1) for x in o if "=" in x).get("Architecture", "x86_64"))' $(SAMCONFIG) $(CORE_CONFIG)))$(ENV_ARCHITECTURE)
 ENV_MEMORY ?= 3008
 ENV_TIMEOUT ?= 900
 ENV_DESCRIPTION ?=
