@@ -182,7 +182,7 @@ def moto(monkeypatch: pytest.MonkeyPatch, aws_region: str, moto_config: Any) -> 
 # runs them all, where each started on a worker of its own before.
 
 _MODULE_COSTS_KEY = module_weights.CACHE_KEY
-_WORKER_SHARED = ("env_sandbox",)
+_WORKER_SHARED: tuple[str, ...] = ("env_sandbox",)
 """Session fixtures (one per worker) that several modules need and that cost seconds to set up:
 ``env_sandbox`` (tests/integration/conftest.py), the env function's sandbox of every module that
 runs turns through the stack harness."""
@@ -203,7 +203,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for index, item in enumerate(items):
         module = _module_of(item.nodeid)
         first_seen.setdefault(module, index)
-        shared = next((name for name in _WORKER_SHARED if name in item.fixturenames), None)
+        shared = next((n for n in _WORKER_SHARED if n in getattr(item, "fixturenames", ())), None)
         if shared is not None:
             unit[module] = shared
         unit.setdefault(module, module)

@@ -15,6 +15,7 @@ import pytest
 @dataclass
 class _Item:
     nodeid: str
+    fixturenames: tuple[str, ...] = ()
 
 
 class _Cache:
@@ -71,6 +72,32 @@ def test_the_caches_figure_wins_over_the_committed_one(weights: Path) -> None:
         "tests/unit/test_a.py::two",
         "tests/unit/test_b.py::one",
         "tests/unit/test_c.py::one",
+    ]
+
+
+def test_modules_that_share_a_workers_fixture_go_one_after_another_weighing_their_sum(
+    weights: Path,
+) -> None:
+    # Given two modules whose tests use the worker's env sandbox (5 + 20 s), a heavier module that
+    # does not (test_c, 22 s), and a light one (test_b, 1 s)
+    items: list[Any] = [
+        _Item("tests/unit/test_a.py::one", ("env_sandbox",)),
+        _Item("tests/unit/test_b.py::one"),
+        _Item("tests/unit/test_c.py::one"),
+        _Item("tests/unit/test_d.py::one", ("stack", "env_sandbox")),
+        _Item("tests/unit/test_a.py::two", ("env_sandbox",)),
+    ]
+    figures = {"tests/unit/test_a.py": 5.0, "tests/unit/test_b.py": 1.0, "tests/unit/test_c.py": 22.0}
+    cache = _Cache(figures | {"tests/unit/test_d.py": 20.0})
+    conftest.pytest_collection_modifyitems(_Config(cache), items)  # type: ignore[arg-type]
+    # Then the two go together, first: their sum (25 s) outweighs test_c; the heavier of them
+    # first, each module's tests together and in their order
+    assert [item.nodeid for item in items] == [
+        "tests/unit/test_d.py::one",
+        "tests/unit/test_a.py::one",
+        "tests/unit/test_a.py::two",
+        "tests/unit/test_c.py::one",
+        "tests/unit/test_b.py::one",
     ]
 
 
