@@ -46,8 +46,10 @@ define install
 	@touch $@
 endef
 
+# (A variable: the commas would split $(call)'s arguments.)
+DEV_REQUIREMENTS := -e '.[env,lambda,coder,mcp,viewer,dev]'
 $(STAMP): pyproject.toml constraints.txt
-	$(call install,$(VENV),constraints.txt,-e '.[env,lambda,coder,mcp,viewer,dev]')
+	$(call install,$(VENV),constraints.txt,$(DEV_REQUIREMENTS))
 
 venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, mcp, viewer, dev (pinned)
 
