@@ -273,6 +273,6 @@ deploy-check: $(LINT_STAMP) ## sam deploy with the saved configuration and no cr
 	echo "deploy-check: sam deploy passed its own checks and stopped only for want of credentials"
 
 clean: ## Remove the virtualenv and caches (not the data directory)
-	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) $(UV_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) $(UV_VENV) $(UV_VENV).lock .pytest_cache .mypy_cache .ruff_cache
 
 .PHONY: help venv browser-deps test-deps test test-profile test-weights lint-deps tools lint demo bench lock build images deploy env-args env-deploy deploy-check clean
