@@ -14,10 +14,42 @@ help: ## List the targets
 LINT_VENV := .venv-tools
 LINT_STAMP := $(LINT_VENV)/.installed
 
-$(STAMP): pyproject.toml constraints.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[env,lambda,coder,mcp,viewer,dev]'
+# The virtualenvs are filled by uv, installed from PyPI into .venv-uv (pinned below) on first use: the
+# same pins (constraints files), the same interpreter's `python -m venv` with its pip and setuptools,
+# bytecode compiled as pip compiles it (the suite and the CLI run with PYTHONDONTWRITEBYTECODE here),
+# but downloads, builds and compilation in parallel. Where uv cannot be installed or fails, pip installs
+# as before, after a one-line notice (`make ... INSTALLER=pip` chooses pip outright).
+# Measured from a fresh clone with empty caches, both at load 10-19 on this 2-core VM: `make venv
+# tools` took 24 m 21 s wall and 237 CPU-s with pip, one after the other; uv, 9 m 00 s and 100 CPU-s.
+UV_VERSION := 0.13.8
+UV_VENV := .venv-uv
+UV := $(UV_VENV)/bin/uv
+INSTALLER ?= uv
+
+# Installed once, by whichever virtualenv needs it first (flock: two may be built at once).
+UV_BOOTSTRAP = test -x $(UV) || { { test -x $(UV_VENV)/bin/python || $(PYTHON) -m venv $(UV_VENV); } \
+	&& $(UV_VENV)/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION); } \
+	|| echo "make: could not install uv $(UV_VERSION) into $(UV_VENV) (above); pip installs instead" >&2
+
+# $(call install,VENV,CONSTRAINTS,REQUIREMENTS...): create VENV if missing, then install REQUIREMENTS
+# pinned by CONSTRAINTS with uv (pip where uv is missing or fails).
+define install
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	@if [ "$(INSTALLER)" = uv ]; then flock $(UV_VENV).lock bash -c '$(UV_BOOTSTRAP)'; fi; \
+	if [ "$(INSTALLER)" = uv ] && [ -x $(UV) ]; then \
+		echo "uv pip install -c $(2) $(3)  (into $(1))"; \
+		$(UV) pip install -q --python $(1)/bin/python --compile-bytecode -c $(2) $(3) && exit 0; \
+		echo "make: uv could not install into $(1) (above); trying pip" >&2; \
+	fi; \
+	echo "pip install -c $(2) $(3)  (into $(1))"; \
+	$(1)/bin/python -m pip install -q --disable-pip-version-check -c $(2) $(3)
 	@touch $@
+endef
+
+# (A variable: the commas would split $(call)'s arguments.)
+DEV_REQUIREMENTS := -e '.[env,lambda,coder,mcp,viewer,dev]'
+$(STAMP): pyproject.toml constraints.txt
+	$(call install,$(VENV),constraints.txt,$(DEV_REQUIREMENTS))
 
 venv: $(STAMP) ## Create .venv with the package and every group: environment, lambda, coder, mcp, viewer, dev (pinned)
 
@@ -46,10 +78,15 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 # (measured: about a tenth of the CPU of the CLI and sandbox modules).
 TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
-test: $(STAMP) $(LINT_STAMP) browser-deps ## Run the test suite (what CI runs)
+# What the suite needs, built side by side even when make runs one job at a time (CI runs `make test`):
+# the two virtualenvs' downloads and chromium's apt-get overlap. -O: each one's output in one piece.
+test-deps:
+	@$(MAKE) --no-print-directory -j3 -O $(STAMP) $(LINT_STAMP) browser-deps
+
+test: test-deps ## Run the test suite (what CI runs)
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
-test-profile: $(STAMP) $(LINT_STAMP) browser-deps ## The suite as `make test` runs it, then its CPU per module (tests/cpu_profile.py)
+test-profile: test-deps ## The suite as `make test` runs it, then its CPU per module (tests/cpu_profile.py)
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -p cpu_profile
 
 # The suite starts with its costliest modules (tests/conftest.py), weighed by the last run's seconds
@@ -61,9 +98,7 @@ test-weights: ## After a `make test`: rewrite tests/module_weights.json (seconds
 LINT_ENV := SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1
 
 $(LINT_STAMP): tools-constraints.txt
-	@test -x $(LINT_VENV)/bin/python || $(PYTHON) -m venv $(LINT_VENV)
-	$(LINT_VENV)/bin/python -m pip install -q --disable-pip-version-check -c tools-constraints.txt cfn-lint cfn-lint-serverless aws-sam-cli
-	@touch $@
+	$(call install,$(LINT_VENV),tools-constraints.txt,cfn-lint cfn-lint-serverless aws-sam-cli)
 
 tools: $(LINT_STAMP) ## Create .venv-tools: SAM CLI, samtranslator, cfn-lint (pinned by tools-constraints.txt)
 
@@ -72,11 +107,12 @@ CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 $(CHECKOV_STAMP): checkov-constraints.txt
-	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/python -m pip install -q --disable-pip-version-check -c checkov-constraints.txt checkov
-	@touch $@
+	$(call install,$(CHECKOV_VENV),checkov-constraints.txt,checkov)
 
-lint: $(STAMP) $(LINT_STAMP) $(CHECKOV_STAMP) ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + checkov + static ASL checks
+lint-deps:
+	@$(MAKE) --no-print-directory -j3 -O $(STAMP) $(LINT_STAMP) $(CHECKOV_STAMP)
+
+lint: lint-deps ## ruff + mypy + cfn-lint (with serverless rules) + sam validate --lint + checkov + static ASL checks
 	$(VENV)/bin/ruff check alphaagent coder functions tests bench
 	$(VENV)/bin/ruff format --check alphaagent coder functions tests bench
 	$(VENV)/bin/mypy
@@ -240,6 +276,6 @@ deploy-check: $(LINT_STAMP) ## sam deploy with the saved configuration and no cr
 	echo "deploy-check: sam deploy passed its own checks and stopped only for want of credentials"
 
 clean: ## Remove the virtualenv and caches (not the data directory)
-	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LINT_VENV) $(CHECKOV_VENV) $(UV_VENV) $(UV_VENV).lock .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv browser-deps test test-weights tools lint demo bench lock build images deploy env-args env-deploy deploy-check clean
+.PHONY: help venv browser-deps test-deps test test-profile test-weights lint-deps tools lint demo bench lock build images deploy env-args env-deploy deploy-check clean

@@ -11,6 +11,7 @@ from typing import Any
 
 import module_weights
 import pytest
+import rewrite_once
 from after_import import when_imported
 from clocks import FakeClock
 from moto_account import (
@@ -168,6 +169,12 @@ def moto(monkeypatch: pytest.MonkeyPatch, aws_region: str, moto_config: Any) -> 
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     with mock_aws(config=moto_config):
         yield MotoAccount(aws_region)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist, the test modules' rewritten assertions are compiled once here, in the controller,
+    before the workers start (tests/rewrite_once.py): on a fresh clone each worker compiled them all."""
+    rewrite_once.rewrite_before_workers(session.config)
 
 
 # -- the order of the modules ---------------------------------------------------------------------
