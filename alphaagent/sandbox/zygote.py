@@ -991,6 +991,12 @@ _interpreter_links: dict[str, str] = {}
 """``_links_on_the_way`` of the interpreter's paths, walked once by the zygote at start (~1 ms on a
 busy host: not on every run's path); spares inherit it."""
 
+_interpreter_folders: tuple[str, ...] = ()
+"""The interpreter's paths resolved by the zygote at start, with its links: the folders bound back
+into every run. Resolved again at each request, a link on the way that someone rewrote since (a
+process-level run of the same uid under the host's /tmp, a run in a scope holding the interpreter)
+pointed a run's bind-back at a hidden folder (the home, the data directory)."""
+
 
 def _links_on_the_way(paths: tuple[str, ...]) -> dict[str, str]:
     """Every symbolic link met while resolving ``paths`` (as the kernel walks them, one component at
@@ -1034,12 +1040,14 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
       and module paths bound back read-only where they were hidden.
     """
     cwd = os.path.realpath(req["cwd"])
-    readable = [os.path.realpath(p) for p in _interpreter_paths()]
+    readable = list(_interpreter_folders) or [os.path.realpath(p) for p in _interpreter_paths()]
     links = _interpreter_links
     resolv = resolver_file() if network else None
     try:
         held = {
-            path: _hold(path, "the working directory" if path == cwd else "an interpreter path")
+            path: _hold(path, "the working directory")
+            if path == cwd
+            else _hold_exact(path, "an interpreter path")
             for path in {cwd, *readable}
         }
         resolv_fd = os.open(resolv, os.O_PATH | os.O_CLOEXEC) if resolv else None
@@ -1110,6 +1118,23 @@ def _hold(path: str, what: str) -> int:
         return os.open(_on_host(path), os.O_PATH | os.O_DIRECTORY)
     except OSError as exc:
         raise SetupError(f"{what} {path}: {exc.strerror} in the run's view of the file systems") from None
+
+
+def _hold_exact(path: str, what: str) -> int:
+    """``_hold`` of a folder resolved at the zygote's start, refused (SetupError) if it resolves
+    elsewhere now: a component of it replaced by a link since would otherwise bind back whatever the
+    link points to."""
+    fd = _hold(path, what)
+    if path == "/dev" or path.startswith("/dev/"):
+        return fd  # held through the host's /dev (``_on_host``), checked when it was resolved
+    try:
+        now = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        now = ""
+    if now != path:
+        os.close(fd)
+        raise SetupError(f"{what} {path}: it resolves elsewhere than when the environment started")
+    return fd
 
 
 def resolver_file() -> str | None:
@@ -1517,6 +1542,7 @@ class Spare:
         # Its cgroup directories (path -> descriptor), opened when they were made: limits are
         # written through these, so a directory renamed since (and a decoy made in its place) gets none.
         self.cgroup_fds: dict[str, int] = {}
+        self.mount_epoch = 0  # the zygote's ``mount_epoch`` when it was forked (its mount table's age)
         self.ready = False
         self.since = time.monotonic()  # when it was forked; once handed a request, when it was
 
@@ -1536,6 +1562,7 @@ class Request:
         self.run_id = str(message["id"])
         self.network = network
         self.attempts = 0  # spares that died or stalled while being handed this request
+        self.mount_epoch = 0  # the zygote's ``mount_epoch`` when it arrived: a spare must be as new
         self.memory_cgroup = False
         self.cancelled = False
 
@@ -1645,9 +1672,11 @@ class Zygote:
         if not self.namespaced and not self.landlock_abi:
             self.readable_credentials = _readable_credentials(list(config.get("credential_names", [])))
         # A namespaced spare holds the copy of the mount table made when it was forked: a file
-        # system mounted later (a scope on a disk plugged in since) is not in it. Spares are made
-        # again when the table changed (``_renew_spares``).
+        # system mounted later (a scope on a disk plugged in since) is not in it. Each change the
+        # zygote notices starts a new epoch; a request is served only by a spare of its epoch or a
+        # later one (``_take_ready``).
         self.mounts = MountWatch() if self.namespaced else None
+        self.mount_epoch = 0
 
     # -- spares ----------------------------------------------------------------------------
 
@@ -1693,6 +1722,7 @@ class Zygote:
             child_sock.close()
             spare = Spare(parent_sock, pid, network, helper_pid=None)
             spare.cgroups, spare.cgroup_fds = cgroups, cgroup_fds
+            spare.mount_epoch = self.mount_epoch
             self.pending[parent_sock.fileno()] = spare
             self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
             return spare
@@ -1706,6 +1736,7 @@ class Zygote:
         else:
             spare = Spare(parent_sock, pid, network, helper_pid=None)
         spare.cgroups, spare.cgroup_fds = cgroups, cgroup_fds
+        spare.mount_epoch = self.mount_epoch
         self.pending[parent_sock.fileno()] = spare
         self.sel.register(parent_sock, selectors.EVENT_READ, "spare")
         return spare
@@ -1847,11 +1878,27 @@ class Zygote:
         if why:
             sys.stderr.write(f"alphaagent zygote: spare {spare.pid or spare.helper_pid} {why}\n")
 
-    def _take_ready(self, network: bool) -> Spare | None:
-        for i, spare in enumerate(self.spares):
-            if spare.network == network:
-                return self.spares.pop(i)
+    def _take_ready(self, request: Request) -> Spare | None:
+        """A ready spare for ``request``: of its network setting, and forked after the last change of
+        the mount table noticed before the request arrived. An older spare can serve no later
+        request either (their epochs only grow): it is dropped."""
+        for spare in list(self.spares):
+            if spare.network != request.network:
+                continue
+            if spare.mount_epoch < request.mount_epoch:
+                self._drop_spare(spare)
+                continue
+            self.spares.remove(spare)
+            return spare
         return None
+
+    def _notice_mounts(self) -> None:
+        """Start a new mount epoch if the mount table changed since the last look. A spare forked
+        after a request arrived always serves it, so a table that changes all the time (containers
+        starting on the host, an automounter) delays a request by one spare's preparation at most,
+        never starves it."""
+        if self.mounts is not None and self.mounts.changed():
+            self.mount_epoch += 1
 
     def _enqueue(self, message: dict[str, Any], fds: list[int]) -> None:
         """A spawn request: acknowledged at once (``queued``), served as soon as a spare is ready."""
@@ -1860,7 +1907,10 @@ class Zygote:
                 os.close(fd)
             self._send({"event": "spawn_failed", "id": message["id"], "message": "malformed request"})
             return
-        self.waiting.append(Request(message, fds, bool(message.get("network")) and self.namespaced))
+        request = Request(message, fds, bool(message.get("network")) and self.namespaced)
+        self._notice_mounts()
+        request.mount_epoch = self.mount_epoch
+        self.waiting.append(request)
         self._send({"event": "queued", "id": message["id"]})
 
     def _cancel(self, run_id: str) -> None:
@@ -1874,21 +1924,11 @@ class Zygote:
             if request.run_id == run_id:
                 request.cancelled = True  # should its spare be lost, the request is not retried
 
-    def _renew_spares(self) -> None:
-        """Drop every spare (ready or being prepared) forked before the mount table changed: each
-        holds the old copy, in which a newly mounted scope is missing. ``_provision`` forks new ones."""
-        if self.mounts is None or not self.mounts.changed():
-            return
-        for spare in [*self.spares, *self.pending.values()]:
-            self._drop_spare(spare)
-
     def _serve_waiting(self) -> None:
         """Hand every waiting request for which a spare is ready to it, oldest first; then fork
         what is missing (``_provision``)."""
-        if self.waiting:
-            self._renew_spares()
         for request in list(self.waiting):
-            spare = self._take_ready(request.network)
+            spare = self._take_ready(request)
             if spare is not None:
                 self.waiting.remove(request)
                 self._hand_over(request, spare)
@@ -1912,8 +1952,12 @@ class Zygote:
         refill = not self.runs or not self.spares
         for network in (False, True):
             waiting = sum(r.network == network for r in self.waiting)
-            preparing = sum(s.network == network for s in self.pending.values())
-            ready = sum(s.network == network for s in self.spares)
+            # A spare of an older mount epoch may serve no waiting request: it is not counted.
+            current = [s for s in self.spares if s.mount_epoch == self.mount_epoch]
+            preparing = sum(
+                s.network == network and s.mount_epoch == self.mount_epoch for s in self.pending.values()
+            )
+            ready = sum(s.network == network for s in current)
             pool = target if not network and refill else 0
             need = waiting + pool - preparing - ready
             # A few forks per turn of the loop, so requests are acknowledged between them.
@@ -2498,7 +2542,7 @@ def _load_state_module() -> Any:
 
 
 def main() -> None:
-    global _STATE, _interpreter_links
+    global _STATE, _interpreter_links, _interpreter_folders
     # Not dumpable, so are the spares forked from it: a run of the same uid cannot read or write
     # their memory through /proc/<pid>/mem (the next run would start from what it wrote).
     _prctl(PR_SET_DUMPABLE, 0)
@@ -2514,6 +2558,7 @@ def main() -> None:
         errors["warm-up"] = warm_error
     if zygote.namespaced:  # after the preload and warm-up, which may have added module paths
         _interpreter_links = _links_on_the_way((*_interpreter_paths(), sys.executable))
+        _interpreter_folders = tuple(sorted({os.path.realpath(p) for p in _interpreter_paths()}))
     _prepare_filters(zygote.namespaced)
     # Objects that exist now are never collected or written again, so forked children keep sharing
     # their pages instead of copying them on the first garbage collection.

@@ -127,3 +127,70 @@ def test_a_run_whose_directory_is_missing_from_its_view_says_which(tmp_path: Pat
     assert str(refused.value) == (
         f"the working directory {missing}: No such file or directory in the run's view of the file systems"
     )
+
+
+def test_a_link_rewritten_after_the_start_never_binds_back_a_hidden_folder(
+    link_dir: Path, tmp_path: Path
+) -> None:
+    # Given a sandbox whose interpreter is reached through a link under /tmp, and a hidden folder
+    venv = Path(sys.prefix)
+    if venv == Path(sys.base_prefix):
+        pytest.skip("the tests run outside a venv: no prefix of their own to link to")
+    hidden = tmp_path / "hidden"
+    (hidden / "bin").mkdir(parents=True)
+    (hidden / "secret.txt").write_text("not for runs")
+    link = link_dir / "py"
+    link.symlink_to(venv)
+    scope = tmp_path / "scope"
+    scope.mkdir()
+    look = (
+        f"import os\nprint(os.path.exists({str(hidden / 'secret.txt')!r}),"
+        f" os.path.exists({str(link / 'pyvenv.cfg')!r}))\n"
+    )
+    with light_at("namespaces", python=str(link / "bin" / "python"), hidden_paths=(str(hidden),)) as sandbox:
+        first = sandbox.run(look, cwd=scope, limits=RunLimits(timeout_s=60))
+        assert_status(first, "ok")
+        # When the link is pointed at the hidden folder after the start (as a process-level run of
+        # the same uid could do in the host's /tmp, or a run in a scope holding the interpreter)
+        link.unlink()
+        link.symlink_to(hidden)
+        second = sandbox.run(look, cwd=scope, limits=RunLimits(timeout_s=60))
+    # Then the next run still sees the interpreter the environment started with, and not the folder
+    assert_status(second, "ok")
+    assert second.stdout == first.stdout == "False True\n"
+
+
+def test_a_mount_table_that_changes_all_the_time_delays_runs_but_never_starves_them(tmp_path: Path) -> None:
+    import threading
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root here")
+    churn = tmp_path / "churn"
+    churn.mkdir()
+    stop = threading.Event()
+
+    def mount_and_unmount() -> None:
+        while not stop.is_set():
+            _mount_tmpfs(churn)
+            _unmount(churn)
+            stop.wait(0.01)
+
+    with light_at("namespaces") as sandbox:
+        assert_status(sandbox.run("print(1)", cwd=tmp_path, limits=RunLimits(timeout_s=60)), "ok")
+        # Given the host's mount table changing every 10 ms (containers starting, an automounter)
+        churner = threading.Thread(target=mount_and_unmount, daemon=True)
+        churner.start()
+        try:
+            # When runs are asked for one after another
+            results = [
+                sandbox.run("print(1)", cwd=tmp_path, limits=RunLimits(timeout_s=60)) for _ in range(5)
+            ]
+        finally:
+            stop.set()
+            churner.join(timeout=10)
+    # Then each is served by a spare forked after it arrived at the latest: no run waits for the
+    # churn to stop (dropping every spare at each change left requests waiting for minutes)
+    for result in results:
+        assert_status(result, "ok")
+    waits = [result.queued_ms for result in results]
+    assert max(waits) < 10_000, waits
