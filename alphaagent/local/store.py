@@ -762,6 +762,10 @@ class SqliteStore:
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's connection in this process, opened on first use."""
+        if self._deferred and self._path.exists():
+            # Another process or store made the file since this one was opened (a `run` beside a
+            # `serve` started on a new data directory): read what it wrote, not the empty stand-in.
+            self._create_file()
         holder: _Connection | None = getattr(self._local, "holder", None)
         pid = os.getpid()
         if holder is not None and holder.pid == pid and not self._closed:

@@ -194,6 +194,25 @@ def test_a_store_created_on_first_write_leaves_nothing_until_then(db_path: Path)
         assert again.owner_of(CONV) == ALICE
 
 
+def test_a_store_waiting_for_its_first_write_reads_a_file_made_since_by_another(db_path: Path) -> None:
+    # Given a store opened "on_first_write" on a data directory that does not exist yet (a viewer or
+    # a long-lived client started on a new home), which has read once
+    waiting = SqliteStore(db_path, create="on_first_write")
+    try:
+        assert waiting.owner_of(CONV) is None
+        # When another store (another process's command) creates the file and writes to it
+        with SqliteStore(db_path) as other:
+            assert other.claim_owner(CONV, ALICE, T0) == ALICE
+        # Then the first store reads what was written, from every thread, not its empty stand-in
+        seen: list[str | None] = []
+        reader = threading.Thread(target=lambda: seen.append(waiting.owner_of(CONV)))
+        reader.start()
+        reader.join()
+        assert (waiting.owner_of(CONV), seen) == (ALICE, [ALICE])
+    finally:
+        waiting.close()
+
+
 def test_a_version_3_turn_reads_with_no_environment(db_path: Path) -> None:
     # Given a database of schema version 3 (before turns kept their environment), with a turn
     from alphaagent.local.store import _MIGRATIONS
