@@ -186,13 +186,37 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # figure for (every module, on a fresh clone) weighs what tests/module_weights.json says.
 # Modules that request one of _WORKER_SHARED's session fixtures go one after another, as one unit
 # weighing their sum: the worker that sets the fixture up (and imports what they all import) then
-# runs them all, where each started on a worker of its own before.
+# runs them all, where each started on a worker of its own before. Modules marked with one of
+# _SHARED_MARKERS go together the same way (a shared fixture wins where a module has both).
 
 _MODULE_COSTS_KEY = module_weights.CACHE_KEY
 _WORKER_SHARED: tuple[str, ...] = ("env_sandbox",)
 """Session fixtures (one per worker) that several modules need and that cost seconds to set up:
 ``env_sandbox`` (tests/integration/conftest.py), the env function's sandbox of every module that
 runs turns through the stack harness."""
+_SHARED_MARKERS: tuple[str, ...] = ("mcp_sdk",)
+"""Markers of modules scheduled as one unit because each imports, in the test process, something that
+costs seconds once per process: ``mcp_sdk``, the official MCP SDK (``mcp``, ``claude_agent_sdk``,
+``coder.agent``/``coder.tools``, ``alphaagent.mcp_server``): ``mcp.types`` builds a pydantic schema
+for every MCP type, ~1.7-2.4 CPU-s a process. Spread by cost alone, the modules that import it began
+on all four workers (worksteal first hands each worker a contiguous quarter of this order, and
+steals from the end of a queue, so a unit stays on the worker that starts it)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "mcp_sdk: the module imports the MCP SDK in the test process (scheduled with the others that do)",
+    )
+
+
+def _shared_unit(item: pytest.Item) -> str | None:
+    """The shared unit ``item``'s module is scheduled in: a shared fixture's, a shared marker's, or None."""
+    fixture = next((n for n in _WORKER_SHARED if n in getattr(item, "fixturenames", ())), None)
+    if fixture is not None:
+        return fixture
+    closest = getattr(item, "get_closest_marker", None)
+    return next((n for n in _SHARED_MARKERS if closest is not None and closest(n) is not None), None)
 
 
 def _module_of(nodeid: str) -> str:
@@ -210,7 +234,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for index, item in enumerate(items):
         module = _module_of(item.nodeid)
         first_seen.setdefault(module, index)
-        shared = next((n for n in _WORKER_SHARED if n in getattr(item, "fixturenames", ())), None)
+        shared = _shared_unit(item)
         if shared is not None:
             unit[module] = shared
         unit.setdefault(module, module)

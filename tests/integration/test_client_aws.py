@@ -32,6 +32,8 @@ from integration.test_turn_machine import (  # the fixture is used by name below
 
 skip_unless_installed("mcp")
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 __all__ = ["stack"]
 
 

@@ -21,6 +21,8 @@ from sandboxes import LIGHT_ENVIRONMENT, register_light
 
 from alphaagent.cli import build_parser, main
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 LEAF_ARGV = COMMAND_ARGV
 
 _VALUES = {"json": [], "home": ["/tmp/nowhere-home"], "user": ["bob"]}

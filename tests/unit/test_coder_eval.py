@@ -38,6 +38,8 @@ from coder.evaluation import (
 )
 from coder.settings import CoderSettings
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

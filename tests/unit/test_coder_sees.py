@@ -25,6 +25,8 @@ from coder.settings import CoderSettings
 
 skip_unless_installed("claude_agent_sdk")
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 if TYPE_CHECKING:
     from PIL import Image
 

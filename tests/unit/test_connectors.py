@@ -21,6 +21,8 @@ from alphaagent.environments import StaticRegistry, builtin_local
 from alphaagent.errors import InvalidSpecError, ToolError
 from alphaagent.models.spec import parse_spec
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 THROWAWAY = '''
 """A connector that serves pages from a dict: the whole of what a new connector writes."""
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from alphaagent.api import AlphaAgent
 from alphaagent.domain.tools import TurnContext
 from alphaagent.environments import Environment, LambdaStart, StaticRegistry, builtin_lambda
@@ -14,6 +16,8 @@ from alphaagent.models.records import Session
 from alphaagent.models.spec import parse_spec
 from coder.prompts import MAX_PROMPT_PACKAGES, SYSTEM_PROMPT, environment_prompt, system_prompt_for
 from coder.settings import CoderSettings
+
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
 
 GPU = Environment(
     environment_id="gpu-ml",

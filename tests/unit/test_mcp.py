@@ -33,6 +33,8 @@ from alphaagent.client import connect
 
 skip_unless_installed("mcp")
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 if TYPE_CHECKING:
     from mcp import Client
     from mcp.types import CallToolResult

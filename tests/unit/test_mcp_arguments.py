@@ -17,6 +17,8 @@ from alphaagent.models.records import Turn
 
 skip_unless_installed("mcp")
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 SCOPE = {"conversation_id": "c"}
 
 

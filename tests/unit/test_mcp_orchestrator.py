@@ -14,12 +14,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from assertions import assert_status
 from installed import skip_unless_installed
 from sandboxes import register_light
 from scripted_api import Reply, ScriptedMessagesAPI, text, tool_use
 
 skip_unless_installed("claude_agent_sdk", "mcp")
+
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
 
 if TYPE_CHECKING:
     from claude_agent_sdk import ClaudeAgentOptions

@@ -16,6 +16,10 @@ import pytest
 class _Item:
     nodeid: str
     fixturenames: tuple[str, ...] = ()
+    markers: tuple[str, ...] = ()
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return name if name in self.markers else None
 
 
 class _Cache:
@@ -98,6 +102,31 @@ def test_modules_that_share_a_workers_fixture_go_one_after_another_weighing_thei
         "tests/unit/test_a.py::two",
         "tests/unit/test_c.py::one",
         "tests/unit/test_b.py::one",
+    ]
+
+
+def test_modules_marked_as_importing_the_mcp_sdk_go_one_after_another_and_a_fixture_unit_wins(
+    weights: Path,
+) -> None:
+    # Given two light modules that import the MCP SDK (3 + 4 s), a heavier module that does not
+    # (test_c, 6 s), and a module that both imports the SDK and uses the env sandbox (test_e, 2 s)
+    items: list[Any] = [
+        _Item("tests/unit/test_a.py::one", markers=("mcp_sdk",)),
+        _Item("tests/unit/test_c.py::one"),
+        _Item("tests/unit/test_e.py::one", ("env_sandbox",), ("mcp_sdk",)),
+        _Item("tests/unit/test_d.py::one", markers=("mcp_sdk",)),
+        _Item("tests/unit/test_a.py::two", markers=("mcp_sdk",)),
+    ]
+    figures = {"tests/unit/test_a.py": 3.0, "tests/unit/test_c.py": 6.0, "tests/unit/test_d.py": 4.0}
+    conftest.pytest_collection_modifyitems(_Config(_Cache(figures | {"tests/unit/test_e.py": 2.0})), items)  # type: ignore[arg-type]
+    # Then the two marked modules go together and first (7 s outweighs test_c), the heavier first;
+    # test_e stays with its fixture's unit
+    assert [item.nodeid for item in items] == [
+        "tests/unit/test_d.py::one",
+        "tests/unit/test_a.py::one",
+        "tests/unit/test_a.py::two",
+        "tests/unit/test_c.py::one",
+        "tests/unit/test_e.py::one",
     ]
 
 

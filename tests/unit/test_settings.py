@@ -17,6 +17,8 @@ from alphaagent.errors import InvalidSettingError, MissingSettingError
 from alphaagent.local.settings import LocalSettings, local_settings
 from alphaagent.settings import PROCESS_KINDS, documented_variables, model_of, read_env, settings_table
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

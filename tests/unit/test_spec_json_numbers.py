@@ -17,6 +17,8 @@ from alphaagent.cli import main
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.spec import parse_spec
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 _HEAD = '{"spec_version": 1, "user_id": "ann", "scope": {"conversation_id": "c"}, "goal": "count", '
 
 

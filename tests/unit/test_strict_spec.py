@@ -20,6 +20,8 @@ from alphaagent.cli import main
 from alphaagent.errors import InvalidSpecError
 from alphaagent.models.spec import Spec, parse_spec
 
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
+
 
 def _spec(**fields: Any) -> dict[str, Any]:
     document: dict[str, Any] = {
