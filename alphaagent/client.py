@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -47,6 +48,7 @@ from alphaagent.wording import SCOPE_ID_RULE, USER_ID_RULE, id_refusal, shown_js
 
 if TYPE_CHECKING:
     from alphaagent.api import AlphaAgent
+    from alphaagent.domain.tools import TurnContext
     from alphaagent.domain.turns import Coder
 
 BackendName = Literal["local", "aws"]
@@ -379,7 +381,11 @@ class AwsClient(Client):
 def configured_coder(on_missing: Callable[[str], None] | None = None) -> Coder | None:
     """The model-backed coder when a model is configured (``coder.settings``) and the ``coder`` extra
     is installed; else None (a spec without steps is then refused, naming what to set).
-    ``on_missing`` is told when a model is configured but the coder is not installed."""
+    ``on_missing`` is told when a model is configured but the coder is not installed.
+
+    The coder's module (the Agent SDK, which imports the MCP SDK: ~2.5 CPU-s, mostly pydantic
+    building a schema for every MCP type) is imported by the first turn that needs the model, not
+    here: a client that reads results or runs pinned steps never pays it."""
     try:
         from coder.settings import coder_settings
     except ImportError:
@@ -387,15 +393,19 @@ def configured_coder(on_missing: Callable[[str], None] | None = None) -> Coder |
     settings = coder_settings()
     if settings is None:
         return None
-    try:
-        from coder.agent import make_coder
-    except ImportError:
+    if importlib.util.find_spec("claude_agent_sdk") is None:
         if on_missing is not None:
             on_missing(
                 "a model is configured but the coder is not installed (pip install 'alphaagent[coder]')"
             )
         return None
-    return make_coder(settings)
+
+    def coder(ctx: TurnContext) -> str:
+        from coder.agent import run_coder
+
+        return run_coder(ctx, settings)
+
+    return coder
 
 
 _AUTO: Any = object()

@@ -19,6 +19,7 @@ import os
 import re
 import socketserver
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +44,8 @@ from coder.prompts import SYSTEM_PROMPT, max_turns_for, system_prompt_for
 from coder.settings import CoderSettings
 
 skip_unless_installed("claude_agent_sdk")
+
+pytestmark = pytest.mark.mcp_sdk  # imports the MCP SDK in this process (tests/conftest.py)
 
 USER = "analyst@example.com"
 API_KEY = "sk-ant-test-not-a-key"
@@ -813,6 +816,33 @@ def test_alphaagent_run_uses_the_coder_when_a_model_is_configured(
     bare = {k: v for k, v in env.items() if k not in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")}
     refused = warm_cli(["run", str(spec)], env=bare, text=True, timeout=120)
     assert refused.returncode == 2 and "set ANTHROPIC_API_KEY" in refused.stderr
+
+
+def test_a_client_with_a_model_configured_imports_the_agent_sdk_only_for_a_turn_that_needs_it(
+    tmp_path: Path,
+) -> None:
+    # Given a model configured in the environment of a fresh process (the test process has the SDK)
+    env = {**os.environ, "ANTHROPIC_API_KEY": API_KEY, "ALPHAAGENT_MODEL": MODEL}
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from alphaagent.client import connect\n"
+        "from alphaagent.errors import NotFoundError\n"
+        f"with connect(backend='local', user='u@example.com', home=Path({str(tmp_path)!r})) as client:\n"
+        "    try:\n"
+        "        client.turns({'conversation_id': 'c'})\n"
+        "    except NotFoundError as exc:\n"
+        "        print(exc, file=sys.stderr)\n"
+        "print(sorted(m for m in ('claude_agent_sdk', 'mcp', 'coder.agent') if m in sys.modules))\n"
+    )
+
+    # When a client connects and reads (the coder is configured: the test above runs a turn with it)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+
+    # Then neither the Agent SDK nor the MCP SDK was imported (~2.5 CPU-s)
+    assert done.returncode == 0, done.stderr
+    assert "conversation c not found" in done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_a_tool_call_in_its_thread_is_waited_for_until_its_run_is_recorded(agent: AlphaAgent) -> None:
