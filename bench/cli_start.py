@@ -11,7 +11,9 @@ seconds:
 - ``files --help`` (a command's help);
 - a usage error (``files --bogus``);
 - ``files`` of a conversation in an empty data directory (a read: the backend is imported);
-- ``run`` of a refused spec (``spec_version: 9``: refused before anything is written).
+- ``run`` of a refused spec (``spec_version: 9``: refused before anything is written);
+- ``mcp`` with a model configured (``ANTHROPIC_API_KEY``) and stdin closed: the server starts, reads
+  the end of its input and exits (the coder's Agent SDK is imported only by a turn that needs it).
 
 "before" is the code of ``--before`` (a git revision, default ``main``), taken with ``git archive``
 and put first on ``PYTHONPATH``; "after" is the working tree; both run with this interpreter and its
@@ -44,6 +46,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REFUSED_SPEC = {"spec_version": 9, "scope": {"conversation_id": "bench"}, "goal": "x", "steps": []}
 
 
+MODEL_ENV = {"ANTHROPIC_API_KEY": "sk-bench-not-a-key"}
+"""What configures a model for the kinds that say so (nothing is sent: no turn runs)."""
+
+
 def _kinds(folder: Path) -> dict[str, list[str]]:
     spec = folder / "refused.json"
     spec.write_text(json.dumps(REFUSED_SPEC))
@@ -55,7 +61,12 @@ def _kinds(folder: Path) -> dict[str, list[str]]:
         "usage error": ["files", "--bogus"],
         "files (empty home)": ["files", "--home", home, "--conversation", "c1"],
         "run (refused spec)": ["run", str(spec), "--home", home],
+        "mcp (model configured)": ["mcp", "--user", "bench@example.com", "--home", home],
     }
+
+
+def _with_model(name: str, env: dict[str, str]) -> dict[str, str]:
+    return {**env, **MODEL_ENV} if "model configured" in name else env
 
 
 def _once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int]:
@@ -93,7 +104,7 @@ def _measure(
         samples: dict[str, list[tuple[float, float, int]]] = {side: [] for side in sides}
         for _ in range(runs):
             for side in sides:
-                samples[side].append(_once(argv, envs[side], cwd))
+                samples[side].append(_once(argv, _with_model(name, envs[side]), cwd))
         for side, taken in samples.items():
             figures[side][name] = {
                 "cpu_s": statistics.median(s[0] for s in taken),
