@@ -47,11 +47,40 @@ def _serialise_moto_dynamodb() -> None:
     DynamoHandler.call_action = call_action  # type: ignore[method-assign]
 
 
+def _start_executions_atomically() -> None:
+    """Make a simulated ``StartExecution`` atomic, as the real service's is.
+
+    moto's Step Functions parser lists a new execution before it starts it (``exec_status`` still
+    None), so a ``DescribeExecution`` or a duplicate ``StartExecution`` of the same name from another
+    thread in that window failed inside moto (``'NoneType' object has no attribute 'value'``): seen
+    once in test_the_same_spec_delivered_three_times_is_one_turn, whose three deliveries start one
+    execution at once. ``start()`` only starts the execution's worker thread, so holding one lock
+    across it and the reads cannot deadlock with the worker.
+    """
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    if getattr(StepFunctionsParserBackend.start_execution, "_serialised", False):
+        return
+    lock = threading.RLock()
+    for name in ("start_execution", "describe_execution"):
+        original = getattr(StepFunctionsParserBackend, name)
+
+        def serialised(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            with lock:
+                return _original(*args, **kwargs)
+
+        functools.update_wrapper(serialised, original)
+        serialised._serialised = True  # type: ignore[attr-defined]
+        setattr(StepFunctionsParserBackend, name, serialised)
+
+
 # The process's patches of moto and botocore, each applied as its module is first imported (by
 # whichever test needs it): a worker that runs no AWS test never imports them.
 when_imported("moto.dynamodb.responses", _serialise_moto_dynamodb)
 # moto's check-then-write of a conditional S3 write, atomic as in S3
 when_imported("moto.s3.responses", serialise_conditional_writes)
+# moto's listing of a new execution before it has started
+when_imported("moto.stepfunctions.parser.models", _start_executions_atomically)
 # moto's handler methods, listed once per response class
 when_imported("moto.core.responses", remember_response_methods)
 
