@@ -1045,9 +1045,7 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     resolv = resolver_file() if network else None
     try:
         held = {
-            path: _hold(path, "the working directory")
-            if path == cwd
-            else _hold_exact(path, "an interpreter path")
+            path: _hold(path, "the working directory" if path == cwd else "an interpreter path")
             for path in {cwd, *readable}
         }
         resolv_fd = os.open(resolv, os.O_PATH | os.O_CLOEXEC) if resolv else None
@@ -1081,6 +1079,8 @@ def _private_view(req: dict[str, Any], network: bool) -> None:
     for path in lost:
         if any(path.startswith(q + "/") for q in lost if q != path) and path != cwd:
             continue
+        if path != cwd:
+            _check_resolves_as(held[path], path, "an interpreter path")
         os.makedirs(path, exist_ok=True)
         _mount(f"/proc/self/fd/{held[path]}", path, None, MS_BIND | MS_REC)
     if resolv is not None and resolv_fd is not None:
@@ -1120,21 +1120,18 @@ def _hold(path: str, what: str) -> int:
         raise SetupError(f"{what} {path}: {exc.strerror} in the run's view of the file systems") from None
 
 
-def _hold_exact(path: str, what: str) -> int:
-    """``_hold`` of a folder resolved at the zygote's start, refused (SetupError) if it resolves
-    elsewhere now: a component of it replaced by a link since would otherwise bind back whatever the
-    link points to."""
-    fd = _hold(path, what)
-    if path == "/dev" or path.startswith("/dev/"):
-        return fd  # held through the host's /dev (``_on_host``), checked when it was resolved
+def _check_resolves_as(fd: int, path: str, what: str) -> None:
+    """Refuse (SetupError) to bind back the held folder ``fd`` unless it is still at ``path``, the
+    folder resolved at the zygote's start: a component replaced by a link since (under /tmp, or
+    /dev/shm, by a same-uid process on the host) would bind back whatever it points to, a hidden
+    folder included. The bind uses this very descriptor, so nothing can change in between. Only
+    folders bound back into a cover are checked: any other is seen as the host has it now."""
     try:
         now = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         now = ""
     if now != path:
-        os.close(fd)
         raise SetupError(f"{what} {path}: it resolves elsewhere than when the environment started")
-    return fd
 
 
 def resolver_file() -> str | None:

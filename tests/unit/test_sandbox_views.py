@@ -22,6 +22,7 @@ import pytest
 from assertions import assert_status
 from sandboxes import light_at
 
+from alphaagent.errors import SandboxError
 from alphaagent.models.run import RunLimits
 
 THROUGH_THE_LINK = """
@@ -194,3 +195,68 @@ def test_a_mount_table_that_changes_all_the_time_delays_runs_but_never_starves_t
         assert_status(result, "ok")
     waits = [result.queued_ms for result in results]
     assert max(waits) < 10_000, waits
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A folder of our own in the host's /dev/shm, which a namespaced run never sees."""
+    folder = Path(tempfile.mkdtemp(prefix="s7view", dir="/dev/shm"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def _bare_venv(where: Path) -> Path:
+    """A venv of this interpreter without pip (the zygote needs only the standard library)."""
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    return where / "bin" / "python"
+
+
+def test_an_interpreter_folder_under_dev_shm_swapped_for_a_link_is_refused(
+    shm_dir: Path, tmp_path: Path
+) -> None:
+    # Given a sandbox whose interpreter lives under the host's /dev/shm (bound back into each run's
+    # own /dev/shm), and a hidden folder
+    python = _bare_venv(shm_dir / "venv")
+    hidden = tmp_path / "hidden"
+    for module_path in {Path(p).relative_to(sys.prefix) for p in sys.path if p.startswith(sys.prefix + "/")}:
+        (hidden / module_path).mkdir(parents=True, exist_ok=True)  # the venv's layout, so each path holds
+    (hidden / "secret.txt").write_text("not for runs")
+    scope = tmp_path / "scope"
+    scope.mkdir()
+    look = f"import os\nprint(os.path.exists({str(shm_dir / 'venv' / 'secret.txt')!r}))\n"
+    with light_at("namespaces", python=str(python), hidden_paths=(str(hidden),)) as sandbox:
+        assert sandbox.run(look, cwd=scope, limits=RunLimits(timeout_s=60)).stdout == "False\n"
+        # When a process of the same uid on the host puts a link to the hidden folder in its place
+        (shm_dir / "venv").rename(shm_dir / "venv.real")
+        (shm_dir / "venv").symlink_to(hidden)
+        try:
+            # Then the run is refused, naming the folder, rather than shown the hidden one
+            with pytest.raises(SandboxError, match="resolves elsewhere than when the environment started"):
+                sandbox.run(look, cwd=scope, limits=RunLimits(timeout_s=60))
+        finally:
+            (shm_dir / "venv").unlink()
+            (shm_dir / "venv.real").rename(shm_dir / "venv")
+
+
+def test_an_interpreter_folder_outside_every_cover_may_become_a_link(tmp_path: Path) -> None:
+    # Given a sandbox whose interpreter's folder is not under any cover (a blue/green install)
+    base = Path(tempfile.mkdtemp(prefix="s7view", dir="/var/tmp"))
+    try:
+        python = _bare_venv(base / "venv")
+        scope = tmp_path / "scope"
+        scope.mkdir()
+        with light_at("namespaces", python=str(python)) as sandbox:
+            assert_status(sandbox.run("print(1)", cwd=scope, limits=RunLimits(timeout_s=60)), "ok")
+            # When the folder becomes a link to a copy of itself
+            (base / "venv").rename(base / "venv.blue")
+            (base / "venv").symlink_to(base / "venv.blue")
+            result = sandbox.run("print(2)", cwd=scope, limits=RunLimits(timeout_s=60))
+        # Then runs go on (nothing of it is bound back, so nothing is refused)
+        assert_status(result, "ok")
+        assert result.stdout == "2\n"
+    finally:
+        shutil.rmtree(base)
