@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -33,14 +34,21 @@ print(sys.prefix, os.path.islink(sys.prefix), child.stdout.strip() or child.stde
 """
 
 
-@pytest.fixture
-def link_dir() -> Iterator[Path]:
-    """A folder of our own right under /tmp (pytest's own may be elsewhere on another machine)."""
-    folder = Path(tempfile.mkdtemp(prefix="s7view", dir="/tmp"))
+@contextlib.contextmanager
+def _own_folder(parent: str) -> Iterator[Path]:
+    """A new folder of our own right under ``parent``, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="s7view", dir=parent))
     try:
         yield folder
     finally:
         shutil.rmtree(folder)
+
+
+@pytest.fixture
+def link_dir() -> Iterator[Path]:
+    """A folder of our own right under /tmp (pytest's own may be elsewhere on another machine)."""
+    with _own_folder("/tmp") as folder:
+        yield folder
 
 
 def test_an_interpreter_reached_through_a_link_under_tmp_imports_and_execs_itself(
@@ -200,11 +208,8 @@ def test_a_mount_table_that_changes_all_the_time_delays_runs_but_never_starves_t
 @pytest.fixture
 def shm_dir() -> Iterator[Path]:
     """A folder of our own in the host's /dev/shm, which a namespaced run never sees."""
-    folder = Path(tempfile.mkdtemp(prefix="s7view", dir="/dev/shm"))
-    try:
+    with _own_folder("/dev/shm") as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder)
 
 
 def _bare_venv(where: Path) -> Path:
@@ -244,8 +249,7 @@ def test_an_interpreter_folder_under_dev_shm_swapped_for_a_link_is_refused(
 
 def test_an_interpreter_folder_outside_every_cover_may_become_a_link(tmp_path: Path) -> None:
     # Given a sandbox whose interpreter's folder is not under any cover (a blue/green install)
-    base = Path(tempfile.mkdtemp(prefix="s7view", dir="/var/tmp"))
-    try:
+    with _own_folder("/var/tmp") as base:
         python = _bare_venv(base / "venv")
         scope = tmp_path / "scope"
         scope.mkdir()
@@ -258,5 +262,3 @@ def test_an_interpreter_folder_outside_every_cover_may_become_a_link(tmp_path: P
         # Then runs go on (nothing of it is bound back, so nothing is refused)
         assert_status(result, "ok")
         assert result.stdout == "2\n"
-    finally:
-        shutil.rmtree(base)
